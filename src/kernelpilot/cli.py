@@ -1,0 +1,102 @@
+"""The `kernelpilot` command line: one small function per subcommand, no logic beyond arguments.
+
+Heavy modules (torch, litellm, textual) are imported inside the commands, so `kernelpilot --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from kernelpilot.errors import KernelpilotError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def report_error(err: KernelpilotError) -> None:
+    """Print a user error as one line plus its hint."""
+    err_console.print(f"[bold red]error:[/] {err.message}", highlight=False)
+    if err.hint:
+        err_console.print(f"[dim]hint:[/] {err.hint}", highlight=False)
+
+
+class _App(typer.Typer):
+    """A Typer app whose commands turn a KernelpilotError into one line and a non-zero exit."""
+
+    def command(self, *args, **kwargs):  # type: ignore[override]
+        register = super().command(*args, **kwargs)
+
+        def decorator(fn):
+            @functools.wraps(fn)
+            def wrapped(*a, **kw):
+                try:
+                    return fn(*a, **kw)
+                except KernelpilotError as err:
+                    report_error(err)
+                    raise typer.Exit(err.exit_code) from None
+
+            register(wrapped)
+            return fn
+
+        return decorator
+
+
+app = _App(
+    name="kernelpilot",
+    help="Write, verify and time fast CUDA kernels for PyTorch code.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+@app.command()
+def init(
+    problem: Path = typer.Argument(..., help="A KernelBench-format file: Model, get_inputs(), get_init_inputs()."),
+    dir: Optional[Path] = typer.Option(None, "--dir", help="Workspace folder (default: ./kp-<problem name>)."),
+) -> None:
+    """Scaffold a task workspace for PROBLEM: kernels/, model_new.py, setup.py, benchmark.py."""
+    from kernelpilot.workspace import init_workspace, render_init_summary
+
+    ws, created = init_workspace(problem, dir)
+    render_init_summary(console, ws, created)
+
+
+@app.command()
+def build(
+    workspace: Path = typer.Argument(Path("."), help="A workspace made by `kernelpilot init`."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="CUDA arch, e.g. 9.0 or sm_90 (default: the GPU's, or TORCH_CUDA_ARCH_LIST)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile jobs (default: CPU count)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the BuildResult as JSON."),
+) -> None:
+    """Build the workspace's extension incrementally (only changed sources recompile)."""
+    from kernelpilot.build import build_workspace, render_build
+    from kernelpilot.results import to_dict
+
+    result = build_workspace(workspace, arch=arch, jobs=jobs)
+    if as_json:
+        _print_json(to_dict(result))
+    else:
+        render_build(console, result)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)

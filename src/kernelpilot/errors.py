@@ -1,0 +1,30 @@
+"""User-facing errors: one clear sentence and a hint, turned into a non-zero exit by the CLI."""
+
+from __future__ import annotations
+
+
+class KernelpilotError(Exception):
+    """An error the user can cause and fix. `str(err)` is one sentence; `hint` says what to do."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ProblemError(KernelpilotError):
+    """The problem file cannot be used (missing, not Python, no Model, ...)."""
+
+
+class WorkspaceError(KernelpilotError):
+    """The workspace is missing, malformed, or a protected file was changed."""
+
+
+class BuildError(KernelpilotError):
+    """The toolchain is missing or misconfigured (not a compile error in the user's code)."""
+
+
+class NoGPUError(KernelpilotError):
+    """A GPU is needed and none is visible."""
