@@ -1,0 +1,366 @@
+"""Load and validate a KernelBench-format problem file: `Model`, `get_inputs()` and `get_init_inputs()`.
+
+A problem file runs in a fresh module namespace, so two problems loaded in one process never share classes, and
+it is validated on meta tensors, so a problem sized for an 80 GB GPU loads in milliseconds on any machine.
+Every way a file can be unusable ends in a `ProblemError`: one sentence naming the file, and a hint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import itertools
+import numbers
+import re
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from kernelpilot.errors import ProblemError
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT_HINT = (
+    "A problem file defines `class Model(nn.Module)`, `get_inputs()` and `get_init_inputs()`; "
+    "see the files in examples/."
+)
+TRACEBACK_HINT = "Run `python {file}` to see the full traceback."
+
+# Each execution gets its own module name, so no two loads can collide, whatever the files are called.
+_module_serial = itertools.count()
+
+
+@dataclass
+class Problem:
+    """A loaded problem: where it came from, its content id, and the three things it defines."""
+
+    path: Path
+    name: str
+    source: str = field(repr=False)
+    problem_id: str
+    module: types.ModuleType = field(repr=False)
+    model_cls: type
+    get_inputs: Callable[[], list] = field(repr=False)
+    get_init_inputs: Callable[[], list] = field(repr=False)
+    init_inputs: list
+
+    def make_model(self, device: Any = None) -> torch.nn.Module:
+        """`Model(*init_inputs)` in eval mode, moved to `device` when one is given."""
+        with _importable_from(self.path.parent):
+            model = self.model_cls(*self.init_inputs)
+        if device is not None:
+            model = model.to(device)
+        return model.eval()
+
+    def make_inputs(self, device: Any = None, seed: int | None = None) -> list:
+        """`get_inputs()` as a list, seeded when `seed` is given, with every tensor on `device` when one is given.
+
+        The tensors are created on `device` directly: drawing a multi-GB input on the CPU and copying it takes
+        seconds, drawing it on the GPU milliseconds. A tensor the file pins to another device is moved after.
+        """
+        import torch
+
+        placement = torch.device(device) if device is not None else contextlib.nullcontext()
+        with _importable_from(self.path.parent), placement:
+            if seed is not None:
+                torch.manual_seed(seed)
+            inputs = list(self.get_inputs())
+        if device is None:
+            return inputs
+        return [item.to(device) if isinstance(item, torch.Tensor) else item for item in inputs]
+
+    def init_signature(self) -> inspect.Signature:
+        """The signature of `Model.__init__`, without `self`."""
+        return _without_self(inspect.signature(self.model_cls.__init__))
+
+    def forward_signature(self) -> inspect.Signature:
+        """The signature of `Model.forward`, without `self`."""
+        return _without_self(inspect.signature(self.model_cls.forward))
+
+
+def problem_id_of(source: str) -> str:
+    """A stable id of a problem's text: the first 16 hex digits of its SHA-256, line endings normalised."""
+    normalised = source.replace("\r\n", "\n").replace("\r", "\n")
+    return hashlib.sha256(normalised.encode("utf-8")).hexdigest()[:16]
+
+
+def load_problem(path: str | Path, *, validate: bool = True) -> Problem:
+    """Load the problem file at `path`; raise `ProblemError` saying what is wrong if it cannot be used.
+
+    Loading runs the file and checks that it defines `Model` (an nn.Module with a forward), `get_inputs` and
+    `get_init_inputs`, and calls `get_init_inputs()`. With `validate`, it also builds `Model(*init_inputs)`
+    and calls `get_inputs()` on the meta device (shapes and types, no memory) and checks what they return.
+    """
+    file = Path(path).expanduser().resolve()
+    source = _read_source(file)
+    code = _compile(source, file)
+    with _importable_from(file.parent):
+        module = _execute(code, file)
+        get_init_inputs = _function(module, "get_init_inputs", file)
+        problem = Problem(
+            path=file,
+            name=file.stem,
+            source=source,
+            problem_id=problem_id_of(source),
+            module=module,
+            model_cls=_model_class(module, file),
+            get_inputs=_function(module, "get_inputs", file),
+            get_init_inputs=get_init_inputs,
+            init_inputs=_as_list(_call(get_init_inputs, "get_init_inputs()", file), "get_init_inputs()", file),
+        )
+        if validate:
+            _validate_on_meta(problem)
+    return problem
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def _read_source(file: Path) -> str:
+    if not file.exists():
+        raise ProblemError(f"Problem file {_shown(file)} does not exist.", hint="Check the path and try again.")
+    if file.is_dir():
+        raise ProblemError(
+            f"{_shown(file)} is a directory, not a problem file.",
+            hint="Pass the .py file itself, e.g. examples/softmax_long_rows.py.",
+        )
+    if file.suffix != ".py":
+        raise ProblemError(f"{_shown(file)} is not a Python file (it does not end in .py).", hint=FORMAT_HINT)
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise ProblemError(
+            f"Problem file {_shown(file)} cannot be read ({err.strerror}).", hint="Check its permissions."
+        ) from None
+    if b"\x00" in data:
+        raise ProblemError(f"{_shown(file)} is a binary file, not Python source.", hint=FORMAT_HINT)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ProblemError(
+            f"{_shown(file)} is not UTF-8 text (byte {err.start} cannot be decoded).",
+            hint="Save the file as UTF-8.",
+        ) from None
+
+
+def _compile(source: str, file: Path) -> types.CodeType:
+    try:
+        # dont_inherit: this module's `from __future__` imports must not change how the problem compiles.
+        return compile(source, str(file), "exec", dont_inherit=True)
+    except SyntaxError as err:
+        raise ProblemError(
+            f"Syntax error at {_shown(file)}:{err.lineno}: {err.msg}.",
+            hint=f"Fix that line; `python -m py_compile {_shown(file)}` shows the same error.",
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------- executing
+
+
+@contextlib.contextmanager
+def _importable_from(directory: Path) -> Iterator[None]:
+    """Put `directory` first on sys.path for the duration, so a problem can import the files next to it."""
+    entry = str(directory)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # the problem itself may have removed it
+            sys.path.remove(entry)
+
+
+def _execute(code: types.CodeType, file: Path) -> types.ModuleType:
+    """Run the file's code in a new module registered only while it runs, as an import would."""
+    stem_as_identifier = re.sub(r"\W", "_", file.stem)
+    module = types.ModuleType(f"kernelpilot_problem_{next(_module_serial)}_{stem_as_identifier}")
+    module.__file__ = str(file)
+    modules_before = set(sys.modules)
+    sys.modules[module.__name__] = module
+    try:
+        exec(code, module.__dict__)
+    except ModuleNotFoundError as err:
+        raise ProblemError(
+            f"{_shown(file)} imports `{err.name}`, which cannot be found{_at_line(err, file)}.",
+            hint="Install that package or remove the import; a problem normally needs only torch.",
+        ) from None
+    except ImportError as err:
+        raise ProblemError(
+            f"{_shown(file)} fails to import: {_brief(err)}{_at_line(err, file)}.",
+            hint=TRACEBACK_HINT.format(file=_shown(file)),
+        ) from None
+    except (Exception, SystemExit) as err:
+        raise ProblemError(
+            f"{_shown(file)} raised {_brief(err)} while running its top level{_at_line(err, file)}.",
+            hint=TRACEBACK_HINT.format(file=_shown(file)),
+        ) from None
+    finally:
+        del sys.modules[module.__name__]
+        _forget_sibling_modules(file.parent, modules_before)
+    return module
+
+
+def _forget_sibling_modules(directory: Path, modules_before: set[str]) -> None:
+    """Drop the modules the problem imported from its own folder.
+
+    They stay reachable through the problem's globals; dropping them from sys.modules keeps a later problem in
+    another folder from being handed this folder's `common.py` when it imports its own.
+    """
+    for name in set(sys.modules) - modules_before:
+        file = getattr(sys.modules[name], "__file__", None)
+        if file is None:
+            continue
+        try:
+            first_part = Path(file).resolve().relative_to(directory).parts[0]
+        except ValueError:
+            continue
+        top_level = name.partition(".")[0]
+        if first_part in (top_level, f"{top_level}.py"):
+            del sys.modules[name]
+
+
+# ----------------------------------------------------------------------------------------- checking
+
+
+def _model_class(module: types.ModuleType, file: Path) -> type:
+    import torch
+
+    namespace = vars(module)
+    if "Model" not in namespace:
+        raise ProblemError(
+            f"{_shown(file)} has no class named Model.",
+            hint="Define `class Model(nn.Module)` whose forward() is the computation to speed up.",
+        )
+    model_cls = namespace["Model"]
+    if not isinstance(model_cls, type):
+        raise ProblemError(
+            f"`Model` in {_shown(file)} is {_describe(model_cls)}, not a class.",
+            hint="Define `class Model(nn.Module)` whose forward() is the computation to speed up.",
+        )
+    if not issubclass(model_cls, torch.nn.Module):
+        raise ProblemError(
+            f"`Model` in {_shown(file)} is not a subclass of torch.nn.Module.",
+            hint="Declare it as `class Model(nn.Module)` and call `super().__init__()` in its __init__.",
+        )
+    if model_cls.forward is torch.nn.Module.forward:
+        raise ProblemError(
+            f"`Model` in {_shown(file)} defines no forward() method.",
+            hint="Add `def forward(self, ...)` computing the outputs from the tensors get_inputs() returns.",
+        )
+    return model_cls
+
+
+def _function(module: types.ModuleType, name: str, file: Path) -> Callable[[], Any]:
+    namespace = vars(module)
+    if name not in namespace:
+        raise ProblemError(f"{_shown(file)} has no function named {name}().", hint=FORMAT_HINT)
+    function = namespace[name]
+    if not callable(function):
+        raise ProblemError(
+            f"`{name}` in {_shown(file)} is {_describe(function)}, not a function.",
+            hint=f"Define `def {name}():` returning a list.",
+        )
+    return function
+
+
+def _call(function: Callable[[], Any], label: str, file: Path, hint: str | None = None) -> Any:
+    try:
+        return function()
+    except Exception as err:
+        raise ProblemError(
+            f"{label} in {_shown(file)} raised {_brief(err)}{_at_line(err, file)}.",
+            hint=hint or TRACEBACK_HINT.format(file=_shown(file)),
+        ) from None
+
+
+def _call_on_meta(function: Callable[[], Any], label: str, file: Path, hint: str | None = None) -> Any:
+    """Call `function` with tensors created on the meta device: shapes and dtypes only, no memory."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return function()
+    except Exception:
+        # Some valid code cannot run on meta tensors (`.item()`, data-dependent shapes): only a failure on
+        # real tensors is the problem's fault, so retry on the CPU and report what happens there.
+        return _call(function, label, file, hint)
+
+
+def _as_list(value: Any, label: str, file: Path) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ProblemError(
+        f"{label} in {_shown(file)} returned {_describe(value)}, not a list.",
+        hint=f"Make {label} return a list, e.g. `return [x, y]`.",
+    )
+
+
+def _validate_on_meta(problem: Problem) -> None:
+    """Build the model and draw the inputs as meta tensors, and check what get_inputs() returns."""
+    import torch
+
+    file = problem.path
+    _call_on_meta(
+        problem.make_model,
+        "Model(*get_init_inputs())",
+        file,
+        hint=f"Make get_init_inputs() return the arguments Model.__init__ takes: {problem.init_signature()}.",
+    )
+    inputs = _as_list(_call_on_meta(problem.get_inputs, "get_inputs()", file), "get_inputs()", file)
+    if not inputs:
+        raise ProblemError(
+            f"get_inputs() in {_shown(file)} returned an empty list.",
+            hint="Return the tensors Model.forward() takes, e.g. `return [torch.randn(4096, 4096)]`.",
+        )
+    for position, item in enumerate(inputs):
+        if item is not None and not isinstance(item, (torch.Tensor, numbers.Number)):
+            raise ProblemError(
+                f"get_inputs() in {_shown(file)} returned {_describe(item)} at position {position}, "
+                "where a tensor, a number or None was expected.",
+                hint="Return the arguments of Model.forward() as a flat list of tensors and numbers.",
+            )
+
+
+# ------------------------------------------------------------------------------------------ wording
+
+
+def _shown(file: Path) -> str:
+    """The file as the user most likely wrote it: relative to the working directory when it is inside it."""
+    try:
+        return str(file.relative_to(Path.cwd()))
+    except ValueError:
+        return str(file)
+
+
+def _describe(value: Any) -> str:
+    """'None', or 'a dict', 'an int': what a value is, for a sentence."""
+    if value is None:
+        return "None"
+    type_name = type(value).__name__
+    article = "an" if type_name[0].lower() in "aeiou" else "a"
+    return f"{article} {type_name}"
+
+
+def _brief(err: BaseException, limit: int = 160) -> str:
+    """'ValueError: first line of the message', short enough for a one-line error."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0].rstrip('.')}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _at_line(err: BaseException, file: Path) -> str:
+    """' (line N)' for the deepest traceback frame inside `file`, or '' when none is."""
+    line = None
+    frame = err.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_filename == str(file):
+            line = frame.tb_lineno
+        frame = frame.tb_next
+    return f" (line {line})" if line is not None else ""
+
+
+def _without_self(signature: inspect.Signature) -> inspect.Signature:
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
