@@ -163,6 +163,7 @@ class Timing:
     p90_ms: float
     mean_ms: float
     runs: int
+    note: str = ""  # why the timing differs from the usual method (e.g. fewer runs for a very long call)
 
     @property
     def spread(self) -> float:
