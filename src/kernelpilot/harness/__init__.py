@@ -1,0 +1,1 @@
+"""The judge of candidates: a GPU worker process runs build, verify and bench; `judge.Judge` is the API callers use."""

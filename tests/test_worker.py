@@ -1,0 +1,226 @@
+"""The GPU worker subprocess (run on device "cpu") and candidate loading: hangs, crashes, fresh loads, no leaks."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from kernelpilot.harness.candidate import CandidateError, load_candidate, make_candidate_model
+from kernelpilot.harness.worker import Worker, classify_error, describe_exit
+from kernelpilot.workspace import Workspace
+
+TINY_PROBLEM = """
+import torch
+from torch import nn
+
+TAG = "{tag}"
+
+
+class Model(nn.Module):
+    def __init__(self, features: int = 8):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return [8]
+"""
+
+HONEST_CANDIDATE = """
+from model import Model, TAG
+
+
+class ModelNew(Model):
+    tag = TAG
+"""
+
+
+def write_workspace(root: Path, model_new: str, tag: str = "a") -> Workspace:
+    """A folder with a tiny problem as model.py and `model_new` as model_new.py."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "model.py").write_text(TINY_PROBLEM.format(tag=tag))
+    (root / "model_new.py").write_text(textwrap.dedent(model_new))
+    return Workspace(root)
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker("cpu") as cpu_worker:
+        yield cpu_worker
+
+
+# ------------------------------------------------------------------------------------------ the worker
+
+
+def test_worker_says_who_it_is(worker):
+    info = worker.start()
+    assert info["device"] == "cpu"
+    assert info["pid"] == worker.pid != os.getpid()
+    assert info["torch"]
+
+
+def test_a_hang_is_killed_at_its_timeout_and_the_next_request_gets_a_fresh_worker(worker, tmp_path):
+    ws = write_workspace(tmp_path / "ws", "import time\ntime.sleep(600)\n")
+    hung_pid = worker.start()["pid"]
+
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=2)
+
+    assert (reply.ok, reply.error_kind) == (False, "timeout")
+    assert "within 2 s" in reply.message
+    assert 2 <= reply.seconds < 15
+    assert not is_alive(hung_pid)
+    ws.model_new_path.write_text(HONEST_CANDIDATE)
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    assert reply.ok, reply.message
+    assert reply.result["pid"] not in (hung_pid, None)
+
+
+def test_an_abort_is_a_crash_with_the_signal_and_the_log_tail_and_the_worker_recovers(worker, tmp_path):
+    aborting = """
+    import os, sys
+    print("candidate about to abort", file=sys.stderr, flush=True)
+    os.abort()
+    """
+    ws = write_workspace(tmp_path / "ws", aborting)
+    crashed_pid = worker.start()["pid"]
+
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+
+    assert (reply.ok, reply.error_kind) == (False, "crash")
+    assert "SIGABRT" in reply.message
+    assert "candidate about to abort" in reply.message
+    assert not is_alive(crashed_pid)
+    ws.model_new_path.write_text(HONEST_CANDIDATE)
+    assert worker.call("load", {"workspace": str(ws.root)}, timeout=60).ok
+
+
+def test_a_segfault_is_a_crash(worker, tmp_path):
+    ws = write_workspace(tmp_path / "ws", "import ctypes\nctypes.string_at(0)\n")
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    assert (reply.ok, reply.error_kind) == (False, "crash")
+    assert "SIGSEGV" in reply.message
+
+
+def test_printing_to_stdout_does_not_corrupt_replies(worker, tmp_path):
+    noisy = 'print("{\\"not\\": \\"a reply\\"}")\nprint("x" * 100000)\n' + HONEST_CANDIDATE
+    ws = write_workspace(tmp_path / "ws", noisy)
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    assert reply.ok, reply.message
+    assert reply.result["candidate"] == "ModelNew"
+
+
+def test_two_versions_of_model_new_load_in_the_same_worker(worker, tmp_path):
+    ws = write_workspace(tmp_path / "ws", HONEST_CANDIDATE + "VERSION = 1\n")
+    first = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    again = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    ws.model_new_path.write_text(HONEST_CANDIDATE + "VERSION = 2\n")
+    second = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+
+    assert first.ok and again.ok and second.ok
+    assert first.result["pid"] == second.result["pid"], "a new version must not restart the worker"
+    assert again.result["module"] == first.result["module"], "an unchanged model_new.py is loaded once"
+    assert second.result["module"] != first.result["module"], "a changed model_new.py is executed afresh"
+
+
+def test_a_load_error_names_the_exception(worker, tmp_path):
+    ws = write_workspace(tmp_path / "ws", "import no_such_module_for_kernelpilot\n")
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    assert (reply.ok, reply.error_kind) == (False, "load")
+    assert reply.message == "model_new.py raised ModuleNotFoundError: No module named 'no_such_module_for_kernelpilot'"
+
+
+def test_an_unknown_request_is_an_error_reply_not_a_crash(worker):
+    pid = worker.start()["pid"]
+    reply = worker.call("no-such-op", {}, timeout=10)
+    assert (reply.ok, reply.error_kind) == (False, "runtime")
+    assert worker.pid == pid
+
+
+def test_close_stops_the_worker(tmp_path):
+    worker = Worker("cpu", log_path=tmp_path / "worker.log")
+    pid = worker.start()["pid"]
+    worker.close()
+    assert not worker.running
+    assert not is_alive(pid)
+    assert (tmp_path / "worker.log").exists(), "a log the caller named is kept"
+
+
+def test_error_kinds_and_exit_descriptions():
+    assert classify_error("RuntimeError: CUDA out of memory. Tried to allocate 80.00 GiB") == "oom"
+    assert classify_error("RuntimeError: CUDA error: an illegal memory access was encountered") == "cuda-error"
+    assert classify_error("RuntimeError: CUDA error: device-side assert triggered") == "cuda-error"
+    assert classify_error("ValueError: shapes do not match") == "runtime"
+    assert describe_exit(-6) == "killed by SIGABRT"
+    assert describe_exit(3) == "exit code 3"
+
+
+# ------------------------------------------------------------------------------------ candidate loading
+
+
+def test_candidate_sees_its_own_model_and_leaves_nothing_behind(tmp_path):
+    ws_a = write_workspace(tmp_path / "a", HONEST_CANDIDATE, tag="a")
+    ws_b = write_workspace(tmp_path / "b", HONEST_CANDIDATE, tag="b")
+    unrelated = types.ModuleType("model")
+    sys.modules["model"] = unrelated
+    path_before = list(sys.path)
+    try:
+        cls_a = load_candidate(ws_a, None)
+        cls_b = load_candidate(ws_b, None)
+    finally:
+        restored = sys.modules.pop("model")
+
+    assert (cls_a.tag, cls_b.tag) == ("a", "b"), "each candidate imports its own workspace's model.py"
+    assert cls_a.__module__ != cls_b.__module__
+    assert restored is unrelated, "a module the workspace shadowed is put back"
+    assert sys.path == path_before
+    assert "model_new" not in sys.modules
+
+
+def test_candidate_load_errors_are_one_sentence(tmp_path):
+    with pytest.raises(CandidateError, match=r"^model_new.py raised ZeroDivisionError: division by zero$"):
+        load_candidate(write_workspace(tmp_path / "raises", "1 / 0\n"), None)
+    with pytest.raises(CandidateError, match="defines no class ModelNew"):
+        load_candidate(write_workspace(tmp_path / "empty", "x = 1\n"), None)
+    unbuilt = write_workspace(tmp_path / "unbuilt", HONEST_CANDIDATE)
+    (unbuilt.kernels_dir).mkdir()
+    (unbuilt.kernels_dir / "k.cu").write_text("")
+    with pytest.raises(CandidateError, match="has kernel sources but no build"):
+        load_candidate(unbuilt, None)
+
+
+def test_candidate_model_gets_the_reference_weights(tmp_path):
+    from kernelpilot.problem import load_problem
+
+    ws = write_workspace(tmp_path / "ws", HONEST_CANDIDATE)
+    problem = load_problem(ws.model_path)
+    model = make_candidate_model(problem, load_candidate(ws, None), "cpu")
+    assert not model.training
+    assert model.scale.shape == (8,)
+
+    extra_parameter = HONEST_CANDIDATE + """
+    def __init__(self, features=8):
+        super().__init__(features)
+        self.extra = __import__("torch").nn.Linear(2, 2)
+"""
+    with pytest.raises(CandidateError, match=r"parameters do not match Model's.*extra"):
+        make_candidate_model(problem, load_candidate(write_workspace(tmp_path / "extra", extra_parameter), None), "cpu")
