@@ -1,0 +1,367 @@
+"""Scaffold a task workspace from templates/ and guard its protected files with a SHA-256 manifest.
+
+The layout is described in docs/ARCHITECTURE.md. Protected files are kernelpilot's (the reference, the
+binding infrastructure, the build and benchmark scripts, the rules); everything else is the user's or
+the agent's, and `init` never overwrites it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernelpilot.errors import WorkspaceError
+from kernelpilot.resources import data_dir
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelpilot.problem import Problem
+
+EXTENSION_NAME = "kp_kernels"
+PROTECTED_FILES = (
+    "model.py",
+    "setup.py",
+    "benchmark.py",
+    "SKILL.md",
+    "kernels/kp_registry.h",
+    "kernels/kp_module.cpp",
+    "kernels/kp_cuda.h",
+)
+MANIFEST_VERSION = 1
+MANIFEST_PATH = ".kernelpilot/manifest.json"
+MODEL_NEW_TEMPLATE = "model_new.py.j2"
+# Starter files the user edits or deletes: written only into a new workspace, so that a re-run of
+# `init` never brings back an example the user removed on purpose.
+EXAMPLE_KERNELS = ("kernels/example_scale_shift.cu", "kernels/example_scale_shift_binding.cpp")
+_INIT_HINT = "Run `kernelpilot init PROBLEM.py` to create a workspace, then pass the folder it made."
+
+
+@dataclass
+class Workspace:
+    """A task folder made by `init_workspace`: the reference, ModelNew, kernels/ and the build folder."""
+
+    root: Path
+
+    @property
+    def model_path(self) -> Path:
+        return self.root / "model.py"
+
+    @property
+    def model_new_path(self) -> Path:
+        return self.root / "model_new.py"
+
+    @property
+    def kernels_dir(self) -> Path:
+        return self.root / "kernels"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST_PATH
+
+    @property
+    def problem_id(self) -> str:
+        """The content hash of the problem this workspace was made for (from the manifest)."""
+        return _read_manifest(self)["problem_id"]
+
+    def kernel_sources(self) -> list[Path]:
+        """The sources compiled into the extension: kernels/*.cu and kernels/*.cpp, sorted."""
+        return sorted([*self.kernels_dir.glob("*.cu"), *self.kernels_dir.glob("*.cpp")])
+
+    def problem(self) -> Problem:
+        """The reference problem, loaded from this workspace's model.py."""
+        from kernelpilot.problem import load_problem
+
+        return load_problem(self.model_path)
+
+
+def init_workspace(problem_path: Path | str, dest: Path | None = None) -> tuple[Workspace, list[str]]:
+    """Create (or complete) the workspace for a problem; return it and the relative paths written.
+
+    An existing workspace of the same problem gets its missing protected files back; nothing the user may
+    edit is overwritten. A workspace of another problem, or one whose protected files were changed, is
+    refused with a WorkspaceError.
+    """
+    from kernelpilot.problem import load_problem
+
+    problem_path = Path(problem_path)
+    problem = load_problem(problem_path)
+    root = Path(dest) if dest is not None else Path.cwd() / f"kp-{problem_path.stem}"
+    ws = Workspace(root.expanduser().resolve())
+    is_new = _prepare_root(ws, problem.problem_id)
+    # Rendered before anything is written, so a problem it cannot handle leaves no half-made workspace.
+    model_new_source = render_model_new(problem)
+    try:
+        return ws, _scaffold(ws, problem_path, problem.problem_id, model_new_source, is_new)
+    except OSError as err:
+        raise WorkspaceError(
+            f"Cannot write the workspace {ws.root}: {err.strerror or err}.", hint="Pass a writable folder with --dir."
+        ) from None
+
+
+def open_workspace(root: Path | str) -> Workspace:
+    """The workspace at `root`; WorkspaceError when the folder was not made by `kernelpilot init`."""
+    ws = Workspace(Path(root).expanduser().resolve())
+    if not ws.root.is_dir():
+        raise WorkspaceError(f"Workspace folder {ws.root} does not exist.", hint=_INIT_HINT)
+    _read_manifest(ws)
+    return ws
+
+
+def tampered_files(ws: Workspace) -> list[str]:
+    """Protected files that are missing or whose SHA-256 differs from the manifest, in PROTECTED_FILES order."""
+    recorded = _read_manifest(ws)["files"]
+    return [
+        name
+        for name in PROTECTED_FILES
+        if not (ws.root / name).is_file() or recorded.get(name) != _sha256(ws.root / name)
+    ]
+
+
+def check_protected(ws: Workspace) -> None:
+    """Raise WorkspaceError naming every protected file that was changed or deleted."""
+    tampered = tampered_files(ws)
+    if tampered:
+        raise WorkspaceError(
+            f"Protected workspace files were changed or deleted: {', '.join(tampered)}.",
+            hint="Restore them (a deleted one comes back with `kernelpilot init PROBLEM.py --dir "
+            f"{ws.root}`); put your code in kernels/ and model_new.py instead.",
+        )
+
+
+def render_init_summary(console: Console, ws: Workspace, created: list[str]) -> None:
+    """Print what `init` wrote and the next step."""
+    where = _display_path(ws.root)
+    if created:
+        console.print(f"[bold green]Workspace ready:[/] {where}", highlight=False)
+        for name in created:
+            tag = "  [dim](protected)[/]" if name in PROTECTED_FILES else ""
+            console.print(f"  [green]+[/] {name}{tag}", highlight=False)
+    else:
+        console.print(f"[bold green]Workspace up to date:[/] {where} (nothing to create)", highlight=False)
+    console.print(
+        "Next: write kernels in kernels/ and ModelNew.forward in model_new.py (see SKILL.md), "
+        f"then run [bold]kernelpilot build {where}[/]",
+        highlight=False,
+    )
+
+
+def render_model_new(problem: Problem) -> str:
+    """The source of model_new.py: ModelNew with Model's constructor and forward signatures."""
+    import jinja2
+
+    init_parameters = list(problem.init_signature().parameters.values())
+    forward_parameters = list(problem.forward_signature().parameters.values())
+    init_signature, init_fallbacks = _signature_source("__init__", init_parameters)
+    forward_signature, forward_fallbacks = _signature_source("forward", forward_parameters)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(data_dir("templates")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template(MODEL_NEW_TEMPLATE).render(
+        problem_name=problem.name,
+        init_signature=init_signature,
+        init_call=_call_source(init_parameters),
+        forward_signature=forward_signature,
+        uses_model_defaults=bool(init_fallbacks or forward_fallbacks),
+    )
+
+
+# ----------------------------------------------------------------------------------------- scaffold
+
+
+def _prepare_root(ws: Workspace, problem_id: str) -> bool:
+    """Check that `ws.root` may be (re)initialised for `problem_id`; return True when it is a new workspace."""
+    root = ws.root
+    if root.exists() and not root.is_dir():
+        raise WorkspaceError(f"{root} is a file, not a folder.", hint="Pass a folder with --dir.")
+    if not ws.manifest_path.exists():
+        if root.exists() and any(root.iterdir()):
+            raise WorkspaceError(
+                f"{root} already has files and is not a kernelpilot workspace.",
+                hint="Pass an empty or new folder with --dir.",
+            )
+        return True
+    if _read_manifest(ws)["problem_id"] != problem_id:
+        raise WorkspaceError(
+            f"{root} is the workspace of a different problem.",
+            hint="Pass a new folder with --dir, or the problem file this workspace was made from.",
+        )
+    changed = [name for name in tampered_files(ws) if (root / name).exists()]
+    if changed:
+        raise WorkspaceError(
+            f"Protected files in {root} were changed: {', '.join(changed)}.",
+            hint="Restore them, or delete them and run init again to re-create them.",
+        )
+    return False
+
+
+def _scaffold(ws: Workspace, problem_path: Path, problem_id: str, model_new_source: str, is_new: bool) -> list[str]:
+    """Write what the workspace lacks; return the relative paths written."""
+    ws.root.mkdir(parents=True, exist_ok=True)
+    created = _write_protected_files(ws, problem_path)
+    if is_new or not ws.model_new_path.exists():
+        ws.model_new_path.write_text(model_new_source)
+        created.append("model_new.py")
+    if is_new:
+        created += _copy_templates(EXAMPLE_KERNELS, ws.root)
+    if _write_manifest(ws, problem_id):
+        created.append(MANIFEST_PATH)
+    return created
+
+
+def _write_protected_files(ws: Workspace, problem_path: Path) -> list[str]:
+    """Write the protected files that are missing; return their relative paths."""
+    created = []
+    if not ws.model_path.exists():
+        shutil.copyfile(problem_path, ws.model_path)
+        # Read-only: a reminder to people and agents that the reference is not theirs to edit.
+        ws.model_path.chmod(0o444)
+        created.append("model.py")
+    skill = data_dir("skills") / "SKILL.md"
+    if not (ws.root / "SKILL.md").exists():
+        shutil.copyfile(skill, ws.root / "SKILL.md")
+        created.append("SKILL.md")
+    from_templates = [name for name in PROTECTED_FILES if name not in ("model.py", "SKILL.md")]
+    created += _copy_templates([name for name in from_templates if not (ws.root / name).exists()], ws.root)
+    return created
+
+
+def _copy_templates(names: Sequence[str], root: Path) -> list[str]:
+    """Copy templates/<name> to root/<name> for each relative path; return the names."""
+    templates = data_dir("templates")
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(templates / name, root / name)
+    return list(names)
+
+
+def _write_manifest(ws: Workspace, problem_id: str) -> bool:
+    """Record the hashes of the protected files as they are now; return True when the manifest changed."""
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "problem_id": problem_id,
+        "extension": EXTENSION_NAME,
+        "files": {name: _sha256(ws.root / name) for name in PROTECTED_FILES},
+    }
+    text = json.dumps(manifest, indent=2) + "\n"
+    if ws.manifest_path.exists() and ws.manifest_path.read_text() == text:
+        return False
+    ws.manifest_path.parent.mkdir(parents=True, exist_ok=True)
+    ws.manifest_path.write_text(text)
+    return True
+
+
+def _read_manifest(ws: Workspace) -> dict:
+    """The parsed manifest; WorkspaceError when it is missing or not one of ours."""
+    try:
+        manifest = json.loads(ws.manifest_path.read_text())
+    except FileNotFoundError:
+        raise WorkspaceError(f"{ws.root} is not a kernelpilot workspace (no {MANIFEST_PATH}).", hint=_INIT_HINT) from None
+    except (OSError, ValueError) as err:
+        raise WorkspaceError(
+            f"The workspace manifest {ws.manifest_path} cannot be read ({err}).",
+            hint="Re-create the workspace with `kernelpilot init PROBLEM.py` in a new folder.",
+        ) from None
+    well_formed = (
+        isinstance(manifest, dict)
+        and manifest.get("version") == MANIFEST_VERSION
+        and isinstance(manifest.get("problem_id"), str)
+        and isinstance(manifest.get("files"), dict)
+    )
+    if not well_formed:
+        raise WorkspaceError(
+            f"The workspace manifest {ws.manifest_path} is not a version-{MANIFEST_VERSION} kernelpilot manifest.",
+            hint="Re-create the workspace with this kernelpilot's `kernelpilot init PROBLEM.py` in a new folder.",
+        )
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _display_path(path: Path) -> str:
+    """`path` relative to the current folder when it is inside it, else absolute."""
+    absolute = path.resolve()
+    try:
+        return str(absolute.relative_to(Path.cwd())) or "."
+    except ValueError:
+        return str(absolute)
+
+
+# --------------------------------------------------------------------------------- ModelNew source
+
+
+class _SourceText:
+    """A default value that prints as the given source text (inspect.Signature prints defaults by repr)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _signature_source(method: str, parameters: list[inspect.Parameter]) -> tuple[str, list[str]]:
+    """`(self, ...)` for a method with these parameters, and the names whose defaults are not literals.
+
+    Annotations are dropped (they may name types model_new.py does not import). A default with a literal
+    spelling is written as that literal; any other default is read from Model's own signature at import
+    time, so it stays the very same object.
+    """
+    kind = inspect.Parameter
+    positional_only = bool(parameters) and parameters[0].kind is kind.POSITIONAL_ONLY
+    self_kind = kind.POSITIONAL_ONLY if positional_only else kind.POSITIONAL_OR_KEYWORD
+    written, fallbacks = [kind("self", self_kind)], []
+    for parameter in parameters:
+        parameter = parameter.replace(annotation=kind.empty)
+        if parameter.default is not kind.empty:
+            literal = _literal_source(parameter.default)
+            if literal is None:
+                literal = f"_model_default({method!r}, {parameter.name!r})"
+                fallbacks.append(parameter.name)
+            parameter = parameter.replace(default=_SourceText(literal))
+        written.append(parameter)
+    return str(inspect.Signature(written)), fallbacks
+
+
+def _literal_source(value: object) -> str | None:
+    """`repr(value)` when it is a Python literal that evaluates back to an equal value of the same type."""
+    text = repr(value)
+    try:
+        parsed = ast.literal_eval(text)
+        return text if type(parsed) is type(value) and parsed == value else None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _call_source(parameters: list[inspect.Parameter]) -> str:
+    """The argument list that passes every parameter on to Model's constructor unchanged."""
+    kind = inspect.Parameter
+    arguments = []
+    for parameter in parameters:
+        if parameter.kind is kind.VAR_POSITIONAL:
+            arguments.append(f"*{parameter.name}")
+        elif parameter.kind is kind.VAR_KEYWORD:
+            arguments.append(f"**{parameter.name}")
+        elif parameter.kind is kind.KEYWORD_ONLY:
+            arguments.append(f"{parameter.name}={parameter.name}")
+        else:
+            arguments.append(parameter.name)
+    return ", ".join(arguments)
