@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kernelpilot.errors import KernelpilotError
 
@@ -22,9 +23,11 @@ err_console = Console(stderr=True)
 
 def report_error(err: KernelpilotError) -> None:
     """Print a user error as one line plus its hint."""
-    err_console.print(f"[bold red]error:[/] {err.message}", highlight=False)
+    # escape: messages quote user code and exceptions ("[x, y]", shapes) that rich would read as markup;
+    # soft_wrap: rich would otherwise break a long message at the terminal width into several lines.
+    err_console.print(f"[bold red]error:[/] {escape(err.message)}", highlight=False, soft_wrap=True)
     if err.hint:
-        err_console.print(f"[dim]hint:[/] {err.hint}", highlight=False)
+        err_console.print(f"[dim]hint:[/] {escape(err.hint)}", highlight=False, soft_wrap=True)
 
 
 class _App(typer.Typer):
