@@ -1,0 +1,547 @@
+"""verify_candidate and the anti-cheat guards on CPU tensors.
+
+A CPU stand-in for a custom kernel: ModelNew allocates its output with torch (allowed) and computes it by reading
+and writing the tensors' memory through ctypes, outside torch's dispatcher, as a CUDA kernel would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import textwrap
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from kernelpilot.harness import guards
+from kernelpilot.harness.verify import SEED_STRIDE, compare_outputs, describe_exception, verify_candidate
+from kernelpilot.problem import load_problem
+
+RELU_PROBLEM = """
+    import torch
+    from torch import nn
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    def get_inputs():
+        return [torch.randn(4, 8)]
+
+    def get_init_inputs():
+        return []
+"""
+
+
+def write_problem(tmp_path, source: str, name: str = "problem"):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return load_problem(path)
+
+
+@pytest.fixture
+def relu_problem(tmp_path):
+    return write_problem(tmp_path, RELU_PROBLEM)
+
+
+def memory(t: torch.Tensor):
+    """The float32 elements of a contiguous tensor as a ctypes array over its memory."""
+    return (ctypes.c_float * t.numel()).from_address(t.data_ptr())
+
+
+def raw_relu(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    memory(out)[:] = [v if v > 0 else 0.0 for v in memory(x)]
+    return out
+
+
+class HonestRelu(nn.Module):
+    def forward(self, x):
+        return raw_relu(x, torch.empty_like(x))
+
+
+def verify(problem, candidate_cls, **kwargs):
+    return verify_candidate(problem, candidate_cls, device="cpu", **kwargs)
+
+
+def guard_names(result) -> list[str]:
+    return [finding.guard for finding in result.guards]
+
+
+# ------------------------------------------------------------------------------------------ passing
+
+
+def test_honest_candidate_passes_every_trial_on_its_own_seed(relu_problem):
+    result = verify(relu_problem, HonestRelu, base_seed=3)
+
+    assert result.ok, result.message
+    assert result.error_kind is None and result.guards == []
+    assert [t.seed for t in result.trials] == [3 + i * SEED_STRIDE for i in range(5)]
+    assert all(t.ok and t.max_abs_error == 0.0 and t.max_rel_error == 0.0 for t in result.trials)
+    assert all(t.worst_index is not None and t.output == "out" for t in result.trials)
+    assert result.message.startswith("5 trials passed")
+
+
+def test_trials_draw_different_inputs(relu_problem):
+    seen = []
+
+    class Recording(HonestRelu):
+        def forward(self, x):
+            seen.append(memory(x)[0])
+            return super().forward(x)
+
+    verify(relu_problem, Recording)
+    assert len(set(seen)) == 5
+
+
+# ------------------------------------------------------------------------------------------ mismatches
+
+
+def test_mismatch_reports_max_errors_and_worst_index(relu_problem):
+    class OffByHalfAtOnePlace(nn.Module):
+        def forward(self, x):
+            out = raw_relu(x, torch.empty_like(x))
+            memory(out)[2 * 8 + 3] += 0.5
+            return out
+
+    result = verify(relu_problem, OffByHalfAtOnePlace)
+
+    assert not result.ok and result.error_kind == "mismatch"
+    (trial,) = result.trials  # the first failing trial ends the run
+    assert trial.worst_index == [2, 3] and trial.output == "out"
+    assert trial.max_abs_error == pytest.approx(0.5)
+    assert "1 of 32 elements outside tolerance" in trial.message and "worst at [2, 3]" in trial.message
+    assert "seed 0" in result.message
+
+
+def test_wrong_on_the_second_seed_only_fails_on_trial_two(relu_problem):
+    class RightOnce(nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            type(self).calls += 1
+            out = raw_relu(x, torch.empty_like(x))
+            if self.calls > 1:
+                memory(out)[0] = memory(out)[0] + 1.0
+            return out
+
+    result = verify(relu_problem, RightOnce)
+
+    assert result.error_kind == "mismatch"
+    assert [t.ok for t in result.trials] == [True, False]
+    assert result.trials[1].seed == SEED_STRIDE and f"seed {SEED_STRIDE}" in result.message
+
+
+@pytest.mark.parametrize(
+    ("forward", "expected_text"),
+    [
+        (lambda x: raw_relu(x, torch.empty_like(x)).view(-1), "has shape (32,), the reference's is (4, 8)"),
+        (lambda x: torch.zeros(4, 8, dtype=torch.float64), "has dtype torch.float64"),
+        (lambda x: (raw_relu(x, torch.empty_like(x)),), "is a tuple, the reference returns a tensor"),
+        (lambda x: None, "is None, the reference returns a tensor"),
+    ],
+    ids=["shape", "dtype", "structure", "none"],
+)
+def test_wrong_shape_dtype_or_structure_fails(relu_problem, forward, expected_text):
+    candidate_cls = type("Candidate", (nn.Module,), {"forward": lambda self, x: forward(x)})
+    result = verify(relu_problem, candidate_cls)
+
+    assert result.error_kind == "mismatch"
+    assert expected_text in result.trials[0].message
+
+
+def test_nan_where_the_reference_has_none_fails(relu_problem):
+    class LeavesOneNaN(nn.Module):
+        def forward(self, x):
+            out = raw_relu(x, torch.empty_like(x))
+            memory(out)[9] = math.nan
+            return out
+
+    result = verify(relu_problem, LeavesOneNaN)
+
+    assert result.error_kind == "mismatch"
+    assert result.trials[0].worst_index == [1, 1]
+    assert "has NaN at 1 positions where the reference has none" in result.trials[0].message
+
+
+def test_nan_where_the_reference_has_nan_passes(tmp_path):
+    problem = write_problem(tmp_path, RELU_PROBLEM.replace("torch.relu(x)", "torch.log(x)"))
+
+    class RawLog(nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            memory(out)[:] = [math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan) for v in memory(x)]
+            return out
+
+    result = verify(problem, RawLog)
+    assert result.ok, result.message
+
+
+def test_compare_outputs_handles_nested_structures_and_exact_dtypes():
+    expected = {"a": (torch.ones(2), [torch.tensor([1, 2])]), "b": 3.0}
+    same = {"a": (torch.ones(2), [torch.tensor([1, 2])]), "b": 3.0}
+    assert all(leaf.ok for leaf in compare_outputs(same, expected, atol=1e-2, rtol=1e-2))
+
+    off_by_one_int = {"a": (torch.ones(2), [torch.tensor([1, 3])]), "b": 3.0}
+    leaves = compare_outputs(off_by_one_int, expected, atol=1e-2, rtol=1e-2)
+    (failing,) = [leaf for leaf in leaves if not leaf.ok]
+    assert failing.name == "out['a'][1][0]" and failing.worst_index == [1]
+
+    wrong_keys = compare_outputs({"a": expected["a"]}, expected, atol=1e-2, rtol=1e-2)
+    assert not wrong_keys[0].ok and "has 1 items" in wrong_keys[0].message
+
+
+def test_inf_of_the_wrong_sign_fails_and_matching_inf_passes():
+    expected = torch.tensor([math.inf, -math.inf, 1.0])
+    (matching,) = compare_outputs(expected.clone(), expected, atol=1e-2, rtol=1e-2)
+    (flipped,) = compare_outputs(torch.tensor([math.inf, math.inf, 1.0]), expected, atol=1e-2, rtol=1e-2)
+
+    assert matching.ok
+    assert not flipped.ok and flipped.worst_index == [1] and "Inf at 1 positions" in flipped.message
+
+
+def test_tolerance_is_atol_plus_rtol_times_expected():
+    expected = torch.tensor([100.0, 0.0])
+    (inside,) = compare_outputs(torch.tensor([101.0, 0.01]), expected, atol=1e-2, rtol=1e-2)
+    (outside,) = compare_outputs(torch.tensor([101.02, 0.0]), expected, atol=1e-2, rtol=1e-2)
+
+    assert inside.ok and inside.max_abs_error == pytest.approx(1.0) and inside.max_rel_error == pytest.approx(0.01)
+    assert not outside.ok and outside.worst_index == [0]
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+
+def test_candidate_that_raises_is_a_runtime_error(relu_problem):
+    class Raises(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom\nsecond line")
+
+    result = verify(relu_problem, Raises)
+
+    assert not result.ok and result.error_kind == "runtime" and result.trials == []
+    assert "ValueError: boom" in result.message and "second line" not in result.message
+
+
+def test_exception_description_names_the_kernel_location():
+    error = RuntimeError("launch failed\nkernels/relu.cu:42: cudaGetLastError() failed")
+    assert describe_exception(error) == "RuntimeError: launch failed (at kernels/relu.cu:42)"
+
+
+def test_state_dict_mismatch_is_a_clear_init_failure(tmp_path):
+    problem = write_problem(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Model(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(n))
+
+            def forward(self, x):
+                return x * self.weight
+
+        def get_inputs():
+            return [torch.randn(4, 8)]
+
+        def get_init_inputs():
+            return [8]
+        """,
+    )
+
+    class Renamed(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.scale = nn.Parameter(torch.randn(n))
+
+    result = verify(problem, Renamed)
+
+    assert result.error_kind == "init"
+    assert "do not match Model's state_dict" in result.message and "weight" in result.message
+
+
+def test_candidate_gets_the_reference_weights(tmp_path):
+    problem = write_problem(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Model(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(n))
+
+            def forward(self, x):
+                return x * self.weight
+
+        def get_inputs():
+            return [torch.randn(4, 8)]
+
+        def get_init_inputs():
+            return [8]
+        """,
+    )
+
+    class RawScale(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(n))
+
+        def forward(self, x):
+            out = torch.empty_like(x)
+            w = list(memory(self.weight.detach()))
+            memory(out)[:] = [v * w[i % len(w)] for i, v in enumerate(memory(x))]
+            return out
+
+    result = verify(problem, RawScale)
+    assert result.ok, result.message
+
+
+# ------------------------------------------------------------------------------------------ guards
+
+
+def test_torch_ops_in_forward_fail_torch_compute(relu_problem):
+    class TorchRelu(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    result = verify(relu_problem, TorchRelu)
+
+    assert not result.ok and result.error_kind == "guard"
+    assert guard_names(result) == ["torch-compute"]
+    assert "aten::relu x1" in result.guards[0].message
+    assert result.trials[0].max_abs_error == 0.0  # the numbers are still reported
+
+
+def test_allocation_views_and_metadata_are_not_torch_compute():
+    x = torch.randn(4, 8)
+    with guards.AtenOpRecorder() as recorder:
+        out = torch.empty_like(x).zero_()
+        out.view(32).unsqueeze(0).t()
+        x.reshape(2, 16).transpose(0, 1)
+        torch.zeros(3), torch.full((2,), 1.0), x[1:3].select(0, 0)
+    assert guards.find_torch_compute(recorder.counts) is None
+
+    with guards.AtenOpRecorder() as recorder:
+        x.t().contiguous()  # a real copy
+        x.sum().item()
+    finding = guards.find_torch_compute(recorder.counts)
+    assert finding is not None and "aten::clone" in finding.message and "aten::_local_scalar_dense" in finding.message
+
+
+def test_output_aliasing_an_input_fails(relu_problem):
+    class ReturnsInput(nn.Module):
+        def forward(self, x):
+            raw_relu(x, x)
+            return x
+
+    result = verify(relu_problem, ReturnsInput)
+
+    assert "output-aliases-input" in guard_names(result)
+    assert "input-mutated" in guard_names(result)
+    assert result.error_kind == "guard"
+
+
+def test_view_of_input_is_fine_when_the_reference_returns_one_too(tmp_path):
+    problem = write_problem(tmp_path, RELU_PROBLEM.replace("torch.relu(x)", "x.view(-1)"))
+
+    class Flatten(nn.Module):
+        def forward(self, x):
+            return x.view(-1)
+
+    result = verify(problem, Flatten)
+    assert result.ok, result.message
+
+
+def test_writing_into_an_input_fails(relu_problem):
+    class ScribblesOnInput(nn.Module):
+        def forward(self, x):
+            out = raw_relu(x, torch.empty_like(x))
+            memory(x)[0] = 123.0
+            return out
+
+    result = verify(relu_problem, ScribblesOnInput)
+
+    assert guard_names(result) == ["input-mutated"]
+    assert "inputs[0]" in result.guards[0].message
+
+
+def test_an_output_held_by_the_module_fails_cached_output(relu_problem):
+    class KeepsBuffer(nn.Module):
+        def forward(self, x):
+            if not hasattr(self, "buffer"):
+                self.buffer = torch.empty_like(x)
+            return raw_relu(x, self.buffer)
+
+    result = verify(relu_problem, KeepsBuffer)
+
+    assert guard_names(result) == ["cached-output"]
+    assert "self.buffer" in result.guards[0].message
+
+
+def test_returning_the_same_storage_again_fails_cached_output(relu_problem):
+    cache = []
+
+    class ComputesOnce(nn.Module):
+        def forward(self, x):
+            if not cache:
+                cache.append(raw_relu(x, torch.empty_like(x)))
+            return cache[0]
+
+    result = verify(relu_problem, ComputesOnce)
+
+    assert "cached-output" in guard_names(result)
+    assert "previous call's memory" in next(f.message for f in result.guards if f.guard == "cached-output")
+    assert result.trials[0].ok and not result.trials[1].ok
+
+
+def test_copying_out_precomputed_values_fails_cached_output(relu_problem):
+    cache = []
+
+    class CopiesCache(nn.Module):
+        def forward(self, x):
+            if not cache:
+                cache.append(list(raw_relu(x, torch.empty_like(x)).tolist()))
+            out = torch.empty_like(x)
+            memory(out)[:] = [v for row in cache[0] for v in row]
+            return out
+
+    result = verify(relu_problem, CopiesCache)
+
+    finding = next(f for f in result.guards if f.guard == "cached-output")
+    assert "exactly the previous call's values" in finding.message
+
+
+def test_monkeypatched_synchronize_is_reported_and_restored(relu_problem):
+    original = torch.cuda.synchronize
+
+    class PatchesSync(HonestRelu):
+        def forward(self, x):
+            torch.cuda.synchronize = lambda *args, **kwargs: None
+            return super().forward(x)
+
+    result = verify(relu_problem, PatchesSync)
+
+    assert guard_names(result) == ["monkeypatch"]
+    assert "torch.cuda.synchronize" in result.guards[0].message and "after forward" in result.guards[0].message
+    assert torch.cuda.synchronize is original
+
+
+def test_monkeypatch_at_import_time_is_seen_before_the_first_trial(relu_problem):
+    original = time.perf_counter
+    time.perf_counter = lambda: 0.0  # as a model_new.py could do at its top level
+    try:
+        result = verify(relu_problem, HonestRelu)
+    finally:
+        time.perf_counter = original
+
+    assert guard_names(result) == ["monkeypatch"]
+    assert "time.perf_counter" in result.guards[0].message and "imported" in result.guards[0].message
+
+
+def test_monkeypatched_event_elapsed_time_is_reported(relu_problem):
+    original = torch.cuda.Event.elapsed_time
+
+    class PatchesEvent(HonestRelu):
+        def forward(self, x):
+            torch.cuda.Event.elapsed_time = lambda self, end: 0.001
+            return super().forward(x)
+
+    result = verify(relu_problem, PatchesEvent)
+
+    assert "torch.cuda.Event.elapsed_time" in result.guards[0].message
+    assert torch.cuda.Event.elapsed_time is original
+
+
+def test_changed_protected_file_fails(tmp_path):
+    from kernelpilot.workspace import init_workspace
+
+    problem_path = tmp_path / "relu.py"
+    problem_path.write_text(textwrap.dedent(RELU_PROBLEM))
+    ws, _ = init_workspace(problem_path, tmp_path / "ws")
+    ws.model_path.write_text(ws.model_path.read_text() + "\n# the reference now does less\n")
+
+    result = verify(ws.problem(), HonestRelu, workspace=ws.root)
+
+    assert guard_names(result) == ["protected-files"]
+    assert "model.py" in result.guards[0].message
+
+
+def test_bf16_rounded_output_of_an_fp32_problem_is_a_precision_warning(relu_problem):
+    def to_bf16(value: float) -> float:
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+    class Bf16Relu(nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            memory(out)[:] = [to_bf16(v) if v > 0 else 0.0 for v in memory(x)]
+            return out
+
+    result = verify(relu_problem, Bf16Relu)
+
+    assert result.ok, result.message  # within tolerance: a warning, not a failure
+    assert guard_names(result) == ["precision-drop"] and result.guards[0].severity == "warn"
+    assert "rounded to bf16" in result.guards[0].message and "warnings: precision-drop" in result.message
+
+
+def test_precision_guard_is_quiet_for_fp32_accurate_results():
+    exact = torch.randn(1000, dtype=torch.float64)
+    reference = exact.float()
+    one_ulp_off = torch.nextafter(reference, torch.full_like(reference, math.inf))
+    assert guards.find_precision_drop(one_ulp_off, reference, exact) is None
+
+
+# ------------------------------------------------------------------------------- guards on plain values
+
+
+def test_unsynced_output_is_seen_when_values_change_after_return():
+    early = [("out", torch.tensor([math.nan, 1.0]))]
+    late = [("out", torch.tensor([2.0, 1.0]))]
+    finding = guards.find_unsynced_output(early, late)
+
+    assert finding is not None and finding.guard == "unsynced-stream"
+    assert guards.find_unsynced_output(late, [("out", late[0][1].clone())]) is None
+
+
+def test_side_stream_kernels_without_a_sync_fail():
+    launches = [guards.KernelLaunch("void relu_kernel(float const*, float*, long)", stream=13)]
+    unsynced = guards.ProfiledForward(kernels=launches, current_stream=7, synchronized=False)
+    joined = guards.ProfiledForward(kernels=launches, current_stream=7, synchronized=True)
+
+    finding = guards.find_unsynced_side_stream(unsynced)
+    assert finding is not None and "relu_kernel" in finding.message
+    assert guards.find_unsynced_side_stream(joined) is None
+
+
+def test_custom_kernel_is_recognised_by_its_name_in_the_workspace_sources():
+    source = "__global__ void relu_kernel(const float* x, float* y, int64_t n) {}"
+    ours = "void (anonymous namespace)::relu_kernel<float>(float const*, float*, long)"
+    torchs = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int)"
+
+    assert guards.find_no_custom_kernel([torchs, ours], source) is None
+    assert guards.find_no_custom_kernel([torchs], source).guard == "no-custom-kernel"
+    assert guards.find_no_custom_kernel(["sm90_xmma_gemm_f32f32_tf32f32_nn"], None) is not None
+    assert guards.find_no_custom_kernel(["my_fused_kernel"], None) is None
+
+
+def test_library_kernels_other_than_fills_are_torch_compute():
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int)"
+    softmax = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)"
+
+    assert guards.find_library_compute([fill]) is None
+    finding = guards.find_library_compute([fill, softmax, softmax])
+    assert finding is not None and "cunn_SoftMaxForward x2" in finding.message
+
+
+def test_memory_overlap_sees_views_and_slices_but_not_copies():
+    x = torch.randn(8)
+    assert guards.shares_memory(x[2:4], x) and guards.shares_memory(x.view(2, 4), x)
+    assert not guards.shares_memory(x.clone(), x)
+    assert not guards.shares_memory(torch.empty(0), x)
