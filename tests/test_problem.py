@@ -147,6 +147,10 @@ def test_model_without_forward(tmp_path):
     load_error(write(tmp_path, replaced("def forward(self, x)", "def foward(self, x)")), "defines no forward()")
 
 
+def test_an_empty_file_is_told_about_model_first(tmp_path):
+    load_error(write(tmp_path, "import torch\n"), "no class named Model")
+
+
 @pytest.mark.parametrize("name", ["get_inputs", "get_init_inputs"])
 def test_missing_function(tmp_path, name):
     load_error(write(tmp_path, replaced(f"def {name}()", f"def other_{name}()")), f"no function named {name}()")

@@ -100,6 +100,8 @@ def load_problem(path: str | Path, *, validate: bool = True) -> Problem:
     code = _compile(source, file)
     with _importable_from(file.parent):
         module = _execute(code, file)
+        model_cls = _model_class(module, file)
+        get_inputs = _function(module, "get_inputs", file)
         get_init_inputs = _function(module, "get_init_inputs", file)
         problem = Problem(
             path=file,
@@ -107,8 +109,8 @@ def load_problem(path: str | Path, *, validate: bool = True) -> Problem:
             source=source,
             problem_id=problem_id_of(source),
             module=module,
-            model_cls=_model_class(module, file),
-            get_inputs=_function(module, "get_inputs", file),
+            model_cls=model_cls,
+            get_inputs=get_inputs,
             get_init_inputs=get_init_inputs,
             init_inputs=_as_list(_call(get_init_inputs, "get_init_inputs()", file), "get_init_inputs()", file),
         )
