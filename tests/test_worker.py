@@ -149,6 +149,21 @@ def test_a_load_error_names_the_exception(worker, tmp_path):
     assert reply.message == "model_new.py raised ModuleNotFoundError: No module named 'no_such_module_for_kernelpilot'"
 
 
+def test_a_candidate_raising_in_forward_is_a_runtime_error_and_the_worker_stays(worker, tmp_path):
+    raising = HONEST_CANDIDATE + """
+    def forward(self, x):
+        raise ValueError("boom in forward")
+"""
+    ws = write_workspace(tmp_path / "ws", raising)
+    pid = worker.start()["pid"]
+    reply = worker.call("verify", {"workspace": str(ws.root), "trials": 2}, timeout=120)
+    assert reply.ok, reply.message
+    assert reply.result["ok"] is False
+    assert reply.result["error_kind"] == "runtime"
+    assert "ValueError: boom in forward" in reply.result["message"]
+    assert worker.pid == pid
+
+
 def test_an_unknown_request_is_an_error_reply_not_a_crash(worker):
     pid = worker.start()["pid"]
     reply = worker.call("no-such-op", {}, timeout=10)

@@ -96,6 +96,30 @@ def build(
         raise typer.Exit(1)
 
 
+@app.command("eval")
+def eval_(
+    target: Path = typer.Argument(Path("."), help="A workspace folder, or a problem file judged with --candidate."),
+    candidate: Optional[Path] = typer.Option(None, "--candidate", help="A model_new.py to judge against the problem file TARGET (a kernels/ folder beside it comes too)."),
+    trials: int = typer.Option(5, "--trials", min=1, help="Correctness trials, each on fresh random inputs."),
+    atol: float = typer.Option(1e-2, "--atol", help="Absolute tolerance."),
+    rtol: float = typer.Option(1e-2, "--rtol", help="Relative tolerance."),
+    no_bench: bool = typer.Option(False, "--no-bench", help="Check correctness only; skip timing."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the EvalResult as JSON."),
+) -> None:
+    """Judge a candidate: build, verify on fresh inputs, time against eager and torch.compile, reward."""
+    from kernelpilot.harness.judge import evaluate_path, render_eval
+    from kernelpilot.results import to_dict
+
+    result = evaluate_path(target, candidate, device=device, trials=trials, atol=atol, rtol=rtol, bench=not no_bench)
+    if as_json:
+        _print_json(to_dict(result))
+    else:
+        render_eval(console, result)
+    if result.reward < 1:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

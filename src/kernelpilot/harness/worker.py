@@ -37,15 +37,17 @@ from kernelpilot.errors import KernelpilotError
 
 STARTUP_TIMEOUT_S = 180.0  # importing torch on a cold disk can take a minute
 LOG_TAIL_LINES = 25
-_CUDA_ERROR_MARKERS = (
-    "CUDA error",
+_CUDA_ERROR_MARKERS = (  # lower case; matched against the lower-cased message
+    "cuda error",
     "illegal memory access",
+    "illegal address",
+    "illegal instruction",
     "device-side assert",
     "unspecified launch failure",
     "misaligned address",
-    "CUBLAS_STATUS",
-    "CUDNN_STATUS",
-    "cudaError",
+    "cublas_status",
+    "cudnn_status",
+    "cudaerror",
 )
 
 
@@ -319,11 +321,10 @@ def describe_exit(returncode: int | None) -> str:
 
 def classify_error(message: str, exc: BaseException | None = None) -> str:
     """"oom", "cuda-error" or "runtime" for an exception (or its message) raised while running a candidate."""
-    if exc is not None and type(exc).__name__ == "OutOfMemoryError":
+    text = message.lower()
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text:
         return "oom"
-    if "CUDA out of memory" in message:
-        return "oom"
-    if any(marker in message for marker in _CUDA_ERROR_MARKERS):
+    if any(marker in text for marker in _CUDA_ERROR_MARKERS):
         return "cuda-error"
     return "runtime"
 
@@ -467,10 +468,12 @@ def handle(state: WorkerState, request: dict) -> dict:
 
 
 def _refine_result_error_kind(reply: dict) -> None:
-    """A step that caught a candidate's exception reports "runtime"; name OOM and CUDA errors as such."""
+    """Name OOM and CUDA errors in a step's own result, which may call them "runtime" or "crash"."""
     result = reply.get("result")
-    if isinstance(result, dict) and result.get("error_kind") == "runtime":
-        result["error_kind"] = classify_error(result.get("message") or "")
+    if isinstance(result, dict) and result.get("error_kind") in ("runtime", "crash"):
+        refined = classify_error(result.get("message") or "")
+        if refined != "runtime":
+            result["error_kind"] = refined
 
 
 def _after_errors(state: WorkerState, reply: dict) -> dict:
@@ -479,7 +482,7 @@ def _after_errors(state: WorkerState, reply: dict) -> dict:
     kinds = {reply.get("error_kind"), result.get("error_kind")}
     if "oom" in kinds:
         _release_cached_memory()
-    if "cuda-error" in kinds:
+    if kinds & {"cuda-error", "crash"}:
         reply["exiting"] = True
         return reply
     sync_error = _cuda_sync_error(state.device)

@@ -1,0 +1,340 @@
+"""The judge every caller uses: build -> load -> verify -> bench -> reward of a workspace's candidate, in a worker.
+
+The agent, the CLI, `check` and the trainer all go through `Judge`; none of them runs GPU code itself. Each step
+runs in the judge's worker process with its own timeout, and whatever goes wrong there (a compile error, a hang,
+a crash, a wrong answer) comes back as a result with an error kind and a message, never as an exception. Only
+errors the user must fix outside the candidate (not a workspace, no GPU, no toolchain) are raised.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.errors import KernelpilotError, NoGPUError
+from kernelpilot.harness.worker import Reply, Worker
+from kernelpilot.results import BenchResult, BuildResult, EvalResult, Timing, VerifyResult, from_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# A candidate that dies or raises while being timed is broken even though it passed the trials.
+_BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime")
+
+
+@dataclass
+class Timeouts:
+    """Seconds each step may take before its worker is killed."""
+
+    build: float = 600.0
+    verify: float = 300.0
+    bench: float = 600.0
+
+
+class Judge:
+    """Evaluates candidates on one device through a long-lived worker; use as a context manager or call close()."""
+
+    def __init__(
+        self,
+        device: str | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+        cache_dir: Path | None = None,
+        arch: str | None = None,
+        jobs: int | None = None,
+        log_path: Path | None = None,
+    ):
+        self.device = _checked_device(device or "cuda")
+        self.timeouts = timeouts or Timeouts()
+        self.cache_dir = cache_dir
+        self.arch = arch
+        self.jobs = jobs
+        self.worker = Worker(self.device, log_path=log_path)
+        if self.device != "cpu":
+            self._require_gpu()
+
+    def _require_gpu(self) -> None:
+        if not self.worker.start().get("cuda_available"):
+            self.worker.close()
+            raise NoGPUError(
+                "no CUDA GPU is visible: kernelpilot eval needs one.",
+                hint="Run it on a machine with an NVIDIA GPU and a CUDA build of torch "
+                "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES).",
+            )
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.worker.start().get("gpu_name")
+
+    # -- the steps
+
+    def build(self, ws_root: Path | str) -> BuildResult:
+        """Build the workspace's extension incrementally, in the worker."""
+        ws = _open(ws_root)
+        args = {"workspace": str(ws.root), "arch": self.arch, "jobs": self.jobs}
+        reply = self._call("build", args, self.timeouts.build)
+        if reply.ok:
+            return from_dict(BuildResult, reply.result)
+        from kernelpilot.workspace import EXTENSION_NAME
+
+        return BuildResult(
+            ok=False, workspace=str(ws.root), extension_name=EXTENSION_NAME, arch=self.arch or "", error=reply.message
+        )
+
+    def verify(
+        self,
+        ws_root: Path | str,
+        build: BuildResult | None = None,
+        *,
+        trials: int = 5,
+        atol: float = 1e-2,
+        rtol: float = 1e-2,
+        base_seed: int = 0,
+    ) -> VerifyResult:
+        """Load the candidate (with `build`'s extension) and run the correctness trials and guards."""
+        ws = _open(ws_root)
+        args = _candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol, "base_seed": base_seed}
+        reply = self._call("verify", args, self.timeouts.verify)
+        if reply.ok:
+            return from_dict(VerifyResult, reply.result)
+        return VerifyResult(ok=False, atol=atol, rtol=rtol, error_kind=reply.error_kind, message=reply.message)
+
+    def bench(self, ws_root: Path | str, build: BuildResult | None = None, *, min_runs: int = 20) -> BenchResult:
+        """Time the candidate against eager and torch.compile (baselines from the cache when present)."""
+        ws = _open(ws_root)
+        args = _candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir)}
+        reply = self._call("bench", args, self.timeouts.bench)
+        if reply.ok:
+            return from_dict(BenchResult, reply.result)
+        return BenchResult(ok=False, error_kind=reply.error_kind, message=reply.message)
+
+    def evaluate(
+        self, ws_root: Path | str, *, trials: int = 5, atol: float = 1e-2, rtol: float = 1e-2, bench: bool = True
+    ) -> EvalResult:
+        """Build, verify and (when it is correct and `bench`) time the candidate; the reward sums it up."""
+        from kernelpilot.harness.reward import milestone_reward
+        from kernelpilot.workspace import tampered_files
+
+        ws = _open(ws_root)
+        result = EvalResult(problem_id=ws.problem_id, workspace=str(ws.root))
+        tampered = tampered_files(ws)
+        if tampered:
+            return _failed(result, "tampered", f"protected workspace files were changed or deleted: {', '.join(tampered)}.")
+        if ws.kernel_sources():
+            result.build = self.build(ws.root)
+            if not result.build.ok:
+                return _failed(result, "build", result.build.error or "the build failed.")
+        result.verify = self.verify(ws.root, result.build, trials=trials, atol=atol, rtol=rtol)
+        if not result.verify.ok:
+            return _failed(result, result.verify.error_kind or "mismatch", result.verify.message)
+        if bench:
+            result.bench = self.bench(ws.root, result.build)
+            if not result.bench.ok:
+                kind = result.bench.error_kind or "runtime"
+                if kind in _BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE:
+                    return _failed(result, kind, f"correct in the trials, but failed while timed: {result.bench.message}")
+                result.error_kind, result.message = kind, f"correct, but not timed: {result.bench.message}"
+        timed = result.bench if result.bench is not None and result.bench.ok else None
+        result.reward = milestone_reward(
+            built=True,
+            correct=True,
+            speedup_vs_eager=timed.speedup_vs_eager if timed else None,
+            speedup_vs_compile=timed.speedup_vs_compile if timed else None,
+        )
+        return result
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        """Stop the worker."""
+        self.worker.close()
+
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _call(self, op: str, args: dict[str, Any], timeout: float) -> Reply:
+        reply = self.worker.call(op, args, timeout=timeout)
+        reply.raise_user_error()
+        return reply
+
+
+def evaluate_path(
+    target: Path,
+    candidate: Path | None = None,
+    *,
+    device: str | None = None,
+    trials: int = 5,
+    atol: float = 1e-2,
+    rtol: float = 1e-2,
+    bench: bool = True,
+) -> EvalResult:
+    """`kernelpilot eval`: judge a workspace folder, or a candidate file against a problem file."""
+    if candidate is None and target.is_file():
+        raise KernelpilotError(
+            f"{target} is a problem file, so the candidate to judge is missing.",
+            hint=f"Pass it: kernelpilot eval {target} --candidate model_new.py",
+        )
+    if candidate is not None and not target.is_file():
+        raise KernelpilotError(
+            f"--candidate needs a problem file to judge against, and {target} is not a file.",
+            hint="Pass the problem file first: kernelpilot eval model.py --candidate model_new.py",
+        )
+    with Judge(device) as judge:
+        if candidate is None:
+            return judge.evaluate(target, trials=trials, atol=atol, rtol=rtol, bench=bench)
+        with candidate_workspace(target, candidate) as ws_root:
+            return judge.evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench)
+
+
+@contextmanager
+def candidate_workspace(problem_path: Path, candidate_path: Path) -> Iterator[Path]:
+    """A temporary workspace for `problem_path` holding `candidate_path` as model_new.py and the kernels/ beside it."""
+    from kernelpilot.workspace import EXAMPLE_KERNELS, PROTECTED_FILES, init_workspace
+
+    if not candidate_path.is_file():
+        raise KernelpilotError(f"Candidate file {candidate_path} does not exist.", hint="Check the path to model_new.py.")
+    with tempfile.TemporaryDirectory(prefix="kernelpilot-eval-") as tmp:
+        ws, _ = init_workspace(problem_path, Path(tmp) / f"kp-{problem_path.stem}")
+        for example in EXAMPLE_KERNELS:  # the candidate's own kernels replace the scaffold's example
+            (ws.root / example).unlink(missing_ok=True)
+        shutil.copyfile(candidate_path, ws.model_new_path)
+        candidate_kernels = candidate_path.parent / "kernels"
+        if candidate_kernels.is_dir():
+            for source in sorted(p for p in candidate_kernels.rglob("*") if p.is_file()):
+                relative = source.relative_to(candidate_path.parent)
+                if relative.as_posix() not in PROTECTED_FILES:
+                    (ws.root / relative).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, ws.root / relative)
+        yield ws.root
+
+
+def _open(ws_root: Path | str) -> Any:
+    from kernelpilot.workspace import open_workspace
+
+    return open_workspace(Path(ws_root).resolve())
+
+
+def _candidate_args(root: Path, build: BuildResult | None) -> dict[str, Any]:
+    from kernelpilot.results import to_dict
+
+    return {"workspace": str(root), "build": to_dict(build) if build is not None else None}
+
+
+def _str_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+def _failed(result: EvalResult, error_kind: str, message: str) -> EvalResult:
+    result.error_kind, result.message, result.reward = error_kind, message, -1
+    return result
+
+
+def _checked_device(device: str) -> str:
+    if re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        return device
+    raise KernelpilotError(f"Unknown device {device!r}.", hint="Use cuda, cuda:N (the N-th visible GPU) or cpu.")
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+def render_eval(console: Console, result: EvalResult) -> None:
+    """Print an EvalResult for a person: verdict, errors, times, speedups, % SOL, reward, guard findings."""
+    from rich.table import Table
+
+    table = Table(title=f"kernelpilot eval · {result.workspace}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in _summary_rows(result):
+        table.add_row(label, value)
+    console.print(table)
+    if result.bench is not None and result.bench.kernels:
+        console.print(_kernel_table(result.bench))
+
+
+def _summary_rows(result: EvalResult) -> Iterator[tuple[str, str]]:
+    yield "problem", result.problem_id
+    if result.build is not None:
+        built = "[green]ok[/]" if result.build.ok else "[red]failed[/]"
+        yield "build", f"{built} ({len(result.build.compiled)} recompiled, {result.build.seconds:.1f} s)"
+    yield from _verify_rows(result.verify)
+    yield from _bench_rows(result.bench)
+    colour = "green" if result.reward >= 1 else "red"
+    yield "reward", f"[bold {colour}]{result.reward}[/]"
+    if result.error_kind:
+        yield "error", f"[red]{result.error_kind}[/]: {_escape(result.message)}"
+
+
+def _verify_rows(verify: VerifyResult | None) -> Iterator[tuple[str, str]]:
+    if verify is None:
+        return
+    passed = sum(1 for trial in verify.trials if trial.ok)
+    verdict = "[green]yes[/]" if verify.ok else "[red]no[/]"
+    yield "correct", f"{verdict} ({passed}/{len(verify.trials)} trials, atol {verify.atol:g}, rtol {verify.rtol:g})"
+    if verify.max_abs_error is not None:
+        yield "max abs / rel error", f"{verify.max_abs_error:.3g} / {verify.max_rel_error:.3g}"
+    for finding in verify.guards:
+        colour = "red" if finding.severity == "fail" else "yellow"
+        yield f"guard {finding.guard}", f"[{colour}]{finding.severity}[/]: {_escape(finding.message)}"
+
+
+def _bench_rows(bench: BenchResult | None) -> Iterator[tuple[str, str]]:
+    if bench is None or not bench.ok:
+        return
+    if bench.gpu:
+        yield "gpu", bench.gpu
+    for label, timing, sol in (
+        ("eager", bench.eager, bench.sol_eager),
+        ("torch.compile", bench.compiled, bench.sol_compile),
+        ("candidate", bench.candidate, bench.sol_candidate),
+    ):
+        if timing is not None:
+            yield f"{label} ms", _timing_text(timing, sol)
+    yield "speedup vs eager", _speedup_text(bench.speedup_vs_eager)
+    yield "speedup vs compile", _speedup_text(bench.speedup_vs_compile)
+    if bench.roofline is not None:
+        roofline = bench.roofline
+        yield "speed-of-light", f"{roofline.floor_ms:.4g} ms ({roofline.bound}-bound)"
+    if bench.message:
+        yield "note", _escape(bench.message)
+
+
+def _timing_text(timing: Timing, sol: float | None) -> str:
+    text = f"{timing.median_ms:.4g}  (p10–p90 {timing.p10_ms:.4g}–{timing.p90_ms:.4g}, spread {timing.spread:.1%})"
+    if sol is not None:
+        text += f"  {sol * 100:.1f}% SOL"
+    return text
+
+
+def _speedup_text(speedup: float | None) -> str:
+    if speedup is None:
+        return "–"
+    colour = "green" if speedup > 1 else "red"
+    return f"[{colour}]{speedup:.2f}x[/]"
+
+
+def _kernel_table(bench: BenchResult) -> Any:
+    from rich.table import Table
+
+    table = Table(title="candidate kernels", title_justify="left")
+    table.add_column("kernel", overflow="fold")
+    table.add_column("total ms", justify="right")
+    table.add_column("calls", justify="right")
+    for kernel in bench.kernels:
+        table.add_row(_escape(kernel.name), f"{kernel.total_ms:.4g}", str(kernel.calls))
+    return table
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

@@ -1,0 +1,359 @@
+"""The Judge API and `kernelpilot eval`: refusal without a GPU, the tamper check, argument errors, the report,
+and whole evaluations through a real worker (a CPU extension where torch's CUDA build can compile one; the
+workspace's CUDA example on a GPU)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from kernelpilot.cli import app
+from kernelpilot.errors import KernelpilotError, NoGPUError
+from kernelpilot.harness.judge import Judge, candidate_workspace, render_eval
+from kernelpilot.results import (
+    BenchResult,
+    BuildResult,
+    EvalResult,
+    GuardFinding,
+    Roofline,
+    Timing,
+    TrialResult,
+    VerifyResult,
+    from_dict,
+)
+from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace, tampered_files
+
+
+def gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def write_problem(folder: Path, source: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "problem.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+SCALE_PROBLEM = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, features: int = 64):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def get_inputs():
+    return [torch.randn(32, 64)]
+
+
+def get_init_inputs():
+    return [64]
+"""
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    ws, _ = init_workspace(write_problem(tmp_path / "problem", SCALE_PROBLEM), tmp_path / "ws")
+    return ws.root
+
+
+# ---------------------------------------------------------------------------------------------- no GPU
+
+
+@pytest.mark.skipif("gpu_visible()", reason="a GPU is visible here")
+def test_judge_without_a_gpu_refuses_with_one_sentence():
+    with pytest.raises(NoGPUError, match="no CUDA GPU is visible: kernelpilot eval needs one") as caught:
+        Judge()
+    assert caught.value.hint
+
+
+@pytest.mark.skipif("gpu_visible()", reason="a GPU is visible here")
+def test_eval_cli_without_a_gpu_prints_one_error_line_and_exits_non_zero(workspace):
+    run = subprocess.run(
+        [sys.executable, "-m", "kernelpilot", "eval", str(workspace)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert lines[0] == "error: no CUDA GPU is visible: kernelpilot eval needs one."
+    assert len(lines) <= 2 and lines[-1].startswith("hint:")
+    assert "Traceback" not in run.stdout + run.stderr
+
+
+def test_an_unknown_device_is_a_user_error():
+    with pytest.raises(KernelpilotError, match="Unknown device 'tpu'"):
+        Judge("tpu")
+
+
+# ------------------------------------------------------------------------------------- before any work
+
+
+def test_tampered_protected_files_fail_the_evaluation_before_anything_runs(workspace):
+    model = workspace / "model.py"
+    model.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    model.write_text(model.read_text() + "\n# the reference, edited\n")
+    (workspace / "kernels" / "kp_cuda.h").unlink()
+
+    with Judge("cpu") as judge:
+        result = judge.evaluate(workspace)
+        assert not judge.worker.running, "no step may run for a tampered workspace"
+
+    assert (result.error_kind, result.reward) == ("tampered", -1)
+    assert "model.py" in result.message and "kernels/kp_cuda.h" in result.message
+    assert result.build is None and result.verify is None
+    assert not (workspace / "build").exists()
+
+
+def test_eval_of_a_problem_file_needs_a_candidate(tmp_path):
+    problem = write_problem(tmp_path, SCALE_PROBLEM)
+    outcome = CliRunner().invoke(app, ["eval", str(problem)])
+    assert outcome.exit_code != 0
+    assert "is a problem file, so the candidate to judge is missing" in outcome.output
+    assert "Traceback" not in outcome.output
+
+
+def test_eval_with_a_candidate_needs_a_problem_file(workspace):
+    outcome = CliRunner().invoke(app, ["eval", str(workspace), "--candidate", str(workspace / "model_new.py")])
+    assert outcome.exit_code != 0
+    assert "--candidate needs a problem file" in outcome.output
+
+
+def test_candidate_workspace_holds_the_candidate_and_its_kernels_but_never_replaces_protected_files(tmp_path):
+    problem = write_problem(tmp_path / "problem", SCALE_PROBLEM)
+    mine = tmp_path / "mine"
+    (mine / "kernels").mkdir(parents=True)
+    (mine / "model_new.py").write_text("# my candidate\n")
+    (mine / "kernels" / "my_op.cu").write_text("// my kernel\n")
+    (mine / "kernels" / "kp_registry.h").write_text("// an old registry\n")
+
+    with candidate_workspace(problem, mine / "model_new.py") as root:
+        from kernelpilot.workspace import open_workspace
+
+        ws = open_workspace(root)
+        assert ws.model_new_path.read_text() == "# my candidate\n"
+        assert (ws.kernels_dir / "my_op.cu").read_text() == "// my kernel\n"
+        assert tampered_files(ws) == []
+        assert not any((root / example).exists() for example in EXAMPLE_KERNELS)
+    assert not root.exists()
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def test_render_eval_shows_verdict_errors_times_speedups_sol_reward_and_guards():
+    timing = Timing(median_ms=2.0, p10_ms=1.9, p90_ms=2.2, mean_ms=2.05, runs=50)
+    result = EvalResult(
+        problem_id="abc123",
+        workspace="/tmp/kp-softmax",
+        build=BuildResult(ok=True, workspace="/tmp/kp-softmax", extension_name="kp_kernels", arch="9.0", compiled=["kernels/a.cu"]),
+        verify=VerifyResult(
+            ok=True,
+            trials=[TrialResult(seed=s, ok=True, max_abs_error=1e-6, max_rel_error=2e-5) for s in range(5)],
+            guards=[GuardFinding(guard="precision-drop", severity="warn", message="matches a bf16 rounding")],
+        ),
+        bench=BenchResult(
+            ok=True,
+            gpu="NVIDIA H100 80GB HBM3",
+            candidate=Timing(median_ms=1.0, p10_ms=0.98, p90_ms=1.03, mean_ms=1.0, runs=100),
+            eager=timing,
+            compiled=Timing(median_ms=1.5, p10_ms=1.45, p90_ms=1.6, mean_ms=1.5, runs=50),
+            speedup_vs_eager=2.0,
+            speedup_vs_compile=1.5,
+            roofline=Roofline(flops=0, bytes=2e9, floor_ms=0.6, bound="memory", bandwidth_gbs=3300, matmul_tflops=60),
+            sol_candidate=0.6,
+        ),
+        reward=3,
+    )
+    console = Console(record=True, width=160)
+    render_eval(console, result)
+    text = console.export_text()
+    for expected in ("5/5 trials", "1e-06 / 2e-05", "guard precision-drop", "matches a bf16 rounding", "NVIDIA H100",
+                     "2.00x", "1.50x", "60.0% SOL", "memory-bound", "reward", "1 recompiled"):  # fmt: skip
+        assert expected in text, expected
+
+
+# ------------------------------------------------------------------------ whole evaluations in a worker
+
+CPU_BINDING = """
+#include <torch/types.h>
+
+#include "kp_registry.h"
+
+namespace {
+
+// y[i, j] = x[i, j] * scale[j] + OFFSET, as a plain loop: a CPU stand-in for a CUDA kernel.
+torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
+  TORCH_CHECK(x.is_contiguous() && scale.is_contiguous(), "scale_mul: contiguous tensors only");
+  torch::Tensor y = torch::empty_like(x);
+  const float* xs = x.data_ptr<float>();
+  const float* ss = scale.data_ptr<float>();
+  float* ys = y.data_ptr<float>();
+  const int64_t features = scale.numel();
+  for (int64_t i = 0; i < x.numel(); ++i) ys[i] = xs[i] * ss[i % features] + OFFSET;
+  return y;
+}
+
+void register_scale_mul(pybind11::module_& m) { m.def("scale_mul", &scale_mul); }
+
+}  // namespace
+
+KP_REGISTER(register_scale_mul);
+"""
+
+CPU_CANDIDATE = """
+import torch
+from torch import nn
+
+import kp_kernels
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features: int = 64):
+        super().__init__()
+        self.scale = nn.Parameter(torch.empty(features))
+
+    def forward(self, x):
+        return kp_kernels.scale_mul(x, self.scale)
+"""
+
+
+@pytest.mark.cuda_build
+def test_cpu_extension_is_built_verified_timed_and_rebuilt_in_one_worker(workspace, tmp_path):
+    for example in EXAMPLE_KERNELS:
+        (workspace / example).unlink()
+    binding = workspace / "kernels" / "scale_mul_binding.cpp"
+    binding.write_text(CPU_BINDING.replace("OFFSET", "0.0f"))
+    (workspace / "model_new.py").write_text(CPU_CANDIDATE)
+
+    with Judge("cpu", arch="9.0", cache_dir=tmp_path / "cache") as judge:
+        honest = judge.evaluate(workspace, trials=3)
+        pid = judge.worker.pid
+        binding.write_text(CPU_BINDING.replace("OFFSET", "1.0f"))
+        wrong = judge.evaluate(workspace, trials=3, bench=False)
+        assert judge.worker.pid == pid, "a rebuilt extension loads in the same worker"
+
+    assert honest.build.ok and honest.verify.ok, honest.message
+    assert honest.bench.ok and honest.bench.candidate.runs > 0, honest.bench.message
+    assert honest.reward >= 1
+    assert wrong.build.compiled == ["kernels/scale_mul_binding.cpp"]
+    assert wrong.build.library != honest.build.library
+    assert (wrong.error_kind, wrong.reward) == ("mismatch", -1)
+    assert wrong.verify.max_abs_error == pytest.approx(1.0)
+
+
+GPU_PROBLEM = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return x * 2.0 + 1.0
+
+
+def get_inputs():
+    return [torch.randn(4096, 4096)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+GPU_CANDIDATE = """
+import torch
+from torch import nn
+
+import kp_kernels
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        {body}
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_workspace(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("gpu")
+    ws, _ = init_workspace(write_problem(folder / "problem", GPU_PROBLEM), folder / "ws")
+    return ws.root
+
+
+def use_forward(root: Path, body: str) -> None:
+    (root / "model_new.py").write_text(GPU_CANDIDATE.format(body=body))
+
+
+@pytest.mark.gpu
+def test_gpu_the_example_kernel_passes_and_is_timed_through_the_cli(gpu_workspace):
+    use_forward(gpu_workspace, "return kp_kernels.scale_shift(x, 2.0, 1.0)")
+    outcome = CliRunner().invoke(app, ["eval", str(gpu_workspace), "--json"])
+    result = from_dict(EvalResult, json.loads(outcome.stdout))
+    assert outcome.exit_code == 0, result.message
+    assert result.verify.ok and result.bench.ok
+    assert result.bench.candidate.median_ms > 0 and result.bench.speedup_vs_eager is not None
+    assert result.reward >= 1
+
+
+@pytest.mark.gpu
+def test_gpu_a_sticky_cuda_error_restarts_the_worker_and_the_next_evaluation_passes(gpu_workspace):
+    # An out-of-range index on the GPU trips a device-side assert, which poisons the CUDA context.
+    use_forward(gpu_workspace, "return x[torch.full((4,), 1 << 40, device=x.device)]")
+    with Judge() as judge:
+        broken = judge.evaluate(gpu_workspace, bench=False)
+        assert not judge.worker.running, "the worker exits after a CUDA error"
+        use_forward(gpu_workspace, "return kp_kernels.scale_shift(x, 2.0, 1.0)")
+        recovered = judge.evaluate(gpu_workspace, bench=False)
+
+    assert (broken.error_kind, broken.reward) == ("cuda-error", -1), broken.message
+    assert recovered.verify.ok, recovered.message
+
+
+@pytest.mark.gpu
+def test_gpu_out_of_memory_is_reported_and_the_worker_stays(gpu_workspace):
+    use_forward(gpu_workspace, "return torch.empty(1 << 46, dtype=torch.uint8, device=x.device)")
+    with Judge() as judge:
+        pid = judge.worker.start()["pid"]
+        result = judge.evaluate(gpu_workspace, bench=False)
+        assert judge.worker.pid == pid
+
+    assert (result.error_kind, result.reward) == ("oom", -1), result.message
+
+
+@pytest.mark.gpu
+def test_gpu_an_edited_kernel_is_rebuilt_and_loaded_in_the_same_worker(gpu_workspace):
+    use_forward(gpu_workspace, "return kp_kernels.scale_shift(x, 2.0, 1.0)")
+    kernel = gpu_workspace / "kernels" / "example_scale_shift.cu"
+    original = kernel.read_text()
+    with Judge() as judge:
+        first = judge.evaluate(gpu_workspace, bench=False)
+        pid = judge.worker.pid
+        kernel.write_text(original.replace("#include", "#define KP_TEST_EDIT 1\n#include", 1) + "\n")
+        second = judge.evaluate(gpu_workspace, bench=False)
+        assert judge.worker.pid == pid
+    kernel.write_text(original)
+
+    assert first.verify.ok and second.verify.ok, second.message
+    assert second.build.compiled == ["kernels/example_scale_shift.cu"]
+    assert second.build.library != first.build.library
