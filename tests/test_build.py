@@ -19,6 +19,7 @@ from kernelpilot.build import (
     load_extension,
     parse_diagnostics,
     parse_ptxas,
+    render_build,
     resolve_arch,
     resolve_cuda_home,
 )
@@ -146,6 +147,25 @@ def test_ptxas_reports_registers_and_spills_of_a_kernel_under_register_pressure(
     assert kernel.spill_stores > 0 and kernel.spill_loads > 0
     assert kernel.stack_bytes > 0
     assert kernel.source == "pressure.cu"
+
+
+def test_render_shows_each_kernels_spills(nvcc, tmp_path):
+    from rich.console import Console
+
+    log = _nvcc_output(nvcc, tmp_path, "pressure.cu", REGISTER_PRESSURE_CU, "-maxrregcount=24")
+    (kernel,) = parse_ptxas(log, source="kernels/pressure.cu")
+    result = BuildResult(
+        ok=True, workspace=str(tmp_path), extension_name="kp_kernels", arch=ARCH, compiled=["kernels/pressure.cu"],
+        linked=True, resources=[kernel], seconds=1.5,
+    )
+    console = Console(record=True, width=200)
+
+    render_build(console, result)
+
+    text = console.export_text()
+    assert "built kp_kernels for sm_90" in text and "recompiled kernels/pressure.cu; linked" in text
+    assert "pressure(float*, float const*, int)" in text
+    assert f"{kernel.spill_stores}/{kernel.spill_loads}" in text
 
 
 def test_ptxas_reports_shared_memory_of_a_templated_kernel(nvcc, tmp_path):

@@ -112,7 +112,7 @@ def _visible_gpu_capability() -> tuple[int, int] | None:
 
 
 def _gencode(arch: str) -> str:
-    """"9.0" -> -gencode=arch=compute_90,code=sm_90 (the "a"/"f" feature suffix carried to both)."""
+    """The nvcc target for an arch: 9.0 -> compute_90 and sm_90 (an "a"/"f" feature suffix is kept in both)."""
     number = arch.replace(".", "")
     return f"-gencode=arch=compute_{number},code=sm_{number}"
 
