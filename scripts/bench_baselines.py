@@ -47,7 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    console = Console()
+    # Logs are read at full width: rich would wrap the table at 80 columns when stdout is a file.
+    console = Console(width=None if sys.stdout.isatty() else 140)
     import torch
 
     if not torch.cuda.is_available():
@@ -137,14 +138,19 @@ def render_table(rows: list[dict], record: dict) -> Table:
         eager, compiled, roofline = row["eager"], row["compiled"], row["roofline"]
         table.add_row(
             row["problem"],
-            f"{eager['median_ms']:.3f} ({eager['p10_ms']:.3f}-{eager['p90_ms']:.3f})",
-            f"{compiled['median_ms']:.3f}" if compiled else "[yellow]failed[/]",
-            f"{roofline['floor_ms']:.3f}",
+            f"{_ms(eager['median_ms'])} ({_ms(eager['p10_ms'])}-{_ms(eager['p90_ms'])})",
+            _ms(compiled["median_ms"]) if compiled else "[yellow]failed[/]",
+            _ms(roofline["floor_ms"]),
             roofline["bound"],
             _percent(row["sol_eager"]),
             _percent(row["sol_compile"]),
         )
     return table
+
+
+def _ms(value: float) -> str:
+    # Launch-bound problems have floors of microseconds or less: keep their digits.
+    return f"{value:.3f}" if value >= 0.01 else f"{value:.2e}"
 
 
 def _percent(fraction: float | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 
 import pytest
@@ -10,6 +11,7 @@ from kernelpilot.harness import roofline
 from kernelpilot.harness.roofline import (
     REAL_RUN_MAX_BYTES,
     count_cost,
+    effective_rate,
     floor_time,
     matmul_rate,
     measure_ceilings,
@@ -172,17 +174,58 @@ def test_matmul_rate_matches_the_dtype(dtype, tf32, expected):
     assert matmul_rate(CEILINGS, dtype, tf32=tf32) == expected
 
 
-@pytest.mark.parametrize(("allowed", "expected"), [(True, 300.0), (False, 50.0)])
-def test_matmul_rate_follows_torch_tf32_setting(allowed, expected):
+@contextlib.contextmanager
+def tf32_allowed(*, matmul: bool, cudnn: bool):
+    """Set torch's two tf32 switches for a block (computed attributes: monkeypatch cannot restore them)."""
     import torch
 
-    # A computed attribute of torch's backend module: monkeypatch could set it but not restore it.
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
     try:
-        assert matmul_rate(CEILINGS, "float32") == expected
+        yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+@pytest.mark.parametrize(("allowed", "expected"), [(True, 300.0), (False, 50.0)])
+def test_matmul_rate_follows_torch_tf32_setting(allowed, expected):
+    with tf32_allowed(matmul=allowed, cudnn=False):
+        assert matmul_rate(CEILINGS, "float32") == expected
+
+
+CONV_THEN_LINEAR = """
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).permute(0, 2, 3, 1))
+
+    def get_inputs():
+        return [torch.randn(2, 3, 16, 16)]
+
+    def get_init_inputs():
+        return []
+"""
+
+
+def test_convolution_flops_are_counted_apart(tmp_path):
+    cost = count_cost(write_problem(tmp_path, CONV_THEN_LINEAR), device="cpu")
+    out_pixels = 2 * 14 * 14
+    assert cost.conv_flops == 2 * out_pixels * 8 * (3 * 3 * 3)
+    assert cost.flops - cost.conv_flops == 2 * out_pixels * 8 * 8
+
+
+def test_fp32_convolutions_run_at_cudnn_precision_and_matmuls_at_cublas_precision(tmp_path):
+    cost = count_cost(write_problem(tmp_path, CONV_THEN_LINEAR), device="cpu")
+    with tf32_allowed(matmul=False, cudnn=True):  # torch's defaults
+        rate = effective_rate(CEILINGS, cost)
+    expected_seconds = cost.conv_flops / 300.0 + (cost.flops - cost.conv_flops) / 50.0
+    assert rate == pytest.approx(cost.flops / expected_seconds)
+    with tf32_allowed(matmul=True, cudnn=True):
+        assert effective_rate(CEILINGS, cost) == pytest.approx(300.0)
 
 
 # ------------------------------------------------------------------------------------------ roofline
@@ -190,7 +233,8 @@ def test_matmul_rate_follows_torch_tf32_setting(allowed, expected):
 
 def test_problem_roofline_with_explicit_ceilings(tmp_path):
     problem = write_problem(tmp_path, MATMUL)
-    result = problem_roofline(problem, device="cpu", cache_dir=tmp_path / "cache", ceilings=CEILINGS)
+    with tf32_allowed(matmul=False, cudnn=True):
+        result = problem_roofline(problem, device="cpu", cache_dir=tmp_path / "cache", ceilings=CEILINGS)
     expected_ms, expected_bound = floor_time(result.flops, result.bytes, 2000.0, 50.0)
     assert (result.floor_ms, result.bound) == (pytest.approx(expected_ms), expected_bound)
     assert (result.bandwidth_gbs, result.matmul_tflops) == (2000.0, 50.0)

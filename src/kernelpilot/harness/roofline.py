@@ -37,6 +37,7 @@ class ProblemCost:
     bytes: float
     dtype: str  # the inputs' dominant floating dtype, e.g. "float32"; "" when they have none
     counted_on: str  # "meta", or the device the fallback run used
+    conv_flops: float = 0.0  # the part of `flops` done by convolutions (cuDNN has its own tf32 switch)
 
 
 def floor_time(flops: float, bytes: float, bandwidth_gbs: float, tflops: float) -> tuple[float, str]:
@@ -103,11 +104,13 @@ def _count_on(problem: Problem, device: str) -> ProblemCost:
         outputs = model(*inputs)
     state = list(model.parameters()) + list(model.buffers())
     moved = nbytes_of(inputs) + nbytes_of(outputs) + nbytes_of(state)
+    per_op = counter.get_flop_counts().get("Global", {})
     return ProblemCost(
         flops=float(counter.get_total_flops()),
         bytes=float(moved),
         dtype=dominant_dtype(inputs) or dominant_dtype(state),
         counted_on=device,
+        conv_flops=float(sum(count for op, count in per_op.items() if "convolution" in str(op))),
     )
 
 
@@ -212,6 +215,21 @@ def matmul_rate(ceilings: dict[str, Any], dtype: str, *, tf32: bool | None = Non
     return rates["float32"]
 
 
+def effective_rate(ceilings: dict[str, Any], cost: ProblemCost) -> float:
+    """The TFLOP/s of the problem's whole compute: matmuls at torch's matmul precision, convolutions at cuDNN's.
+
+    For fp32 the two switches differ by default (cuDNN allows tf32, cuBLAS does not), and the rates by 7x.
+    """
+    import torch
+
+    matmul_flops = cost.flops - cost.conv_flops
+    matmul = matmul_rate(ceilings, cost.dtype, tf32=torch.backends.cuda.matmul.allow_tf32)
+    conv = matmul_rate(ceilings, cost.dtype, tf32=torch.backends.cudnn.allow_tf32)
+    if cost.flops <= 0:
+        return matmul
+    return cost.flops / (matmul_flops / matmul + cost.conv_flops / conv)
+
+
 # ----------------------------------------------------------------------------------------- roofline
 
 
@@ -243,7 +261,7 @@ def problem_roofline(
             raise ValueError(f"no measured ceilings exist for {device!r}: pass ceilings= explicitly")
         ceilings = gpu_ceilings(device, cache_dir)
     cost = problem_cost(problem, device=device, cache_dir=cache_dir)
-    rate = matmul_rate(ceilings, cost.dtype)
+    rate = effective_rate(ceilings, cost)
     floor_ms, bound = floor_time(cost.flops, cost.bytes, ceilings["bandwidth_gbs"], rate)
     return Roofline(
         flops=cost.flops,
