@@ -103,7 +103,7 @@ def init_workspace(problem_path: Path | str, dest: Path | None = None) -> tuple[
     # Rendered before anything is written, so a problem it cannot handle leaves no half-made workspace.
     model_new_source = render_model_new(problem)
     try:
-        return ws, _scaffold(ws, problem_path, problem.problem_id, model_new_source, is_new)
+        return ws, _scaffold(ws, problem.path, problem.problem_id, model_new_source, is_new)
     except OSError as err:
         raise WorkspaceError(
             f"Cannot write the workspace {ws.root}: {err.strerror or err}.", hint="Pass a writable folder with --dir."
