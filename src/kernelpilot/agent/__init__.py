@@ -1,0 +1,94 @@
+"""The agent: three small protocols (Model, Tool, and the loop that joins them) and the types they exchange.
+
+A model answers chat messages with text and tool calls; tools act on the workspace and the judge; the loop
+(`agent/loop.py`) feeds observations back until a budget or the target ends the run. Swapping litellm for the
+built-in policy or a scripted test model changes one object, not the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from kernelpilot.harness.judge import Judge
+    from kernelpilot.workspace import Workspace
+
+
+@dataclass
+class ToolCall:
+    """One call the model asked for. `arguments` is the parsed JSON object (raw text kept for errors)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    raw_arguments: str = ""
+
+
+@dataclass
+class Usage:
+    """Tokens and cost of one model reply (cost is None when the provider's price is unknown)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+
+
+@dataclass
+class ModelReply:
+    """A model's answer: free text (its reasoning/plan) and the tool calls it wants run."""
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that answers chat messages given tool schemas: litellm, the built-in policy, a test script."""
+
+    name: str
+
+    def query(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply: ...
+
+
+@dataclass
+class ToolContext:
+    """What a tool may touch: the workspace, the judge (GPU worker) and the run's shared state."""
+
+    workspace: Workspace
+    judge: Judge | None
+    todos: list[dict[str, Any]] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolOutput:
+    """What a tool returns: text for the model, structured data for the transcript/TUI, and whether the run is over."""
+
+    text: str
+    data: dict[str, Any] | None = None
+    finished: bool = False
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """One action the model can take; `parameters` is its JSON schema (OpenAI function-calling format)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput: ...
+
+
+class RecoverableError(Exception):
+    """A problem the model can fix (bad arguments, unknown tool, no tool call): its message becomes the next observation."""
+
+
+class RunEnded(Exception):
+    """A terminal condition (finished, budget spent, target met): ends the run with `status`."""
+
+    def __init__(self, status: str, message: str = ""):
+        super().__init__(message or status)
+        self.status = status
