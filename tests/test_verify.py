@@ -436,7 +436,11 @@ def test_monkeypatch_at_import_time_is_seen_before_the_first_trial(relu_problem)
     original = time.perf_counter
     time.perf_counter = lambda: 0.0  # as a model_new.py could do at its top level
     try:
-        result = verify(relu_problem, HonestRelu)
+
+        class ImportedWhilePatched(HonestRelu):
+            pass
+
+        result = verify(relu_problem, ImportedWhilePatched)
     finally:
         time.perf_counter = original
 
@@ -531,12 +535,13 @@ def test_custom_kernel_is_recognised_by_its_name_in_the_workspace_sources():
     assert guards.find_no_custom_kernel(["my_fused_kernel"], None) is None
 
 
-def test_library_kernels_other_than_fills_are_torch_compute():
+def test_torch_kernels_other_than_fills_are_torch_compute_but_cublas_is_allowed():
     fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int)"
     softmax = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)"
+    cublas_gemm = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_kernel"
 
-    assert guards.find_library_compute([fill]) is None
-    finding = guards.find_library_compute([fill, softmax, softmax])
+    assert guards.find_torch_kernels([fill, cublas_gemm]) is None
+    finding = guards.find_torch_kernels([fill, softmax, softmax])
     assert finding is not None and "cunn_SoftMaxForward x2" in finding.message
 
 
@@ -545,3 +550,30 @@ def test_memory_overlap_sees_views_and_slices_but_not_copies():
     assert guards.shares_memory(x[2:4], x) and guards.shares_memory(x.view(2, 4), x)
     assert not guards.shares_memory(x.clone(), x)
     assert not guards.shares_memory(torch.empty(0), x)
+
+
+def test_import_time_patch_is_still_reported_when_the_same_class_is_verified_again(relu_problem):
+    original = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda *args: None
+    try:
+
+        class ImportedWhilePatched(HonestRelu):
+            pass
+
+        first = verify(relu_problem, ImportedWhilePatched)
+    finally:
+        torch.cuda.synchronize = original
+    second = verify(relu_problem, ImportedWhilePatched)
+
+    assert guard_names(first) == guard_names(second) == ["monkeypatch"]
+
+
+def test_a_replacement_made_before_the_snapshot_is_still_seen():
+    original = time.perf_counter
+    fake = lambda: 0.0  # noqa: E731
+    time.perf_counter = fake
+    try:
+        finding = guards.find_monkeypatches({("time", "perf_counter"): fake}, when="now")
+    finally:
+        time.perf_counter = original
+    assert finding is not None and "time.perf_counter" in finding.message

@@ -12,6 +12,7 @@ import importlib
 import inspect
 import re
 import time
+import types
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -354,11 +355,12 @@ def find_unsynced_side_stream(profiled: ProfiledForward) -> GuardFinding | None:
 
 # ------------------------------------------------------------------------------------ custom kernels (CUDA)
 
-# Kernel names that come from torch itself or the libraries it calls (cuBLAS, cuDNN, CUTLASS, Triton via Inductor).
-_LIBRARY_KERNEL_MARKERS = (
-    "at::", "at_cuda_detail", "c10::", "cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "sm80_", "sm90_",
-    "ampere_", "hopper_", "triton_", "flash_fwd", "flash_bwd", "fmha", "nvjet", "cub::",
-)  # fmt: skip
+# Kernels of torch itself (aten, its bundled attention kernels, Inductor's Triton kernels): computing with them in
+# forward is torch computing the answer.
+_TORCH_KERNEL_MARKERS = ("at::", "at_cuda_detail", "c10::", "pytorch_flash", "fmha", "triton_")
+# Kernels of the libraries a binding may call itself for GEMM and convolution (SKILL.md allows it): not torch
+# compute, but not the workspace's own kernel either.
+_LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::")
 # Torch kernels that only initialise memory (torch.zeros / fill_), which forward may use.
 _INITIALISING_KERNEL_MARKERS = ("FillFunctor",)
 
@@ -376,10 +378,15 @@ def kernel_base_name(demangled: str) -> str:
     return words[-1].rsplit("::", 1)[-1] if words else demangled
 
 
+def is_torch_kernel(name: str) -> bool:
+    """True for kernels of torch itself (aten, its attention kernels, Inductor's Triton kernels)."""
+    return any(marker in name for marker in _TORCH_KERNEL_MARKERS)
+
+
 def is_library_kernel(name: str) -> bool:
-    """True for kernels from torch, cuBLAS, cuDNN, CUTLASS or Triton rather than the workspace."""
+    """True for kernels of torch or of cuBLAS, cuDNN and CUTLASS rather than the workspace."""
     lowered = name.lower()
-    return any(marker.lower() in lowered for marker in _LIBRARY_KERNEL_MARKERS)
+    return is_torch_kernel(name) or any(marker in lowered for marker in _LIBRARY_KERNEL_MARKERS)
 
 
 def find_no_custom_kernel(kernel_names: list[str], workspace_source: str | None) -> GuardFinding | None:
@@ -406,22 +413,21 @@ def _defined_in(identifier: str, source: str) -> bool:
     return re.search(rf"\b{re.escape(identifier)}\b", source) is not None
 
 
-def find_library_compute(kernel_names: list[str]) -> GuardFinding | None:
-    """Fail when torch or library kernels other than memory initialisation ran during forward.
+def find_torch_kernels(kernel_names: list[str]) -> GuardFinding | None:
+    """Fail when torch's own kernels other than memory initialisation ran during forward.
 
     The profiler sees kernels however they were launched: from another thread, or with the dispatcher bypassed.
+    cuBLAS and cuDNN kernels a binding calls itself are allowed.
     """
     computing = Counter(
         kernel_base_name(name)
         for name in kernel_names
-        if is_library_kernel(name) and not any(marker in name for marker in _INITIALISING_KERNEL_MARKERS)
+        if is_torch_kernel(name) and not any(marker in name for marker in _INITIALISING_KERNEL_MARKERS)
     )
     if not computing:
         return None
     listed = ", ".join(f"{name} x{count}" for name, count in computing.most_common(8))
-    return GuardFinding(
-        TORCH_COMPUTE, "fail", f"forward ran torch or library kernels ({listed}); the work must run in kernels/*.cu."
-    )
+    return GuardFinding(TORCH_COMPUTE, "fail", f"forward ran torch's kernels ({listed}); the work must run in kernels/*.cu.")
 
 
 # -------------------------------------------------------------------------------------------- monkeypatch
@@ -465,8 +471,16 @@ def snapshot_functions(watched: Iterable[tuple[str, str]] = WATCHED_FUNCTIONS) -
 
 
 def find_monkeypatches(snapshot: Mapping[tuple[str, str], Any], *, when: str) -> GuardFinding | None:
-    """Fail when a watched function is no longer the object recorded in `snapshot`; `when` says at which point."""
-    replaced = [f"{module}.{path}" for (module, path), original in snapshot.items() if _current(module, path) is not original]
+    """Fail when a watched function is not the object in `snapshot`, or not torch's or the standard library's own.
+
+    The second test catches a replacement made before the snapshot was taken (a candidate imported before
+    this module); `when` says at which point the check ran.
+    """
+    replaced = [
+        f"{module}.{path}"
+        for (module, path), original in snapshot.items()
+        if _current(module, path) is not original or not _is_genuine(_current(module, path))
+    ]
     if not replaced:
         return None
     return GuardFinding(
@@ -475,6 +489,21 @@ def find_monkeypatches(snapshot: Mapping[tuple[str, str], Any], *, when: str) ->
         f"the candidate replaced timing or comparison functions ({', '.join(replaced)}), seen {when}; "
         "the originals were put back.",
     )
+
+
+_TORCH_DIRECTORY = Path(torch.__file__).resolve().parent
+
+
+def _is_genuine(obj: Any) -> bool:
+    """True for C functions of torch or `time`, and for functions and classes whose code lies inside torch."""
+    if isinstance(obj, types.BuiltinFunctionType):
+        return getattr(obj, "__module__", None) in ("time", "torch", "torch._C")
+    code = getattr(obj, "__code__", None)
+    try:
+        file = code.co_filename if code is not None else inspect.getfile(obj)
+    except TypeError:
+        return False
+    return Path(file).resolve().is_relative_to(_TORCH_DIRECTORY)
 
 
 def restore_functions(snapshot: Mapping[tuple[str, str], Any]) -> None:

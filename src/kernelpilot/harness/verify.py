@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ COMPARE_CHUNK = 1 << 24
 
 # Captured when the worker imports this module, before any candidate can replace it.
 _synchronize = torch.cuda.synchronize
+
+# Monkeypatch findings of candidate classes whose module patched when it ran: the worker imports a module once,
+# so a later verification of the same class would otherwise find everything restored.
+_PATCHED_AT_IMPORT: weakref.WeakKeyDictionary[type, GuardFinding] = weakref.WeakKeyDictionary()
 
 # CUDA errors after which the context is unusable: the worker must be replaced, not reused.
 _STICKY_CUDA_ERRORS = (
@@ -304,7 +309,7 @@ class _Verification:
     # ---------------------------------------------------------------- driving
 
     def run(self, candidate_cls: type, *, trials: int, base_seed: int) -> None:
-        self._check_functions("after the candidate was imported")
+        self._check_import_patches(candidate_cls)
         if self.workspace is not None:
             self._record(guards.find_tampered_files(self.workspace))
         self.reference, self.candidate = self._build_models(candidate_cls, base_seed)
@@ -418,7 +423,7 @@ class _Verification:
         return sorted({f.guard for f in self.findings if f.severity == "fail"})
 
     def _check_profiled_call(self, inputs_before: list, seed: int) -> list[str]:
-        """One more forward under the profiler: its own kernels, library kernels, side streams (CUDA only)."""
+        """One more forward under the profiler: its own kernels, torch's kernels, side streams (CUDA only)."""
         profile_inputs = clone_tree(inputs_before)
 
         def forward() -> None:
@@ -432,7 +437,7 @@ class _Verification:
         names = [kernel.name for kernel in profiled.kernels]
         source = guards.workspace_kernel_source(self.workspace) if self.workspace is not None else None
         self._record(guards.find_no_custom_kernel(names, source))
-        self._record(guards.find_library_compute(names))
+        self._record(guards.find_torch_kernels(names))
         self._record(guards.find_unsynced_side_stream(profiled))
         return sorted({f.guard for f in self.findings if f.severity == "fail"})
 
@@ -464,6 +469,14 @@ class _Verification:
     def _check_functions(self, when: str) -> None:
         self._record(guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when=when))
         guards.restore_functions(guards.PRISTINE_FUNCTIONS)
+
+    def _check_import_patches(self, candidate_cls: type) -> None:
+        """Patches made when the candidate's module ran; remembered, since a worker imports a module only once."""
+        finding = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
+        guards.restore_functions(guards.PRISTINE_FUNCTIONS)
+        if finding is not None:
+            _PATCHED_AT_IMPORT[candidate_cls] = finding
+        self._record(_PATCHED_AT_IMPORT.get(candidate_cls))
 
     def _record(self, finding: GuardFinding | None) -> None:
         """Keep the first finding of each guard (a guard that fires on every trial is reported once)."""
