@@ -1,0 +1,370 @@
+"""Sessions: the JSONL transcript of a run, resuming from it, and the best verified candidate it found.
+
+Each record is one JSON line, written and fsynced as it happens, so a crash or Ctrl-C loses at most the line being
+written. Records: `start` (problem, model, settings), `message` (system/user/assistant, with usage), `tool` (the
+tool message plus its arguments, structured data and seconds), `eval` (a judge result and whether it became the
+best), `step` (a checkpoint after every turn: todos, elapsed time), `resume` and `end` (status and summary).
+Resuming rebuilds the conversation and the run's counters from these records alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.errors import KernelpilotError
+from kernelpilot.results import EvalResult, from_dict, to_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelpilot.agent import Usage
+    from kernelpilot.workspace import Workspace
+
+SESSIONS_DIR = ".kernelpilot/sessions"
+BEST_DIR = ".kernelpilot/best"
+# A faster time counts as an improvement only beyond timing noise (medians on a warm GPU move by about 1%).
+MIN_IMPROVEMENT = 0.01
+INTERRUPTED_CALL = "This call was interrupted before it finished; nothing it did was recorded. Check the files before relying on them."
+
+
+class SessionError(KernelpilotError):
+    """A session to resume or replay cannot be found or read."""
+
+
+@dataclass
+class RunState:
+    """The counters a run carries across turns and resumes."""
+
+    turn: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_known: bool = True  # False once any reply's price was unknown
+    elapsed_s: float = 0.0
+    best: EvalResult | None = None
+    best_turn: int = 0
+    evals: list[EvalResult] = field(default_factory=list)
+    todos: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add_usage(self, usage: Usage) -> None:
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        if usage.cost_usd is None:
+            self.cost_known = False
+        else:
+            self.cost_usd += usage.cost_usd
+
+
+class Session:
+    """An append-only transcript file and the state rebuilt from it."""
+
+    def __init__(self, path: Path, messages: list[dict[str, Any]] | None = None, state: RunState | None = None):
+        self.path = path
+        self.messages = messages or []
+        self.state = state or RunState()
+
+    @property
+    def id(self) -> str:
+        return self.path.stem
+
+    @classmethod
+    def create(cls, ws_root: Path, **start: Any) -> Session:
+        """A new transcript under `ws_root`/.kernelpilot/sessions/, opened with a `start` record."""
+        session_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+        path = Path(ws_root) / SESSIONS_DIR / f"{session_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        session = cls(path)
+        session.append("start", session=session_id, **start)
+        return session
+
+    @classmethod
+    def resume(cls, ws_root: Path, session_id: str | None = None) -> Session:
+        """The session `session_id` (default: the newest) of a workspace, with its messages and state rebuilt."""
+        path = find_session(Path(ws_root), session_id)
+        records = read_records(path)
+        session = cls(path, rebuild_messages(records), rebuild_state(records))
+        session.append("resume", turn=session.state.turn)
+        return session
+
+    def append(self, record_type: str, **fields: Any) -> None:
+        """Write one record and force it to disk before returning."""
+        record = {"type": record_type, "time": round(time.time(), 3), **to_dict(fields)}
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a transcript; a last line cut off by a crash is dropped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise SessionError(f"Cannot read the session {path} ({err.strerror or err}).", hint="Check the path.") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if number < len(lines):
+                raise SessionError(f"Line {number} of {path} is not JSON.", hint="The transcript was edited or corrupted.") from None
+    if not records or records[0].get("type") != "start":
+        raise SessionError(f"{path} is not a kernelpilot session transcript.", hint="Pass a .jsonl file from .kernelpilot/sessions/.")
+    return records
+
+
+def rebuild_messages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as sent to the model, with calls cut off by an interruption answered as such."""
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []  # tool_call ids of the last assistant message still unanswered
+    for record in records:
+        if record["type"] not in ("message", "tool"):
+            continue
+        message = record["message"]
+        if message["role"] != "tool":
+            messages += [_interrupted(call_id) for call_id in pending]
+            pending = [call["id"] for call in message.get("tool_calls") or []]
+        elif message.get("tool_call_id") in pending:
+            pending.remove(message["tool_call_id"])
+        messages.append(message)
+    return messages + [_interrupted(call_id) for call_id in pending]
+
+
+def _interrupted(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": INTERRUPTED_CALL}
+
+
+def rebuild_state(records: list[dict[str, Any]]) -> RunState:
+    """Turns, tokens, cost, evals, the best candidate and todos, from the records."""
+    from kernelpilot.agent import Usage
+
+    state = RunState()
+    for record in records:
+        state.turn = max(state.turn, record.get("turn") or 0)
+        if record["type"] == "message" and record.get("usage"):
+            state.add_usage(from_dict(Usage, record["usage"]))
+        elif record["type"] == "eval":
+            result = from_dict(EvalResult, record["eval"])
+            state.evals.append(result)
+            if record.get("improved"):
+                state.best, state.best_turn = result, record["turn"]
+        elif record["type"] == "step":
+            state.todos = record.get("todos") or []
+            state.elapsed_s = record.get("elapsed_s") or state.elapsed_s
+    return state
+
+
+def find_session(ws_root: Path, session_id: str | None) -> Path:
+    """The transcript file of `session_id` (a file path works too), or the last one written to in the workspace."""
+    if session_id and Path(session_id).is_file():
+        return Path(session_id)
+    folder = ws_root / SESSIONS_DIR
+    candidates = sorted(folder.glob("*.jsonl"), key=lambda path: path.stat().st_mtime_ns)
+    if session_id:
+        candidates = [path for path in candidates if path.stem == session_id or path.stem.startswith(session_id)]
+    if not candidates:
+        which = f"session {session_id}" if session_id else "session"
+        raise SessionError(f"No {which} found in {folder}.", hint="List them with `kernelpilot sessions DIR`.")
+    return candidates[-1]
+
+
+@dataclass
+class SessionInfo:
+    """One line of `kernelpilot sessions`."""
+
+    id: str
+    path: Path
+    problem: str
+    model: str
+    started: float
+    status: str  # the end record's status, or "unfinished"
+    turns: int
+    best_speedup_vs_compile: float | None
+    reward: int | None
+
+
+def list_sessions(root: Path) -> list[SessionInfo]:
+    """Sessions of the workspace at `root` and of workspaces directly inside it, oldest first."""
+    paths = [*Path(root).glob(f"{SESSIONS_DIR}/*.jsonl"), *Path(root).glob(f"*/{SESSIONS_DIR}/*.jsonl")]
+    infos = []
+    for path in paths:
+        try:
+            infos.append(_session_info(path, read_records(path)))
+        except SessionError:
+            continue  # a foreign or damaged file is not a session to list
+    return sorted(infos, key=lambda info: info.started)
+
+
+def _session_info(path: Path, records: list[dict[str, Any]]) -> SessionInfo:
+    start, state, last = records[0], rebuild_state(records), records[-1]
+    best = state.best
+    return SessionInfo(
+        id=path.stem,
+        path=path,
+        problem=start.get("problem", ""),
+        model=start.get("model") or "",
+        started=start["time"],
+        status=last["status"] if last["type"] == "end" else "unfinished",
+        turns=state.turn,
+        best_speedup_vs_compile=best.bench.speedup_vs_compile if best and best.bench else None,
+        reward=best.reward if best else None,
+    )
+
+
+def render_session_list(console: Console, infos: list[SessionInfo]) -> None:
+    """A table of sessions: id, problem, model, start, status, turns, best speedup, reward."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not infos:
+        console.print("No sessions found (they live in <workspace>/.kernelpilot/sessions/).")
+        return
+    table = Table(title="kernelpilot sessions", title_justify="left")
+    for column in ("id", "problem", "model", "started", "status", "turns", "best vs compile", "reward"):
+        table.add_column(column, justify="right" if column in ("turns", "best vs compile", "reward") else "left")
+    for info in infos:
+        speedup = f"{info.best_speedup_vs_compile:.2f}x" if info.best_speedup_vs_compile is not None else "–"
+        table.add_row(info.id, escape(Path(info.problem).name), escape(info.model),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(info.started)), info.status, str(info.turns),
+                      speedup, str(info.reward) if info.reward is not None else "–")
+    console.print(table)
+
+
+# ------------------------------------------------------------------------------------- best candidate
+
+
+def candidate_rank(result: EvalResult) -> tuple[int, float] | None:
+    """How good a judged candidate is: None unless verified correct; timed ones rank by their median time."""
+    if result.verify is None or not result.verify.ok or result.reward < 1:
+        return None
+    bench = result.bench
+    if bench is None or not bench.ok or bench.candidate is None:
+        return (0, 0.0)
+    return (1, -bench.candidate.median_ms)
+
+
+def is_improvement(result: EvalResult, best: EvalResult | None) -> bool:
+    """True when `result` is verified and beats `best`: timed beats untimed, and faster by more than noise."""
+    rank = candidate_rank(result)
+    if rank is None:
+        return False
+    best_rank = candidate_rank(best) if best is not None else None
+    if best_rank is None or rank[0] > best_rank[0]:
+        return True
+    return rank[0] == 1 and -rank[1] < -best_rank[1] * (1 - MIN_IMPROVEMENT)
+
+
+def target_met(best: EvalResult | None, target_speedup: float) -> bool:
+    """The best verified candidate reaches `target_speedup` vs torch.compile."""
+    speedup = best.bench.speedup_vs_compile if best is not None and best.bench is not None else None
+    return speedup is not None and speedup >= target_speedup
+
+
+def candidate_files(root: Path) -> Iterator[Path]:
+    """The candidate's own files under `root`, relative: model_new.py and kernels/ minus the protected ones."""
+    from kernelpilot.workspace import PROTECTED_FILES
+
+    if (root / "model_new.py").is_file():
+        yield Path("model_new.py")
+    for path in sorted((root / "kernels").rglob("*")) if (root / "kernels").is_dir() else []:
+        relative = path.relative_to(root)
+        if path.is_file() and relative.as_posix() not in PROTECTED_FILES:
+            yield relative
+
+
+def save_best(ws: Workspace) -> None:
+    """Copy the workspace's current candidate to .kernelpilot/best/, replacing the previous best."""
+    best_dir = ws.root / BEST_DIR
+    shutil.rmtree(best_dir, ignore_errors=True)
+    copy_candidate(ws.root, best_dir)
+
+
+def restore_best(ws: Workspace) -> bool:
+    """Put the saved best candidate back into the workspace (its kernels/ replaced); False when none was saved."""
+    best_dir = ws.root / BEST_DIR
+    if not (best_dir / "model_new.py").is_file():
+        return False
+    for stale in list(candidate_files(ws.root)):
+        (ws.root / stale).unlink()
+    copy_candidate(best_dir, ws.root)
+    return True
+
+
+def copy_candidate(source_root: Path, dest_root: Path) -> list[Path]:
+    """Copy model_new.py and the kernel sources from one folder to another; returns the files written."""
+    written = []
+    for relative in candidate_files(source_root):
+        (dest_root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source_root / relative, dest_root / relative)
+        written.append(dest_root / relative)
+    return written
+
+
+# --------------------------------------------------------------------------------------------- replay
+
+
+def render_transcript(console: Console, path: Path) -> None:
+    """Print a transcript turn by turn: the model's text, its tool calls, what they returned, judge results."""
+    from rich.markup import escape
+    from rich.panel import Panel
+
+    records = read_records(path)
+    start = records[0]
+    console.print(f"[bold]session {path.stem}[/] · {escape(start.get('problem', ''))} · model {escape(start.get('model') or '?')}")
+    turn = 0
+    for record in records[1:]:
+        if record.get("turn", turn) != turn and record["type"] in ("message", "tool"):
+            turn = record["turn"]
+            console.rule(f"turn {turn}")
+        for line in _replay_lines(record):
+            console.print(line, highlight=False, soft_wrap=True)
+        if record["type"] == "message" and record["message"]["role"] == "assistant" and record["message"].get("content"):
+            console.print(Panel(escape(record["message"]["content"]), title="assistant", title_align="left"))
+
+
+def _replay_lines(record: dict[str, Any]) -> Iterator[str]:
+    from rich.markup import escape
+
+    kind = record["type"]
+    if kind == "message":
+        for call in record["message"].get("tool_calls") or []:
+            arguments = _shorten(call["function"]["arguments"], 300)
+            yield f"[cyan]→ {escape(call['function']['name'])}[/] {escape(arguments)}"
+    elif kind == "tool":
+        yield f"[dim]← {escape(record.get('name', ''))} ({record.get('seconds', 0):.1f} s):[/] {escape(_shorten(record['message']['content'], 600))}"
+    elif kind == "eval":
+        yield f"[bold]{'★ new best' if record.get('improved') else 'judged'}:[/] {escape(describe_eval(from_dict(EvalResult, record['eval'])))}"
+    elif kind in ("resume", "end"):
+        yield f"[bold magenta]{kind}[/] {escape(record.get('status', ''))} {escape(record.get('message', ''))}"
+
+
+def describe_eval(result: EvalResult) -> str:
+    """One line for a judged candidate: correctness, times and speedups, reward."""
+    if result.verify is None or not result.verify.ok:
+        return f"not verified ({result.error_kind or 'failed'}: {result.message}), reward {result.reward}"
+    bench = result.bench
+    if bench is None or not bench.ok or bench.candidate is None:
+        return f"correct, not timed, reward {result.reward}"
+    compile_text = f"{bench.speedup_vs_compile:.2f}x vs compile" if bench.speedup_vs_compile is not None else "no compile baseline"
+    eager_text = f"{bench.speedup_vs_eager:.2f}x vs eager" if bench.speedup_vs_eager is not None else "no eager baseline"
+    return f"correct, {bench.candidate.median_ms:.4g} ms, {eager_text}, {compile_text}, reward {result.reward}"
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
