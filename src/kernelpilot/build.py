@@ -703,17 +703,30 @@ def _location(d: Diagnostic) -> str:
 def _resources_table(resources: list[KernelResources]):
     from rich.table import Table
 
-    table = Table(title="kernel resources (ptxas)", title_justify="left", show_edge=False)
+    table = Table(title="kernel resources (ptxas; bytes except regs)", title_justify="left", show_edge=False)
     table.add_column("kernel", overflow="fold")
-    table.add_column("source")
-    for numeric in ("regs", "smem B", "stack B", "spill st/ld B", "cmem B"):
-        table.add_column(numeric, justify="right")
+    table.add_column("source", overflow="fold")
+    for numeric in ("regs", "smem", "stack", "spill st/ld", "cmem"):
+        table.add_column(numeric, justify="right", no_wrap=True)
     for k in resources:
         spills = f"{k.spill_stores}/{k.spill_loads}"
         if k.spill_stores or k.spill_loads:
             spills = f"[bold red]{spills}[/]"
         table.add_row(
-            k.kernel, k.source or "", str(k.registers), str(k.shared_bytes), str(k.stack_bytes), spills,
-            str(k.constant_bytes),
+            _short_kernel_name(k.kernel), Path(k.source).name if k.source else "", str(k.registers),
+            str(k.shared_bytes), str(k.stack_bytes), spills, str(k.constant_bytes),
         )
     return table
+
+
+def _short_kernel_name(kernel: str) -> str:
+    """"void kp::tile<4>(float*)" -> "kp::tile<4>": the table has no room for parameter lists."""
+    name = kernel.replace("(anonymous namespace)::", "").removeprefix("void ")
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for index in range(len(name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(name[index], 0)
+        if depth == 0:
+            return name[:index]
+    return name
