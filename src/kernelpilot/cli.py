@@ -120,6 +120,33 @@ def eval_(
         raise typer.Exit(1)
 
 
+@app.command()
+def accept(
+    workspace: Path = typer.Argument(Path("."), help="A workspace whose candidate passes `kernelpilot eval`."),
+    message: Optional[str] = typer.Option(None, "--message", "-m", help="Commit subject (the body always carries the numbers)."),
+    no_commit: bool = typer.Option(False, "--no-commit", help="Only write kernelpilot.lock.json; do not commit."),
+    trials: int = typer.Option(5, "--trials", min=1, help="Correctness trials, each on fresh random inputs."),
+    atol: float = typer.Option(1e-2, "--atol", help="Absolute tolerance (recorded for `kernelpilot check`)."),
+    rtol: float = typer.Option(1e-2, "--rtol", help="Relative tolerance (recorded for `kernelpilot check`)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+) -> None:
+    """Evaluate the workspace and commit its kernels, model_new.py and kernelpilot.lock.json with the numbers."""
+    from kernelpilot.harness.judge import evaluate_path, render_eval
+    from kernelpilot.lockfile import lock_from_eval, write_lock
+    from kernelpilot.vcs import accept as commit_accepted, check_ready_to_commit, render_commit
+    from kernelpilot.workspace import open_workspace
+
+    ws = open_workspace(workspace)
+    if not no_commit:
+        check_ready_to_commit(ws.root)  # before minutes of evaluation, not after
+    result = evaluate_path(ws.root, device=device, trials=trials, atol=atol, rtol=rtol)
+    render_eval(console, result)
+    if no_commit:
+        console.print(f"wrote {write_lock(ws, lock_from_eval(ws, result))}", highlight=False)
+    else:
+        render_commit(console, commit_accepted(ws, result, message=message))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
