@@ -42,3 +42,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)"))
         if "cuda_build" in item.keywords and cuda_reason:
             item.add_marker(pytest.mark.skip(reason=cuda_reason))
+
+
+@pytest.fixture
+def openai_server():
+    """A loopback OpenAI-compatible server replaying scripted replies (tests/openai_server.py)."""
+    from openai_server import ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer() as server:
+        yield server

@@ -1,0 +1,736 @@
+"""The model layer: models that answer the agent's messages, and the helpers that keep a conversation sendable.
+
+- `LiteLLMModel`: any litellm provider string (a local vLLM/SGLang/llama.cpp server is `openai/<name>` plus an api
+  base), with retries on rate limits, 5xx, timeouts and dropped connections, token and cost accounting, and a
+  plain-text action format for models without native tool calling.
+- `text_tool_instructions` / `parse_text_actions`: that text format, written and read.
+- `truncate_output` / `fit_context`: long outputs cut to head + tail, the conversation kept under the window.
+- `ScriptedModel`: replays fixed replies (tests, demos, RL data). `resolve_model`: picks a model from the settings.
+
+litellm is imported only when a LiteLLMModel first needs it: `kernelpilot --help`, scripted runs and the built-in
+policy never pay its import time, and the GPU machine's image does not have it.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import math
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from kernelpilot.agent import Model, ModelReply, RecoverableError, RunEnded, ToolCall, Usage
+from kernelpilot.errors import KernelpilotError
+from kernelpilot.resources import data_dir
+
+Message = dict[str, Any]
+
+DEFAULT_CONTEXT_WINDOW = 32_768  # tokens, for models missing from litellm's map (most local servers)
+DEFAULT_REPLY_TOKENS = 4_096  # room kept for the reply when max_tokens is not set
+TOKEN_SAFETY = 0.9  # litellm counts with a stand-in tokenizer for unknown models; leave slack for the real one
+CHARS_PER_TOKEN = 3  # code tokenizes at about 3-4 characters a token: 3 overestimates, so a fit stays a fit
+MESSAGE_OVERHEAD_TOKENS = 4  # role and separators of one chat message
+SHRUNK_OUTPUT_CHARS = 800  # what an old tool output is cut to when the context is full
+WHOLE_RECENT_TURNS = 2  # the latest turns keep their full outputs as long as anything older can give way
+DROPPED_TURNS_NOTE = (
+    "[Earlier turns of this conversation were removed to fit the model's context window; "
+    "the workspace files still hold everything they wrote.]"
+)
+NO_KEY_PLACEHOLDER = "no-key"  # the openai client insists on a key; local servers ignore it
+TEXT_ACTIONS_TEMPLATE = "text_actions.md"
+TEXT_CALL_FORMAT = (
+    'Write each call as <tool_call>{"name": "TOOL_NAME", "arguments": {...}}</tool_call>, '
+    "with the arguments as one JSON object."
+)
+
+
+class ModelError(KernelpilotError):
+    """The model cannot be used: no model configured, bad key, unknown model, server down, context too small."""
+
+
+class MalformedReply(RecoverableError):
+    """A reply whose tool calls could not be read. The message tells the model what to fix; `content` and `usage`
+    keep what the reply said and cost, so the loop can still record them."""
+
+    def __init__(self, message: str, content: str = "", usage: Usage | None = None):
+        super().__init__(message)
+        self.content = content
+        self.usage = usage or Usage()
+
+
+# --- output and context sizing -------------------------------------------------------------------------------
+
+
+def truncate_output(text: str, limit_chars: int) -> str:
+    """`text` if it fits in `limit_chars`, else its head and tail around a note saying how much was cut."""
+    if len(text) <= limit_chars:
+        return text
+    budget = max(0, limit_chars - len(_cut_note(len(text))))
+    head_end = _back_to_line_start(text, budget // 2)
+    tail_start = _forward_to_line_start(text, len(text) - (budget - budget // 2))
+    return text[:head_end] + _cut_note(tail_start - head_end) + text[tail_start:]
+
+
+def _cut_note(cut_chars: int) -> str:
+    return f"\n[... {cut_chars} characters cut ...]\n"
+
+
+def _back_to_line_start(text: str, end: int) -> int:
+    """Move a cut back to a line break when that keeps most of the head (whole lines read better)."""
+    newline = text.rfind("\n", 0, end)
+    return newline if newline >= 0.8 * end else end
+
+
+def _forward_to_line_start(text: str, start: int) -> int:
+    newline = text.find("\n", start)
+    return newline + 1 if 0 <= newline and newline + 1 - start <= 0.2 * (len(text) - start) else start
+
+
+def count_tokens(messages: Sequence[Message]) -> int:
+    """A tokenizer-free, deliberately high estimate of the prompt tokens of `messages`."""
+    return sum(MESSAGE_OVERHEAD_TOKENS + math.ceil(_message_chars(m) / CHARS_PER_TOKEN) for m in messages)
+
+
+def _message_chars(message: Message) -> int:
+    content = message.get("content") or ""
+    chars = len(content) if isinstance(content, str) else len(json.dumps(content))
+    return chars + (len(json.dumps(message["tool_calls"])) if message.get("tool_calls") else 0)
+
+
+def fit_context(
+    messages: Sequence[Message], *, max_tokens: int, count_tokens: Callable[[list[Message]], int]
+) -> list[Message]:
+    """A copy of `messages` that fits in `max_tokens` if it can be made to.
+
+    Keeps the system and task messages and the latest turns. Gives way in this order: tool outputs of older
+    turns are cut to head + tail, then the oldest turns are dropped whole (an assistant message with its tool
+    results, so every tool_call_id stays answered, as the OpenAI protocol requires), then the outputs of the
+    remaining turns are cut too. When even that is too big, the smallest version is returned: the caller decides.
+    """
+    fitter = _ContextFitter(messages, count_tokens)
+    if fitter.total() > max_tokens:
+        fitter.shrink_tool_outputs(fitter.turns[:-WHOLE_RECENT_TURNS], max_tokens)
+        fitter.drop_oldest_turns(max_tokens)
+        fitter.shrink_tool_outputs(fitter.turns, max_tokens)
+    return fitter.messages()
+
+
+class _ContextFitter:
+    """The conversation as head (system + task) and turns (an assistant message and what answered it)."""
+
+    def __init__(self, messages: Sequence[Message], count: Callable[[list[Message]], int]):
+        self.count = count
+        self.head, self.turns = _split_turns([dict(m) for m in messages])
+        self.tokens = {id(m): count([m]) for m in self.messages()}
+        self.dropped_any = False
+
+    def messages(self) -> list[Message]:
+        return self.head + [m for turn in self.turns for m in turn]
+
+    def total(self) -> int:
+        return sum(self.tokens[id(m)] for m in self.messages())
+
+    def shrink_tool_outputs(self, turns: list[list[Message]], max_tokens: int) -> None:
+        for message in (m for turn in turns for m in turn):
+            if self.total() <= max_tokens:
+                return
+            content = message.get("content")
+            if message.get("role") == "tool" and isinstance(content, str) and len(content) > SHRUNK_OUTPUT_CHARS:
+                message["content"] = truncate_output(content, SHRUNK_OUTPUT_CHARS)
+                self.tokens[id(message)] = self.count([message])
+
+    def drop_oldest_turns(self, max_tokens: int) -> None:
+        while self.total() > max_tokens and len(self.turns) > 1:
+            self.turns.pop(0)
+            if not self.dropped_any:
+                self.dropped_any = True
+                self._note_dropped_turns()
+
+    def _note_dropped_turns(self) -> None:
+        """Tell the model in the task message itself: a separate note would break strict user/assistant turns."""
+        task = self.head[-1] if self.head else None
+        if task is not None and task.get("role") == "user" and isinstance(task.get("content"), str):
+            task["content"] = f"{task['content']}\n\n{DROPPED_TURNS_NOTE}"
+            self.tokens[id(task)] = self.count([task])
+
+
+def _split_turns(messages: list[Message]) -> tuple[list[Message], list[list[Message]]]:
+    """Head = up to the first user message (the task); each later turn starts at an assistant message."""
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first_user is not None:
+        head_len = first_user + 1
+    else:
+        head_len = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    turns: list[list[Message]] = []
+    for message in messages[head_len:]:
+        if message.get("role") == "assistant" or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    return messages[:head_len], turns
+
+
+# --- the plain-text action format ----------------------------------------------------------------------------
+
+_TAGGED_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.S)
+_FENCED_BLOCK = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)```", re.S)
+_EMPTY_FENCE = re.compile(r"```[\w+-]*\s*```")
+_LOOKS_LIKE_CALL = re.compile(r"""\A\s*\{\s*["']name["']\s*:""")
+_LENIENT_JSON = json.JSONDecoder(strict=False)  # models write raw newlines inside strings (file contents)
+_JSON_LITERALS = {"true": True, "false": False, "null": None}
+
+
+def text_tool_instructions(tools: Sequence[Any]) -> str:
+    """How to call `tools` (OpenAI function schemas or Tool objects) in plain text; appended to the system prompt."""
+    functions = [tool.get("function", tool) if isinstance(tool, dict) else tool for tool in tools]
+    return _prompt_environment().get_template(TEXT_ACTIONS_TEMPLATE).render(tools=functions).strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _prompt_environment():
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(data_dir("prompts")), undefined=jinja2.StrictUndefined, autoescape=False
+    )
+
+
+def parse_text_actions(text: str) -> list[ToolCall]:
+    """The tool calls written in `text` ([] when it has none); RecoverableError when one cannot be read."""
+    return split_text_reply(text)[1]
+
+
+def split_text_reply(text: str) -> tuple[str, list[ToolCall]]:
+    """`text` as (prose without the calls, the calls). Calls are <tool_call> blocks, or, when there are none,
+    fenced JSON objects that start with a "name" key."""
+    blocks = [(m.span(), m.group(1)) for m in _TAGGED_CALL.finditer(text)]
+    if not blocks:
+        blocks = [(m.span(), m.group(1)) for m in _FENCED_BLOCK.finditer(text) if _LOOKS_LIKE_CALL.match(m.group(1))]
+    calls = [_parse_call(body, number) for number, (_, body) in enumerate(blocks, start=1)]
+    prose, end = [], 0
+    for (start, stop), _ in blocks:
+        prose.append(text[end:start])
+        end = stop
+    prose.append(text[end:])
+    return _EMPTY_FENCE.sub("", "".join(prose)).strip(), calls
+
+
+def _parse_call(body: str, number: int) -> ToolCall:
+    fenced = _FENCED_BLOCK.search(body)
+    if fenced:
+        body = fenced.group(1)
+    start = body.find("{")
+    if start == -1:
+        raise RecoverableError(f"Tool call {number} holds no JSON object. {TEXT_CALL_FORMAT}")
+    call = _load_object(body[start:], number)
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        raise RecoverableError(f'Tool call {number} has no "name" naming the tool. {TEXT_CALL_FORMAT}')
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments = _load_object(arguments, number) if arguments.strip() else {}
+    if not isinstance(arguments, dict):
+        raise RecoverableError(
+            f'The "arguments" of tool call {number} ({name}) are a {type(arguments).__name__}, not an object. '
+            f"{TEXT_CALL_FORMAT}"
+        )
+    return ToolCall(id=new_call_id(), name=name, arguments=arguments, raw_arguments=json.dumps(arguments))
+
+
+def _load_object(text: str, number: int) -> dict[str, Any]:
+    """The JSON object at the start of `text` (trailing prose ignored), or a Python-style dict (single quotes)."""
+    try:
+        value, _ = _LENIENT_JSON.raw_decode(text)
+    except json.JSONDecodeError as err:
+        value = _python_literal(text[: text.rfind("}") + 1])
+        if value is None:
+            raise RecoverableError(
+                f"Tool call {number} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}. "
+                f"{TEXT_CALL_FORMAT}"
+            ) from None
+    if not isinstance(value, dict):
+        raise RecoverableError(
+            f"Tool call {number} is a JSON {type(value).__name__}, not an object. {TEXT_CALL_FORMAT}"
+        )
+    return value
+
+
+class _JsonLiterals(ast.NodeTransformer):
+    """Read true/false/null as Python literals, so a dict written with single quotes and JSON words still parses."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802 - ast's naming
+        if node.id in _JSON_LITERALS:
+            return ast.copy_location(ast.Constant(_JSON_LITERALS[node.id]), node)
+        return node
+
+
+def _python_literal(text: str) -> dict[str, Any] | None:
+    try:
+        value = ast.literal_eval(_JsonLiterals().visit(ast.parse(text, mode="eval")))
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:16]}"
+
+
+def as_text_conversation(messages: Sequence[Message], tools: Sequence[Any]) -> list[Message]:
+    """The conversation for a model without native tool calling: tool instructions in the system message, its
+    own earlier calls written back in the text format, and tool results as user messages."""
+    converted: list[Message] = []
+    tool_names: dict[str, str] = {}
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            tool_names.update({c["id"]: c["function"]["name"] for c in message["tool_calls"]})
+            calls = [_format_call(c["function"]) for c in message["tool_calls"]]
+            text = "\n\n".join([message.get("content") or "", *calls]).strip()
+            converted.append({"role": "assistant", "content": text})
+        elif role == "tool":
+            name = message.get("name") or tool_names.get(message.get("tool_call_id", ""), "the tool")
+            _append_user_text(converted, f"Result of {name}:\n{message.get('content') or ''}")
+        elif role == "user" and isinstance(message.get("content"), str):
+            _append_user_text(converted, message["content"])
+        else:
+            converted.append(dict(message))
+    return _with_system_text(converted, text_tool_instructions(tools))
+
+
+def _format_call(function: dict[str, Any]) -> str:
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = _LENIENT_JSON.decode(arguments)
+        except json.JSONDecodeError:
+            pass  # shown as the model wrote it
+    return f"<tool_call>\n{json.dumps({'name': function['name'], 'arguments': arguments})}\n</tool_call>"
+
+
+def _append_user_text(converted: list[Message], text: str) -> None:
+    """Merge consecutive user messages: several chat templates require user and assistant to alternate."""
+    if converted and converted[-1].get("role") == "user" and isinstance(converted[-1].get("content"), str):
+        converted[-1] = {"role": "user", "content": f"{converted[-1]['content']}\n\n{text}"}
+    else:
+        converted.append({"role": "user", "content": text})
+
+
+def _with_system_text(messages: list[Message], text: str) -> list[Message]:
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+# --- litellm ---------------------------------------------------------------------------------------------------
+
+
+def _litellm():
+    """Import litellm on first use, with its bundled price map (no network fetch at import) and no banners."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True  # its "Give Feedback / Get Help" banner would follow every handled error
+    return litellm
+
+
+class LiteLLMModel:
+    """A model behind any litellm provider string, e.g. `openai/gpt-4o`, `anthropic/...`, or `openai/<name>` with
+    `api_base` pointing at a local OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int | None = None,
+        timeout_s: float = 120,
+        max_retries: int = 4,
+        native_tools: bool | None = None,
+        context_window: int | None = None,
+        retry_base_delay_s: float = 1.0,
+        retry_max_delay_s: float = 60.0,
+    ):
+        self.name = model
+        self.api_base = api_base
+        self.api_key = api_key
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.retry_base_delay_s = retry_base_delay_s
+        self.retry_max_delay_s = retry_max_delay_s
+        self._native_tools = native_tools
+        self._native_tools_chosen = native_tools is not None
+        self._context_window = context_window
+        self._request_key: str | None = None
+        self._checked = False
+        self._message_tokens = functools.lru_cache(maxsize=8192)(self._count_serialized_message)
+
+    @property
+    def context_window(self) -> int:
+        """Prompt tokens the model accepts: as given, else litellm's map, else DEFAULT_CONTEXT_WINDOW."""
+        if self._context_window is None:
+            self._context_window = _known_context_window(self.name) or DEFAULT_CONTEXT_WINDOW
+        return self._context_window
+
+    @property
+    def native_tools(self) -> bool:
+        """Whether tools go as native function calling (else the text format): as given, else native for
+        `openai/` endpoints (OpenAI-compatible servers mostly support it), else litellm's model map."""
+        if self._native_tools is None:
+            self._native_tools = self.name.startswith("openai/") or _supports_function_calling(self.name)
+        return self._native_tools
+
+    def query(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
+        litellm = _litellm()
+        from openai import OpenAIError
+
+        self._check_configuration(litellm)
+        budget_scale = 1.0
+        while True:
+            request = self._request(messages, tools, budget_scale)
+            try:
+                return self._reply(self._complete(request))
+            except litellm.ContextWindowExceededError as err:
+                # Our count used a stand-in tokenizer; the provider's own verdict wins: trim harder and resend.
+                budget_scale *= 0.75
+                if budget_scale < 0.5:
+                    raise _model_error(self, err, attempts=1) from None
+            except litellm.BadRequestError as err:
+                if not self._fall_back_to_text_actions(err):
+                    raise _model_error(self, err, attempts=1) from None
+            except OpenAIError as err:
+                attempts = self.max_retries + 1 if _is_transient(err) else 1
+                raise _model_error(self, err, attempts=attempts) from None
+
+    def _check_configuration(self, litellm) -> None:
+        """Fail before the first request on what needs no network: an unknown provider, a missing key."""
+        if self._checked:
+            return
+        try:
+            provider = litellm.get_llm_provider(self.name, api_base=self.api_base)[1]
+        except Exception as err:  # noqa: BLE001 - litellm raises several types for an unparseable model string
+            raise ModelError(
+                f"litellm cannot tell which provider serves the model '{self.name}': {_reason(err)}.",
+                hint=_MODEL_NAME_HINT,
+            ) from None
+        self._request_key = self.api_key or self._key_from_environment(litellm, provider)
+        self._checked = True
+
+    def _key_from_environment(self, litellm, provider: str) -> str | None:
+        """None when litellm will find the provider's key itself; a placeholder for a keyless local server."""
+        missing_keys = litellm.validate_environment(model=self.name).get("missing_keys", [])
+        missing = [key for key in missing_keys if key.endswith("_KEY")]  # not e.g. OLLAMA_API_BASE, which defaults
+        if not missing:
+            return None
+        if self.api_base:
+            return NO_KEY_PLACEHOLDER
+        raise ModelError(
+            f"No API key is set for {self.name} ({provider}): {' or '.join(missing)} is missing.",
+            hint=f"export {missing[0]}=... or pass --api-key; a local server: --model openai/<name> --api-base URL.",
+        )
+
+    def _request(self, messages: list[Message], tools: list[dict[str, Any]], budget_scale: float) -> dict[str, Any]:
+        native = self.native_tools
+        budget = int(self._prompt_budget(tools, native) * budget_scale)
+        fitted = fit_context(messages, max_tokens=budget, count_tokens=self.count_tokens)
+        needed = self.count_tokens(fitted)
+        if needed > budget:
+            raise ModelError(
+                f"The conversation needs about {needed} tokens but {self.name}'s context window of "
+                f"{self.context_window} leaves {budget} for it, even after trimming.",
+                hint="Use a model with a larger context window, or give its real size if litellm does not know it.",
+            )
+        request: dict[str, Any] = {
+            "model": self.name,
+            "messages": fitted if native else as_text_conversation(fitted, tools),
+            "api_base": self.api_base,
+            "api_key": self._request_key,
+            "temperature": self.temperature,
+            "timeout": self.timeout_s,
+            "max_retries": 0,  # the openai client's own retries would hide ours (and their count)
+            "drop_params": True,  # e.g. temperature for models that accept none
+            # litellm 1.106.x imports its MCP gateway, and with it the undeclared `mcp` package, whenever `tools`
+            # are passed; ours are plain functions (1.108.x and later skip it by themselves).
+            "_skip_mcp_handler": True,
+        }
+        if self.max_tokens is not None:
+            request["max_tokens"] = self.max_tokens
+        if native and tools:
+            request["tools"] = tools
+        return request
+
+    def _prompt_budget(self, tools: list[dict[str, Any]], native: bool) -> int:
+        """Tokens left for the messages once the reply and the tool descriptions have their room."""
+        described = json.dumps(tools) if native else text_tool_instructions(tools)
+        tools_tokens = self.count_tokens([{"role": "system", "content": described}])
+        reply_tokens = self.max_tokens or min(DEFAULT_REPLY_TOKENS, self.context_window // 8)
+        return int((self.context_window - reply_tokens - tools_tokens) * TOKEN_SAFETY)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        """Prompt tokens of `messages` by litellm's tokenizer for this model (cached per message)."""
+        return sum(self._message_tokens(json.dumps(m, sort_keys=True, default=str)) for m in messages)
+
+    def _count_serialized_message(self, serialized: str) -> int:
+        return _litellm().token_counter(model=self.name, messages=[json.loads(serialized)])
+
+    def _complete(self, request: dict[str, Any]):
+        """litellm.completion, retried with exponential backoff and jitter on errors that may pass."""
+        litellm = _litellm()
+        attempt = 0
+        while True:
+            try:
+                return litellm.completion(**request)
+            except Exception as err:
+                if attempt == self.max_retries or not _is_transient(err):
+                    raise
+                time.sleep(self._retry_delay_s(attempt, err))
+                attempt += 1
+
+    def _retry_delay_s(self, attempt: int, err: Exception) -> float:
+        asked = _retry_after_s(err)
+        if asked is not None:
+            return min(asked, self.retry_max_delay_s)
+        backoff = min(self.retry_max_delay_s, self.retry_base_delay_s * 2**attempt)
+        return backoff * random.uniform(0.5, 1.0)  # jitter: parallel runs (suite over GPUs) must not retry in step
+
+    def _fall_back_to_text_actions(self, err: Exception) -> bool:
+        """A server started without tool support (vLLM without --enable-auto-tool-choice, llama.cpp without
+        --jinja) rejects `tools` with a 400: when native tools were only presumed, switch to the text format."""
+        if self._native_tools_chosen or not self._native_tools or "tool" not in str(err).lower():
+            return False
+        self._native_tools = False
+        return True
+
+    def _reply(self, response) -> ModelReply:
+        choices = getattr(response, "choices", None) or []
+        message = choices[0].message if choices else None
+        content = (getattr(message, "content", None) or "") if message else ""
+        usage = _usage(response)
+        native_calls = (getattr(message, "tool_calls", None) or []) if message else []
+        if self.native_tools and (native_calls or "<tool_call>" not in content):
+            return ModelReply(content, [_native_call(c, content, usage) for c in native_calls], usage)
+        # Text mode, or a server that passed the model's <tool_call> text through without parsing it.
+        try:
+            prose, calls = split_text_reply(content)
+        except RecoverableError as err:
+            raise MalformedReply(str(err), content=content, usage=usage) from None
+        return ModelReply(prose, calls, usage)
+
+
+def _native_call(call, content: str, usage: Usage) -> ToolCall:
+    name = call.function.name or ""
+    raw = call.function.arguments or ""
+    try:
+        arguments = _LENIENT_JSON.decode(raw) if raw.strip() else {}
+    except json.JSONDecodeError as err:
+        raise MalformedReply(
+            f"The arguments of your {name} call are not valid JSON ({err.msg} at column {err.colno}); "
+            f"call {name} again with its arguments as one JSON object.",
+            content=content,
+            usage=usage,
+        ) from None
+    if not isinstance(arguments, dict):
+        raise MalformedReply(
+            f"The arguments of your {name} call are a JSON {type(arguments).__name__}; they must be one JSON object.",
+            content=content,
+            usage=usage,
+        )
+    return ToolCall(id=call.id or new_call_id(), name=name, arguments=arguments, raw_arguments=raw)
+
+
+def _usage(response) -> Usage:
+    usage = getattr(response, "usage", None)
+    try:
+        cost = _litellm().completion_cost(completion_response=response)
+    except Exception:  # noqa: BLE001 - models missing from litellm's price map (local servers) have no known price
+        cost = None
+    return Usage(
+        prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+        completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        cost_usd=cost,
+    )
+
+
+def _known_context_window(model: str) -> int | None:
+    try:
+        info = _litellm().get_model_info(model)
+    except Exception:  # noqa: BLE001 - "not mapped" is the common answer for local models
+        return None
+    return info.get("max_input_tokens") or info.get("max_tokens")
+
+
+def _supports_function_calling(model: str) -> bool:
+    try:
+        return bool(_litellm().supports_function_calling(model))
+    except Exception:  # noqa: BLE001 - an unknown model: the text format works with every model
+        return False
+
+
+def _is_transient(err: Exception) -> bool:
+    """Errors a later attempt may not meet: rate limits, 5xx, timeouts, dropped connections."""
+    litellm = _litellm()
+    transient = (
+        litellm.RateLimitError,
+        litellm.Timeout,
+        litellm.APIConnectionError,
+        litellm.InternalServerError,
+        litellm.ServiceUnavailableError,
+        litellm.BadGatewayError,
+    )
+    return isinstance(err, transient) or (isinstance(err, litellm.APIError) and (err.status_code or 0) >= 500)
+
+
+def _retry_after_s(err: Exception) -> float | None:
+    """The wait the server asked for (Retry-After in seconds or as an HTTP date, or retry-after-ms), if any."""
+    headers = getattr(err, "litellm_response_headers", None) or getattr(getattr(err, "response", None), "headers", None)
+    headers = {k.lower(): v for k, v in (headers or {}).items()}
+    try:
+        if "retry-after-ms" in headers:
+            return max(0.0, float(headers["retry-after-ms"]) / 1000)
+        if "retry-after" in headers:
+            return max(0.0, float(headers["retry-after"]))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(headers["retry-after"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+_MODEL_NAME_HINT = (
+    "Name the model as provider/model, e.g. --model openai/gpt-4o, or --model openai/<served name> "
+    "--api-base http://localhost:8000/v1 for a local vLLM, SGLang or llama.cpp server."
+)
+_LITELLM_PREFIX = re.compile(r"^(?:\s*(?:litellm\.)?[A-Za-z_]+(?:Error|Exception|Timeout)(?: Error)?\s*[:-]\s*)+")
+_REASON_CHARS = 300
+
+
+def _reason(err: Exception) -> str:
+    """litellm's explanation on one line, without its stack of class-name prefixes."""
+    text = _LITELLM_PREFIX.sub("", str(getattr(err, "message", None) or err))
+    text = " ".join(text.split()).rstrip(".")
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "…"
+
+
+def _model_error(model: LiteLLMModel, err: Exception, attempts: int) -> ModelError:
+    """One sentence for a provider error that retrying did not (or cannot) fix, with what to do about it."""
+    litellm = _litellm()
+    status = getattr(err, "status_code", None)
+    where = model.api_base or "the provider"
+    tries = f"after {attempts} attempts" if attempts > 1 else "on the first attempt"
+    if isinstance(err, litellm.Timeout):
+        return ModelError(
+            f"{model.name} did not answer within {model.timeout_s:g} s, {tries}.",
+            hint="The server may be overloaded or the model slow: try again later, or allow a longer timeout.",
+        )
+    if _is_connection_error(err):
+        return ModelError(
+            f"Could not connect to {where} for {model.name} {tries}: {_reason(err)}.",
+            hint="Check that the server is running and that --api-base points at it (e.g. http://localhost:8000/v1).",
+        )
+    if isinstance(err, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
+        return ModelError(
+            f"The API key for {model.name} was refused by {where}: {_reason(err)}.",
+            hint="Pass --api-key, or set the provider's key variable (OPENAI_API_KEY for openai/ models).",
+        )
+    if isinstance(err, litellm.RateLimitError):
+        return ModelError(
+            f"{model.name} was still rate-limited {tries}: {_reason(err)}.",
+            hint="Wait, then continue the run with --resume; a lower-tier account may need a slower pace.",
+        )
+    if isinstance(err, litellm.ContextWindowExceededError):
+        return ModelError(
+            f"The conversation does not fit in {model.name}'s context window even after trimming: {_reason(err)}.",
+            hint="Use a model with a larger context window.",
+        )
+    if _is_transient(err):
+        return ModelError(
+            f"{model.name} kept failing (HTTP {status}) {tries}: {_reason(err)}.",
+            hint="The provider is having trouble: try again later and continue the run with --resume.",
+        )
+    if isinstance(err, litellm.NotFoundError) or status == 404:
+        return ModelError(f"{model.name} is not served by {where}: {_reason(err)}.", hint=_MODEL_NAME_HINT)
+    return ModelError(
+        f"{model.name} rejected the request (HTTP {status}): {_reason(err)}.",
+        hint="Check --model, --api-base and --api-key.",
+    )
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    """litellm reports a refused connection as an InternalServerError; the cause chain says what happened."""
+    from openai import APIConnectionError, APITimeoutError
+
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, APIConnectionError) and not isinstance(seen, APITimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# --- scripted model and model resolution ---------------------------------------------------------------------
+
+
+class ScriptedModel:
+    """A deterministic Model for tests, demos and RL data: returns `replies` in order. An exception in the script
+    is raised instead (e.g. KeyboardInterrupt to test Ctrl-C); RunEnded("script-exhausted") when none are left."""
+
+    def __init__(
+        self,
+        replies: Sequence[ModelReply | BaseException],
+        *,
+        name: str = "scripted",
+        context_window: int | None = None,
+    ):
+        self.name = name
+        self.context_window = context_window
+        self._replies = list(replies)
+        self.received: list[list[Message]] = []  # the messages of every query, for assertions
+
+    def query(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
+        self.received.append([dict(m) for m in messages])
+        if not self._replies:
+            raise RunEnded("script-exhausted", "the scripted model has no reply left")
+        reply = self._replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+
+_NO_MODEL_HINT = (
+    "Pass --model (e.g. --model openai/gpt-4o, or --model openai/<name> --api-base http://localhost:8000/v1 for a "
+    "local server), or set KERNELPILOT_MODEL and KERNELPILOT_API_BASE, with the key in OPENAI_API_KEY."
+)
+
+
+def resolve_model(model: str | None, api_base: str | None, api_key: str | None) -> Model:
+    """The model the settings name, else the built-in policy, else ModelError saying how to configure one."""
+    if model:
+        return LiteLLMModel(model, api_base=api_base, api_key=api_key)
+    if api_base:
+        raise ModelError(
+            f"--api-base {api_base} was given without --model.",
+            hint=f"Name the served model: --model openai/<name> (GET {api_base.rstrip('/')}/models lists them).",
+        )
+    try:
+        from kernelpilot.policy import BuiltinPolicy
+    except ImportError as err:
+        if err.name != "kernelpilot.policy":
+            raise  # the policy exists but is broken: show the real failure
+        raise ModelError(
+            "No model is configured and the built-in policy is not installed.", hint=_NO_MODEL_HINT
+        ) from None
+    return BuiltinPolicy()
