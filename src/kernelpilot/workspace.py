@@ -157,8 +157,11 @@ def render_init_summary(console: Console, ws: Workspace, created: list[str]) -> 
     )
 
 
-def render_model_new(problem: Problem) -> str:
-    """The source of model_new.py: ModelNew with Model's constructor and forward signatures."""
+def render_model_new(problem: Problem, forward_body: str | None = None) -> str:
+    """The source of model_new.py: ModelNew with Model's constructor and forward signatures.
+
+    `forward_body` (indented source lines) replaces the placeholder forward; the built-in policy passes its own.
+    """
     import jinja2
 
     init_parameters = list(problem.init_signature().parameters.values())
@@ -178,6 +181,7 @@ def render_model_new(problem: Problem) -> str:
         init_call=_call_source(init_parameters),
         forward_signature=forward_signature,
         uses_model_defaults=bool(init_fallbacks or forward_fallbacks),
+        forward_body=forward_body,
     )
 
 
