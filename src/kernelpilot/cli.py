@@ -147,6 +147,22 @@ def accept(
         render_commit(console, commit_accepted(ws, result, message=message))
 
 
+@app.command()
+def check(
+    paths: Optional[list[Path]] = typer.Argument(None, help="Changed files or folders (default: every lock file under here)."),
+    tolerance: float = typer.Option(0.05, "--tolerance", min=0.0, help="Allowed slowdown vs the recorded time, as a fraction (0.05 = 5%)."),
+    require_gpu: bool = typer.Option(False, "--require-gpu", help="Fail when no GPU is visible instead of skipping."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+) -> None:
+    """Rebuild, verify and re-time accepted kernels against their lock files; exit 1 on a regression."""
+    from kernelpilot.check import render_check, run_check
+
+    report = run_check(paths or [], tolerance=tolerance, require_gpu=require_gpu, device=device)
+    render_check(console, report)
+    if report.failed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
