@@ -1,0 +1,1323 @@
+"""The agent's tools: one small class per action the model can take on its workspace and the judge.
+
+Each tool has a name, a description written for the model, a JSON schema of its arguments (validated here,
+without dependencies, before it runs) and `run(args, ctx) -> ToolOutput`: text for the model and a plain dict for
+the transcript and the TUI. Anything the model can fix (a bad argument, a missing file, a refused command) is a
+RecoverableError whose message becomes its next observation.
+
+The harness tools leave what the judge said in `ctx.state`: "build" (the latest BuildResult), "verify" (the
+latest VerifyResult), "last_eval" and "evals" (every EvalResult of Profile, in order). Only those count; the
+model's own claims (Finish's summary) never do.
+
+Bash's checks (writes and `cd` outside the workspace refused before running, protected files restored after) are
+guard rails for an honest model that slips, not a security sandbox: a program can still write anywhere it likes.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import csv
+import difflib
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.agent import RecoverableError, Tool, ToolContext, ToolOutput
+from kernelpilot.results import BenchResult, BuildResult, EvalResult, Timing, VerifyResult, to_dict
+from kernelpilot.workspace import PROTECTED_FILES, tampered_files
+
+if TYPE_CHECKING:
+    from kernelpilot.workspace import Workspace
+
+BASH_DEFAULT_TIMEOUT_S = 120
+BASH_MAX_TIMEOUT_S = 600
+BASH_OUTPUT_LIMIT = 20_000  # characters the model sees of one command's output
+GLOB_LIMIT = 200
+READ_DEFAULT_LINES = 2000
+READ_LINE_LIMIT = 2000  # characters shown of one line
+READ_OUTPUT_LIMIT = 60_000
+MAX_TRIALS = 20
+MAX_ERRORS_SHOWN = 20
+NCU_TIMEOUT_S = 300
+TOP_KERNELS_SHOWN = 10
+
+BOOKKEEPING_DIR = ".kernelpilot"
+SCRATCH_DIR = ".kernelpilot/tmp"  # HOME and TMPDIR of Bash commands
+PRISTINE_DIR = ".kernelpilot/pristine"  # known-good copies of the protected files
+EDITABLE_KERNEL_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
+EDITABLE_FILES_TEXT = "kernels/*.cu, kernels/*.cuh, kernels/*.h, kernels/*.cpp, model_new.py and notes/*.md"
+PROTECTED_REASON = "it is kernelpilot's (the reference or the build infrastructure) and must stay unchanged"
+
+
+# ------------------------------------------------------------------------------------ argument schemas
+
+
+def validate_arguments(tool_name: str, schema: dict[str, Any], args: Any) -> None:
+    """Raise RecoverableError naming the first way `args` breaks `schema` (the JSON-schema subset our tools use)."""
+    if not isinstance(args, dict):
+        raise RecoverableError(f"{tool_name} takes a JSON object of arguments, not {_json_type(args)}.")
+    _check_value(args, schema, tool_name, "")
+
+
+def _check_value(value: Any, schema: dict[str, Any], tool_name: str, where: str) -> None:
+    expected = schema.get("type")
+    if expected and not _has_json_type(value, expected):
+        raise RecoverableError(f"{tool_name}: {_argument(where)} must be {_a(expected)}, not {_json_type(value)}.")
+    if "enum" in schema and value not in schema["enum"]:
+        allowed = ", ".join(json.dumps(option) for option in schema["enum"])
+        raise RecoverableError(f"{tool_name}: {_argument(where)} must be one of {allowed}, not {json.dumps(value)}.")
+    if expected == "object":
+        _check_object(value, schema, tool_name, where)
+    elif expected == "array":
+        if len(value) < schema.get("minItems", 0):
+            raise RecoverableError(f"{tool_name}: {_argument(where)} needs at least {schema['minItems']} item(s).")
+        for index, item in enumerate(value):
+            _check_value(item, schema.get("items", {}), tool_name, f"{where}[{index}]")
+    elif expected == "string" and len(value) < schema.get("minLength", 0):
+        raise RecoverableError(f"{tool_name}: {_argument(where)} must not be empty.")
+    elif expected == "integer":
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if low is not None and value < low:
+            raise RecoverableError(f"{tool_name}: {_argument(where)} must be at least {low}, not {value}.")
+        if high is not None and value > high:
+            raise RecoverableError(f"{tool_name}: {_argument(where)} must be at most {high}, not {value}.")
+
+
+def _check_object(value: dict[str, Any], schema: dict[str, Any], tool_name: str, where: str) -> None:
+    properties = schema.get("properties", {})
+    prefix = f"{where}." if where else ""
+    for name in schema.get("required", []):
+        if name not in value:
+            raise RecoverableError(f"{tool_name}: the argument `{prefix}{name}` is required.")
+    unknown = [name for name in value if name not in properties]
+    if unknown and schema.get("additionalProperties") is False:
+        takes = ", ".join(properties) or "no arguments"
+        raise RecoverableError(f"{tool_name}: unknown argument `{prefix}{unknown[0]}`; it takes: {takes}.")
+    for name, item in value.items():
+        if name in properties:
+            _check_value(item, properties[name], tool_name, f"{prefix}{name}")
+
+
+def _has_json_type(value: Any, expected: str) -> bool:
+    if expected == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not a number
+    return _json_type(value) == expected or (expected == "number" and _json_type(value) == "integer")
+
+
+def _json_type(value: Any) -> str:
+    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                              (list, "array"), (dict, "object")):  # fmt: skip
+        if isinstance(value, python_type):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def _argument(where: str) -> str:
+    return f"`{where}`" if where else "the arguments"
+
+
+def _a(type_name: str) -> str:
+    return f"an {type_name}" if type_name[0] in "aeiou" else f"a {type_name}"
+
+
+def _object_schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required or [], "additionalProperties": False}
+
+
+class _WorkspaceTool(abc.ABC):
+    """A tool whose arguments are checked against its schema before `execute` runs."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        validate_arguments(self.name, self.parameters, args)
+        return self.execute(args, ctx)
+
+    @abc.abstractmethod
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Do the tool's work with arguments that match its schema."""
+
+
+# --------------------------------------------------------------------------------- workspace paths
+
+
+def resolve_in_workspace(ws: Workspace, raw: str) -> Path:
+    """`raw` (relative to the workspace root, or absolute) as a resolved path; RecoverableError when outside."""
+    if not raw.strip():
+        raise RecoverableError("The path is empty; give one relative to the workspace root, e.g. kernels/softmax.cu.")
+    root = ws.root.resolve()
+    path = (root / raw).resolve()
+    if not path.is_relative_to(root):
+        raise RecoverableError(
+            f"{raw} is outside the workspace {root}; paths are relative to the workspace root, e.g. kernels/softmax.cu."
+        )
+    return path
+
+
+def relative_name(ws: Workspace, path: Path) -> str:
+    return path.relative_to(ws.root.resolve()).as_posix() or "."
+
+
+def require_editable(ws: Workspace, path: Path) -> str:
+    """The workspace-relative name of `path` when the model may write it; RecoverableError saying why not."""
+    name = relative_name(ws, path)
+    if name in PROTECTED_FILES:
+        raise RecoverableError(f"{name} is protected: {PROTECTED_REASON}. You may write {EDITABLE_FILES_TEXT}.")
+    parts = PurePosixPath(name).parts
+    editable = (
+        parts == ("model_new.py",)
+        or (len(parts) == 2 and parts[0] == "kernels" and name.endswith(EDITABLE_KERNEL_SUFFIXES))
+        or (len(parts) == 2 and parts[0] == "notes" and name.endswith(".md"))
+    )
+    if not editable:
+        raise RecoverableError(f"{name} is not a file the agent may write: only {EDITABLE_FILES_TEXT}.")
+    return name
+
+
+def unified_diff(name: str, before: str, after: str) -> str:
+    old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    lines = difflib.unified_diff(old_lines, new_lines, f"a/{name}", f"b/{name}")
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def _diff_counts(diff: str) -> tuple[int, int]:
+    lines = diff.splitlines()
+    added = sum(1 for line in lines if line.startswith("+") and not line.startswith("+++"))
+    removed = sum(1 for line in lines if line.startswith("-") and not line.startswith("---"))
+    return added, removed
+
+
+# --------------------------------------------------------------------------------------- file tools
+
+
+class GlobTool(_WorkspaceTool):
+    name = "Glob"
+    description = (
+        "List workspace files matching a glob pattern relative to the workspace root, e.g. `kernels/*.cu` or "
+        "`**/*.py` (`**` spans folders). Returns the matching paths, sorted, one per line (folders end in /), "
+        f"at most {GLOB_LIMIT}. Use it to see what exists before reading or editing."
+    )
+    parameters = _object_schema(
+        {"pattern": {"type": "string", "minLength": 1, "description": "e.g. kernels/*.cu"}}, ["pattern"]
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        pattern = args["pattern"]
+        root = ctx.workspace.root.resolve()
+        if PurePosixPath(pattern).is_absolute() or ".." in PurePosixPath(pattern).parts:
+            raise RecoverableError(
+                f"Glob pattern {pattern} leaves the workspace; give one relative to its root, e.g. kernels/*.cu."
+            )
+        matches = sorted(
+            _glob_entry(path, root)
+            for path in root.glob(pattern)
+            # .kernelpilot/ is kernelpilot's bookkeeping (manifest, pristine copies), not the model's business.
+            if path.resolve().is_relative_to(root) and path.relative_to(root).parts[:1] != (BOOKKEEPING_DIR,)
+        )
+        if not matches:
+            return ToolOutput(text=f"No file matches {pattern}.", data={"pattern": pattern, "matches": []})
+        shown = matches[:GLOB_LIMIT]
+        text = "\n".join(shown)
+        if len(matches) > GLOB_LIMIT:
+            text += f"\n(showing {GLOB_LIMIT} of {len(matches)} matches; narrow the pattern to see the rest)"
+        return ToolOutput(text=text, data={"pattern": pattern, "matches": shown, "total": len(matches)})
+
+
+def _glob_entry(path: Path, root: Path) -> str:
+    name = path.relative_to(root).as_posix()
+    return f"{name}/" if path.is_dir() else name
+
+
+class ReadTool(_WorkspaceTool):
+    name = "Read"
+    description = (
+        "Read a text file of the workspace (model.py, model_new.py, kernels/*, SKILL.md, ...) with numbered lines. "
+        f"`offset` is the first line to show (1-based), `limit` how many lines (default {READ_DEFAULT_LINES}); long "
+        "output says where to continue. Read a file before editing it with MultiEdit."
+    )
+    parameters = _object_schema(
+        {
+            "path": {"type": "string", "minLength": 1, "description": "relative to the workspace root"},
+            "offset": {"type": "integer", "minimum": 1, "description": "first line to show, 1-based"},
+            "limit": {"type": "integer", "minimum": 1, "description": "number of lines to show"},
+        },
+        ["path"],
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        path = resolve_in_workspace(ctx.workspace, args["path"])
+        name = relative_name(ctx.workspace, path)
+        lines = read_text_file(path, name).splitlines()
+        offset, limit = args.get("offset", 1), args.get("limit", READ_DEFAULT_LINES)
+        if not lines:
+            return ToolOutput(text=f"{name} is empty.", data={"path": name, "lines": 0})
+        if offset > len(lines):
+            raise RecoverableError(f"{name} has {len(lines)} lines, so offset {offset} is past its end.")
+        shown, size, last = [], 0, offset - 1
+        for number in range(offset, min(offset + limit, len(lines) + 1)):
+            line = lines[number - 1]
+            if len(line) > READ_LINE_LIMIT:
+                line = line[:READ_LINE_LIMIT] + f" [... {len(line) - READ_LINE_LIMIT} more characters]"
+            size += len(line) + 8
+            if shown and size > READ_OUTPUT_LIMIT:
+                break
+            shown.append(f"{number:6d}\t{line}")
+            last = number
+        text = "\n".join(shown)
+        if last < len(lines):
+            text += f"\n(lines {offset}-{last} of {len(lines)}; continue with offset={last + 1})"
+        return ToolOutput(text=text, data={"path": name, "offset": offset, "last_line": last, "lines": len(lines)})
+
+
+def read_text_file(path: Path, name: str) -> str:
+    """The file's text; RecoverableError for a missing file, a folder or a binary file."""
+    if path.is_dir():
+        raise RecoverableError(f"{name} is a folder; list it with Glob (pattern `{name}/*`).")
+    if not path.is_file():
+        raise RecoverableError(f"{name} does not exist; find files with Glob.")
+    data = path.read_bytes()
+    binary = RecoverableError(f"{name} is a binary file ({len(data)} bytes); Read shows text files only.")
+    if b"\0" in data[:8192]:
+        raise binary
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise binary from None
+
+
+class WriteTool(_WorkspaceTool):
+    name = "Write"
+    description = (
+        "Create or overwrite a whole file with `content`. Allowed: kernels/*.cu, *.cuh, *.h, *.cpp (not kernelpilot's "
+        "kp_* files), model_new.py and notes/*.md. Use it for new files; change existing ones with MultiEdit. "
+        "Returns what changed."
+    )
+    parameters = _object_schema(
+        {
+            "path": {"type": "string", "minLength": 1, "description": "relative to the workspace root"},
+            "content": {"type": "string", "description": "the complete new file"},
+        },
+        ["path", "content"],
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        path = resolve_in_workspace(ctx.workspace, args["path"])
+        name = require_editable(ctx.workspace, path)
+        if path.is_dir():
+            raise RecoverableError(f"{name} is a folder, not a file.")
+        created = not path.exists()
+        before = "" if created else path.read_text(encoding="utf-8", errors="replace")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(args["content"], encoding="utf-8")
+        diff = unified_diff(name, before, args["content"])
+        line_count = len(args["content"].splitlines())
+        verb = "Created" if created else "Overwrote"
+        return ToolOutput(
+            text=f"{verb} {name} ({line_count} lines).",
+            data={"path": name, "created": created, "diff": diff, "lines": line_count},
+        )
+
+
+class MultiEditTool(_WorkspaceTool):
+    name = "MultiEdit"
+    description = (
+        "Edit one existing file with exact text replacements, applied in order, all or nothing: if any edit fails, "
+        "the file is left unchanged. Each `old_string` must match the file exactly (whitespace included) and only "
+        "once, unless `replace_all` is true; include surrounding lines to make it unique. Returns a summary; the "
+        "error says what did not match and the closest line. Create new files with Write."
+    )
+    parameters = _object_schema(
+        {
+            "path": {"type": "string", "minLength": 1, "description": "relative to the workspace root"},
+            "edits": {
+                "type": "array",
+                "minItems": 1,
+                "items": _object_schema(
+                    {
+                        "old_string": {"type": "string", "description": "exact text to replace"},
+                        "new_string": {"type": "string", "description": "the replacement"},
+                        "replace_all": {"type": "boolean", "description": "replace every occurrence (default false)"},
+                    },
+                    ["old_string", "new_string"],
+                ),
+            },
+        },
+        ["path", "edits"],
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        path = resolve_in_workspace(ctx.workspace, args["path"])
+        name = require_editable(ctx.workspace, path)
+        if not path.exists():
+            raise RecoverableError(f"{name} does not exist; create it with Write.")
+        before = read_text_file(path, name)
+        after = before
+        for number, edit in enumerate(args["edits"], start=1):
+            after = apply_edit(after, edit, f"Edit {number} of {len(args['edits'])} on {name}")
+        path.write_text(after, encoding="utf-8")
+        diff = unified_diff(name, before, after)
+        added, removed = _diff_counts(diff)
+        return ToolOutput(
+            text=f"Applied {len(args['edits'])} edit(s) to {name} (+{added} -{removed} lines).",
+            data={"path": name, "edits": len(args["edits"]), "diff": diff},
+        )
+
+
+def apply_edit(text: str, edit: dict[str, Any], label: str) -> str:
+    """`text` with one exact replacement; RecoverableError (nothing applied) when it cannot be made unambiguously."""
+    old, new = edit["old_string"], edit["new_string"]
+    if not old:
+        raise RecoverableError(f"{label}: old_string is empty; to write a whole file use Write.")
+    if old == new:
+        raise RecoverableError(f"{label}: old_string and new_string are the same, so the edit changes nothing.")
+    count = text.count(old)
+    if count == 0:
+        raise RecoverableError(f"{label}: old_string was not found. {_closest_line_hint(text, old)}")
+    if count > 1 and not edit.get("replace_all", False):
+        lines = _match_lines(text, old)
+        raise RecoverableError(
+            f"{label}: old_string occurs {count} times (lines {', '.join(map(str, lines))}); include more surrounding "
+            "text to make it unique, or set replace_all to true."
+        )
+    return text.replace(old, new)
+
+
+def _closest_line_hint(text: str, old: str) -> str:
+    wanted = next((line.strip() for line in old.splitlines() if line.strip()), old.strip())
+    lines = text.splitlines()
+    stripped = [line.strip() for line in lines]
+    close = difflib.get_close_matches(wanted, stripped, n=1, cutoff=0.5)
+    if not close:
+        return "No line of the file resembles its first line; Read the file again."
+    number = stripped.index(close[0]) + 1
+    return f"The closest line is {number}: {lines[number - 1]!r}; Read the file and copy the text exactly."
+
+
+def _match_lines(text: str, old: str) -> list[int]:
+    starts, position = [], text.find(old)
+    while position != -1:
+        starts.append(text.count("\n", 0, position) + 1)
+        position = text.find(old, position + 1)
+    return starts
+
+
+# -------------------------------------------------------------------------------------------- Bash
+
+
+class BashTool(_WorkspaceTool):
+    name = "Bash"
+    description = (
+        "Run a bash command in the workspace root (HOME and TMPDIR are a scratch folder inside it; no stdin). "
+        f"Returns the combined stdout and stderr (long output keeps its head and tail) and the exit code. Timeout "
+        f"{BASH_DEFAULT_TIMEOUT_S} s unless `timeout_s` says otherwise (at most {BASH_MAX_TIMEOUT_S}). Commands that "
+        "would write or cd outside the workspace are refused, and protected files (model.py, setup.py, kp_* files, "
+        "...) are restored if a command changes them. Use it to inspect, grep, run quick Python checks; build and "
+        "test with Compile, Verify and Profile."
+    )
+    parameters = _object_schema(
+        {
+            "command": {"type": "string", "minLength": 1, "description": "the bash command line"},
+            "timeout_s": {"type": "integer", "minimum": 1, "maximum": BASH_MAX_TIMEOUT_S, "description": "seconds"},
+        },
+        ["command"],
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        ws, command = ctx.workspace, args["command"]
+        root, scratch = ws.root.resolve(), ws.root.resolve() / SCRATCH_DIR
+        WriteGuard(root, scratch).check(command)
+        scratch.mkdir(parents=True, exist_ok=True)
+        keep_pristine_copies(ws)
+        environment = dict(os.environ, HOME=str(scratch), TMPDIR=str(scratch), PWD=str(root))
+        timeout = args.get("timeout_s", BASH_DEFAULT_TIMEOUT_S)
+        run = run_process(["bash", "-c", command], cwd=root, env=environment, timeout=timeout)
+        restored, lost = restore_protected(ws)
+        output, cut = cap_middle(run.output, BASH_OUTPUT_LIMIT)
+        text = _bash_text(output, run, timeout, restored, lost)
+        data = {"command": command, "exit_code": run.returncode, "timed_out": run.timed_out,
+                "seconds": run.seconds, "output_chars": len(run.output), "cut_chars": cut,
+                "restored": restored, "not_restored": lost}  # fmt: skip
+        return ToolOutput(text=text, data=data)
+
+
+def _bash_text(output: str, run: ProcessRun, timeout: int, restored: list[str], lost: list[str]) -> str:
+    parts = [output.rstrip("\n") or "(no output)"]
+    if run.timed_out:
+        parts.append(f"[timed out after {timeout} s: the command and its child processes were killed]")
+    elif run.returncode != 0:
+        parts.append(f"[exit code {run.returncode}]")
+    if restored:
+        parts.append(f"[kernelpilot restored {', '.join(restored)}: protected, {PROTECTED_REASON}; "
+                     "put your work in kernels/ and model_new.py]")  # fmt: skip
+    if lost:
+        parts.append(f"[protected files changed and not restorable: {', '.join(lost)}; the judge will reject the "
+                     "workspace until they are restored (`kernelpilot init` brings back deleted ones)]")  # fmt: skip
+    return "\n".join(parts)
+
+
+@dataclass
+class ProcessRun:
+    """What a subprocess did: its merged output, exit code, whether it was killed for time, and how long it took."""
+
+    output: str
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+
+
+def run_process(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> ProcessRun:
+    """Run `argv` with no stdin in its own process group; on timeout kill the whole group (children included)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        raw, _ = process.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            raw, _ = process.communicate(timeout=5)
+        except subprocess.TimeoutExpired as still_open:  # a process that left the group still holds the pipe
+            process.kill()
+            raw = still_open.output or b""
+        timed_out = True
+    seconds = round(time.monotonic() - started, 3)
+    return ProcessRun(raw.decode("utf-8", errors="replace"), process.returncode, timed_out, seconds)
+
+
+def cap_middle(text: str, limit: int) -> tuple[str, int]:
+    """`text` cut to about `limit` characters keeping its head and tail at line boundaries; also how much was cut."""
+    if len(text) <= limit:
+        return text, 0
+    head = text[: limit // 2]
+    head = head[: head.rfind("\n") + 1] or head
+    tail = text[-(limit // 2) :]
+    tail = tail[tail.find("\n") + 1 :] if "\n" in tail[:-1] else tail
+    middle = text[len(head) : len(text) - len(tail)]
+    note = f"[... {len(middle)} characters ({middle.count(chr(10))} lines) cut from the middle of the output ...]\n"
+    return head + note + tail, len(middle)
+
+
+def keep_pristine_copies(ws: Workspace) -> None:
+    """Keep a copy of every protected file that is intact under .kernelpilot/pristine/, to restore it from later."""
+    tampered = set(tampered_files(ws))
+    for name in PROTECTED_FILES:
+        copy, original = ws.root / PRISTINE_DIR / name, ws.root / name
+        if name in tampered or (copy.is_file() and copy.read_bytes() == original.read_bytes()):
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.unlink(missing_ok=True)
+        shutil.copy2(original, copy)
+
+
+def restore_protected(ws: Workspace) -> tuple[list[str], list[str]]:
+    """Put back changed or deleted protected files from their pristine copies; return (restored, not restorable)."""
+    tampered = tampered_files(ws)
+    for name in tampered:
+        copy, target = ws.root / PRISTINE_DIR / name, ws.root / name
+        if not copy.is_file():
+            continue
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(copy, target)  # with its mode: model.py is read-only again
+    still_tampered = set(tampered_files(ws)) if tampered else set()
+    restored = [name for name in tampered if name not in still_tampered]
+    return restored, [name for name in tampered if name in still_tampered]
+
+
+# ------------------------------------------------------------------------------- Bash's write guard
+
+_OPERATOR_CHARS = "();<>|&\n"
+_HEREDOC = re.compile(r"<<(-?)[ \t]*(['\"]?)\\?([A-Za-z0-9_.-]+)\2")
+_KNOWN_VARIABLES = re.compile(r"\$(?:\{(HOME|TMPDIR)\}|(HOME|TMPDIR)(?![A-Za-z0-9_]))")
+_SAFE_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/fd/1", "/dev/fd/2"})
+_WRAPPERS = frozenset({"command", "builtin", "exec", "nohup", "time", "env", "nice", "timeout", "stdbuf"})
+_WRAPPER_ARGUMENT = re.compile(r"-.*|[A-Za-z_][A-Za-z0-9_]*=.*|\d+(\.\d+)?[smhd]?")
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh"})
+# program -> options that take a value (so the value is not mistaken for a path operand)
+_OPTION_VALUES = {
+    "cp": {"-t", "--target-directory", "-S", "--suffix"},
+    "mv": {"-t", "--target-directory", "-S", "--suffix"},
+    "ln": {"-t", "--target-directory", "-S", "--suffix"},
+    "install": {"-t", "--target-directory", "-m", "--mode", "-o", "--owner", "-g", "--group", "-S", "--suffix"},
+    "mkdir": {"-m", "--mode"},
+    "touch": {"-d", "--date", "-r", "--reference", "-t"},
+    "truncate": {"-s", "--size", "-r", "--reference"},
+    "shred": {"-n", "--iterations", "-s", "--size"},
+    "chmod": {"--reference"},
+    "chown": {"--reference"},
+    "chgrp": {"--reference"},
+    "sed": {"-e", "--expression", "-f", "--file", "-l", "--line-length"},
+}
+_EVERY_OPERAND_WRITTEN = frozenset({"tee", "touch", "mkdir", "chmod", "chown", "chgrp", "truncate"})
+_EVERY_OPERAND_REMOVED = frozenset({"rm", "rmdir", "unlink", "shred"})
+_DESTINATION_WRITTEN = frozenset({"cp", "ln", "install"})
+_WRITERS = _EVERY_OPERAND_WRITTEN | _EVERY_OPERAND_REMOVED | _DESTINATION_WRITTEN | {"mv", "dd", "sed"}
+
+
+class WriteGuard:
+    """Statically find where a command line writes (redirections, tee, cp, mv, rm, touch, mkdir, chmod, ln, dd,
+    sed -i, find -delete/-exec, nested `bash -c`) and where it cds, and refuse anything outside the workspace.
+
+    Conservative where it cannot know: a relative path is checked against every folder the command may have cd'd
+    to, a glob against its matches, and a write target built from a variable (other than $HOME/$TMPDIR) or from
+    xargs is refused. It reads the command; it cannot see what programs do (python -c, make, ...).
+    """
+
+    def __init__(self, root: Path, home: Path):
+        self.root, self.home = root, home
+        self.working_dirs = {root}
+
+    def check(self, command: str) -> None:
+        """RecoverableError naming the first path that would be written or entered outside the workspace."""
+        for words, redirect_targets in _simple_commands(_shell_tokens(command)):
+            for target in redirect_targets:
+                self._require_inside(target, f"output redirection `> {target}`")
+            self._check_words(words)
+
+    def _check_words(self, words: list[str]) -> None:
+        words = _without_wrappers(words)
+        if not words:
+            return
+        program, args = Path(words[0]).name, words[1:]
+        if program in ("cd", "pushd"):
+            self._change_directory(args)
+        elif program in _SHELLS and _shell_command_string(args) is not None:
+            self.check(_shell_command_string(args))
+        elif program == "eval":
+            self.check(" ".join(args))
+        elif program == "find":
+            self._check_find(args)
+        elif program == "xargs":
+            self._check_xargs(args)
+        else:
+            for target, removes in write_targets(program, args):
+                self._require_inside(target, f"`{program}` target {target}", removes=removes)
+
+    def _change_directory(self, args: list[str]) -> None:
+        operands = [arg for arg in args if not arg.startswith("-")]
+        if not operands:
+            self.working_dirs.add(self.home)
+            return
+        self.working_dirs |= set(self._require_inside(operands[0], f"`cd {operands[0]}`", entering=True))
+
+    def _check_find(self, args: list[str]) -> None:
+        options_done = [arg for arg in args if arg not in ("-H", "-L", "-P")]
+        starts = []
+        for arg in options_done:
+            if arg.startswith(("-", "(", "!")):
+                break
+            starts.append(arg)
+        if "-delete" in args:  # deletes what it finds below its starting points, never a start outside them
+            for start in starts or ["."]:
+                self._require_inside(start, f"`find {start} -delete`")
+        for index, arg in enumerate(args):
+            if arg in ("-exec", "-execdir", "-ok", "-okdir"):
+                nested = []
+                for word in args[index + 1 :]:
+                    if word in (";", "+"):
+                        break
+                    nested.append(word)
+                self._check_words(nested)
+
+    def _check_xargs(self, args: list[str]) -> None:
+        rest = [arg for arg in args if not arg.startswith("-")]
+        if rest and Path(rest[0]).name in _WRITERS:
+            raise RecoverableError(
+                f"Refused before running: `xargs {rest[0]}` writes to paths read from its input, which cannot be "
+                "checked beforehand; name the paths in the command (inside the workspace) instead."
+            )
+
+    def _require_inside(self, raw: str, what: str, *, removes: bool = False, entering: bool = False) -> list[Path]:
+        """Every place `raw` may resolve to; RecoverableError when one is outside the workspace (or forbidden)."""
+        resolved_paths = []
+        for path in self._possible_paths(raw, what):
+            resolved = path.resolve()
+            if str(path) in _SAFE_TARGETS or str(resolved) in _SAFE_TARGETS:
+                continue
+            if not resolved.is_relative_to(self.root):
+                after_cd = " (after a cd, relative paths are checked from every folder the command may be in)"
+                raise RecoverableError(
+                    f"Refused before running: {what} resolves to {resolved}, outside the workspace {self.root}. "
+                    "Bash may only change files inside the workspace; use paths relative to its root"
+                    f"{after_cd if len(self.working_dirs) > 1 else ''}."
+                )
+            if removes and resolved == self.root:
+                raise RecoverableError(f"Refused before running: {what} would remove the workspace itself.")
+            bookkeeping = self.root / BOOKKEEPING_DIR
+            if not entering and resolved.is_relative_to(bookkeeping) and not resolved.is_relative_to(self.home):
+                raise RecoverableError(
+                    f"Refused before running: {what} touches {BOOKKEEPING_DIR}/, kernelpilot's manifest and pristine "
+                    f"copies; use {SCRATCH_DIR}/ for scratch files."
+                )
+            resolved_paths.append(resolved)
+        return resolved_paths
+
+    def _possible_paths(self, raw: str, what: str) -> Iterator[Path]:
+        """`raw` against each folder the command may be in, after ~, $HOME/$TMPDIR, brace and glob expansion."""
+        text = _KNOWN_VARIABLES.sub(lambda _: str(self.home), raw)
+        if text == "~" or text.startswith("~/"):
+            text = str(self.home) + text[1:]
+        elif text.startswith("~"):
+            raise RecoverableError(f"Refused before running: {what} is in another user's home, outside the workspace.")
+        if "$" in text or "`" in text:
+            raise RecoverableError(
+                f"Refused before running: where {what} points depends on a variable or a command substitution, "
+                "which cannot be checked beforehand; write the path literally, relative to the workspace."
+            )
+        for alternative in _brace_alternatives(text):
+            for working_dir in sorted(self.working_dirs):
+                path = working_dir / alternative
+                yield path
+                if any(char in alternative for char in "*?["):
+                    yield from (working_dir / match for match in glob.glob(alternative, root_dir=working_dir))
+
+
+def _shell_command_string(args: list[str]) -> str | None:
+    """The command string of `bash -c STRING` (or `-lc`, `-ec`, ...), None when the shell runs no -c string."""
+    for index, arg in enumerate(args):
+        if re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", arg):
+            return next((word for word in args[index + 1 :] if not word.startswith("-")), None)
+        if not arg.startswith("-"):
+            return None
+    return None
+
+
+def write_targets(program: str, args: list[str]) -> list[tuple[str, bool]]:
+    """The paths a (non-navigating) command writes, each with whether it is removed; [] for programs not known."""
+    operands, options = _split_options(args, _OPTION_VALUES.get(program, set()))
+    if program in _EVERY_OPERAND_WRITTEN:
+        return [(operand, False) for operand in operands]
+    if program in _EVERY_OPERAND_REMOVED:
+        return [(operand, True) for operand in operands]
+    target_dir = options.get("-t") or options.get("--target-directory")
+    if program in _DESTINATION_WRITTEN:
+        if target_dir:
+            return [(target_dir, False)]
+        return [(operands[-1], False)] if len(operands) >= 2 else []
+    if program == "mv":  # the sources leave their folders, so they count as removed
+        if target_dir:
+            return [(source, True) for source in operands] + [(target_dir, False)]
+        return [(source, True) for source in operands[:-1]] + [(destination, False) for destination in operands[-1:]]
+    if program == "dd":
+        return [(arg[3:], False) for arg in args if arg.startswith("of=")]
+    if program == "sed" and _sed_in_place(args):
+        script_given = any(name in options for name in ("-e", "--expression", "-f", "--file"))
+        return [(operand, False) for operand in (operands if script_given else operands[1:])]
+    return []
+
+
+def _split_options(args: list[str], with_value: set[str]) -> tuple[list[str], dict[str, str]]:
+    """(operands, {option: value}) of a command's arguments; `--` ends the options."""
+    operands, options = [], {}
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            operands += list(words)
+        elif word.startswith("--") and "=" in word:
+            name, value = word.split("=", 1)
+            options[name] = value
+        elif word in with_value:
+            options[word] = next(words, "")
+        elif word[:2] in with_value and not word.startswith("--"):
+            options[word[:2]] = word[2:]
+        elif word.startswith("-") and word != "-":
+            options[word] = ""
+        else:
+            operands.append(word)
+    return operands, options
+
+
+def _sed_in_place(args: list[str]) -> bool:
+    return any(
+        arg.startswith("--in-place") or (arg.startswith("-") and not arg.startswith("--") and "i" in arg[1:])
+        for arg in args
+    )
+
+
+def _without_wrappers(words: list[str]) -> list[str]:
+    """The command words after variable assignments and wrappers such as `env`, `timeout 10` or `nohup`."""
+    index = 0
+    while index < len(words) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[index]):
+        index += 1
+    while index < len(words) and Path(words[index]).name in _WRAPPERS:
+        index += 1
+        while index < len(words) and _WRAPPER_ARGUMENT.fullmatch(words[index]):
+            index += 1
+    return words[index:]
+
+
+def _brace_alternatives(text: str) -> list[str]:
+    """Bash's brace expansion of `text` ("a/{b,c}" -> ["a/b", "a/c"])."""
+    found = re.search(r"\{([^{}]*,[^{}]*)\}", text)
+    if found is None:
+        return [text]
+    return [
+        expanded
+        for choice in found.group(1).split(",")
+        for expanded in _brace_alternatives(text[: found.start()] + choice + text[found.end() :])
+    ]
+
+
+def _shell_tokens(command: str) -> list[str]:
+    """Words and operators of a command line, quotes removed (shlex), comments and here-document bodies dropped."""
+    lexer = shlex.shlex(_without_comments_and_heredocs(command), posix=True, punctuation_chars=_OPERATOR_CHARS)
+    lexer.whitespace = " \t\r"  # newlines separate commands, so they stay tokens
+    lexer.whitespace_split = True
+    lexer.commenters = ""  # shlex would also cut `a#b`; comments are dropped above, where quoting is known
+    try:
+        return list(lexer)
+    except ValueError as err:
+        raise RecoverableError(f"Bash could not parse the command ({err}); check its quotes.") from None
+
+
+def _without_comments_and_heredocs(command: str) -> str:
+    """`command` without `# comments` and here-document bodies (text, not commands, and often with stray quotes)."""
+    kept, pending, quote, index = [], [], None, 0
+    while index < len(command):
+        char = command[index]
+        if quote == "'" or (quote == '"' and char not in '"\\'):
+            quote = None if char == quote else quote
+            kept.append(char)
+        elif char == "\\":
+            kept.append(command[index : index + 2])
+            index += 1
+        elif char in "'\"":
+            quote = None if quote == char else char
+            kept.append(char)
+        elif char == "#" and (index == 0 or command[index - 1] in " \t\n;&|()"):
+            end = command.find("\n", index)
+            index = len(command) if end < 0 else end
+            continue
+        elif command.startswith("<<<", index):  # a here-string: its word is an ordinary word
+            kept.append("<<<")
+            index += 3
+            continue
+        elif heredoc := _HEREDOC.match(command, index):
+            pending.append((heredoc.group(3), heredoc.group(1) == "-"))
+            kept.append(heredoc.group(0))
+            index = heredoc.end()
+            continue
+        elif char == "\n" and pending:
+            kept.append("\n")
+            index = _after_heredoc_bodies(command, index + 1, pending)
+            pending = []
+            continue
+        else:
+            kept.append(char)
+        index += 1
+    return "".join(kept)
+
+
+def _after_heredoc_bodies(command: str, index: int, delimiters: list[tuple[str, bool]]) -> int:
+    """The index just past the bodies of the pending here-documents, which start at `index`."""
+    for delimiter, strip_tabs in delimiters:
+        while index < len(command):
+            end = command.find("\n", index)
+            end = len(command) if end < 0 else end
+            line = command[index:end]
+            index = end + 1
+            if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                break
+    return min(index, len(command))
+
+
+def _simple_commands(tokens: list[str]) -> Iterator[tuple[list[str], list[str]]]:
+    """(words, output-redirection targets) of each simple command between operators."""
+    words: list[str] = []
+    targets: list[str] = []
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        is_operator = all(char in _OPERATOR_CHARS for char in token)
+        if is_operator and "(" not in token and ("<" in token or ">" in token):
+            target = tokens[index + 1] if index + 1 < len(tokens) else ""
+            if words and words[-1].isdigit():  # `2>`: the digit is the descriptor, not an argument
+                words.pop()
+            duplicates_descriptor = token.endswith("&") and (target.isdigit() or target == "-")
+            if ">" in token and target and not duplicates_descriptor:
+                targets.append(target)
+            index += 2
+            continue
+        if is_operator:
+            yield words, targets
+            words, targets = [], []
+        else:
+            words.append(token)
+        index += 1
+    yield words, targets
+
+
+# ------------------------------------------------------------------------------------ plan and finish
+
+
+class TodoWriteTool(_WorkspaceTool):
+    name = "TodoWrite"
+    description = (
+        "Replace your plan: the whole todo list, each item with `content` and `status` (pending, in_progress, "
+        "completed; at most one in_progress). The user sees it. Update it as you start and finish steps. Returns "
+        "the list as shown."
+    )
+    parameters = _object_schema(
+        {
+            "todos": {
+                "type": "array",
+                "items": _object_schema(
+                    {
+                        "content": {"type": "string", "minLength": 1, "description": "the step"},
+                        "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]},
+                    },
+                    ["content", "status"],
+                ),
+            }
+        },
+        ["todos"],
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        todos = [{"content": item["content"], "status": item["status"]} for item in args["todos"]]
+        in_progress = [item["content"] for item in todos if item["status"] == "in_progress"]
+        if len(in_progress) > 1:
+            raise RecoverableError(
+                f"TodoWrite: {len(in_progress)} items are in_progress ({'; '.join(in_progress)}); mark at most one."
+            )
+        ctx.todos = todos
+        return ToolOutput(text=render_todos(todos), data={"todos": todos})
+
+
+def render_todos(todos: list[dict[str, Any]]) -> str:
+    if not todos:
+        return "Todo list cleared."
+    marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+    done = sum(1 for item in todos if item["status"] == "completed")
+    items = [f"  {marks[item['status']]} {item['content']}" for item in todos]
+    return "\n".join([f"Todo list ({done}/{len(todos)} done):", *items])
+
+
+class FinishTool(_WorkspaceTool):
+    name = "Finish"
+    description = (
+        "End the run with a short summary of what you did and what the last Verify/Profile showed. Only results "
+        "the judge verified count, so Verify and Profile your final kernel before finishing."
+    )
+    parameters = _object_schema(
+        {"summary": {"type": "string", "minLength": 1, "description": "what was achieved"}}, ["summary"]
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        return ToolOutput(text=f"Run finished: {args['summary']}", data={"summary": args["summary"]}, finished=True)
+
+
+# ------------------------------------------------------------------------------------ harness tools
+
+
+def _judge(ctx: ToolContext, tool_name: str) -> Any:
+    if ctx.judge is None:
+        raise RecoverableError(f"{tool_name} needs the judge, and this run has none; only the file tools work here.")
+    return ctx.judge
+
+
+def _build(ctx: ToolContext, tool_name: str) -> BuildResult:
+    """Build the workspace (incremental: only changed sources recompile) and remember the result."""
+    build = _judge(ctx, tool_name).build(ctx.workspace.root)
+    ctx.state["build"] = build
+    return build
+
+
+class CompileTool(_WorkspaceTool):
+    name = "Compile"
+    description = (
+        "Build kernels/ into the kp_kernels extension (incremental: only changed files recompile). Returns ok or "
+        "failed, the files recompiled, compiler errors as file:line: message, and per-kernel registers, shared "
+        "memory and spills from ptxas. Compile after editing kernels, before Verify."
+    )
+    parameters = _object_schema({})
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        build = _build(ctx, self.name)
+        return ToolOutput(text=build_text(build), data=to_dict(build))
+
+
+class VerifyTool(_WorkspaceTool):
+    name = "Verify"
+    description = (
+        "Build if needed, then check ModelNew against Model on fresh random inputs (`trials`, default 5) and run "
+        "the anti-cheat guards. Returns pass/fail per trial, max absolute and relative error, where the worst "
+        "element is, and guard findings. A candidate counts only once it passes."
+    )
+    parameters = _object_schema(
+        {"trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS, "description": "how many (default 5)"}}
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        build = _build(ctx, self.name)
+        if not build.ok:
+            text = "Verify skipped: the build failed.\n" + build_text(build)
+            return ToolOutput(text=text, data={"build": to_dict(build), "verify": None})
+        verify = ctx.judge.verify(ctx.workspace.root, build, trials=args.get("trials", 5))
+        ctx.state["verify"] = verify
+        return ToolOutput(text=verify_text(verify), data={"build": to_dict(build), "verify": to_dict(verify)})
+
+
+class ProfileTool(_WorkspaceTool):
+    name = "Profile"
+    description = (
+        "The full judgement: build, verify, then time the candidate against PyTorch eager and torch.compile on the "
+        "GPU. Returns the times (median and spread), speedups, % of speed-of-light, the reward (-1 broken or wrong, "
+        "1 correct, 2 faster than eager, 3 faster than eager and torch.compile) and the candidate's top kernels. "
+        "Run it before and after each optimisation."
+    )
+    parameters = _object_schema({})
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        result = _judge(ctx, self.name).evaluate(ctx.workspace.root)
+        ctx.state["last_eval"] = result
+        ctx.state.setdefault("evals", []).append(result)
+        if result.build is not None:
+            ctx.state["build"] = result.build
+        if result.verify is not None:
+            ctx.state["verify"] = result.verify
+        return ToolOutput(text=eval_text(result), data=to_dict(result))
+
+
+# ---------------------------------------------------------------------------------- result as text
+
+
+def build_text(build: BuildResult) -> str:
+    """A build for the model: verdict, what recompiled, errors (file:line: message), per-kernel resources."""
+    recompiled = ", ".join(build.compiled) or "nothing (up to date)"
+    if build.ok:
+        lines = [f"Build ok for sm_{build.arch.replace('.', '')} in {build.seconds:.1f} s; recompiled: {recompiled}."]
+    else:
+        lines = [f"Build FAILED: {build.error or 'see the errors below'}", f"Recompiled: {recompiled}."]
+    errors = _compiler_first([d for d in build.diagnostics if d.severity == "error"])
+    if errors:
+        lines.append(f"Errors ({len(errors)}):")
+        lines += [f"  {_location(d)}: {d.message}" for d in errors[:MAX_ERRORS_SHOWN]]
+        if len(errors) > MAX_ERRORS_SHOWN:
+            lines.append(f"  ({len(errors) - MAX_ERRORS_SHOWN} more errors not shown; fix these first)")
+    elif not build.ok and build.log:
+        lines += ["Last lines of the build log:", *build.log.splitlines()[-30:]]
+    warnings = [d for d in build.diagnostics if d.severity == "warning"]
+    if warnings:
+        lines.append(f"Warnings ({len(warnings)}), first: {_location(warnings[0])}: {warnings[0].message}")
+    if build.resources:
+        lines.append("Kernels (ptxas): registers, shared memory, stack, spill stores/loads")
+        for kernel in build.resources:
+            spilling = " (SPILLING)" if kernel.spill_stores or kernel.spill_loads else ""
+            spills = f"spills {kernel.spill_stores}/{kernel.spill_loads}{spilling}"
+            lines.append(f"  {kernel.kernel}: {kernel.registers} regs, {kernel.shared_bytes} B smem, "
+                         f"{kernel.stack_bytes} B stack, {spills}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _compiler_first(errors: list[Any]) -> list[Any]:
+    """ninja's "FAILED: x.o" only repeats a compiler's message; keep it when it is all there is."""
+    from_compilers = [d for d in errors if d.tool != "ninja"]
+    return from_compilers or errors
+
+
+def _location(diagnostic: Any) -> str:
+    if not diagnostic.file:
+        return diagnostic.tool
+    place = diagnostic.file
+    if diagnostic.line:
+        place += f":{diagnostic.line}" + (f":{diagnostic.column}" if diagnostic.column else "")
+    return place
+
+
+def verify_text(verify: VerifyResult) -> str:
+    """A verification for the model: verdict, each trial's errors and worst element, guard findings."""
+    passed = sum(1 for trial in verify.trials if trial.ok)
+    verdict = "PASSED" if verify.ok else f"FAILED ({verify.error_kind or 'mismatch'})"
+    lines = [f"Verify {verdict}: {passed}/{len(verify.trials)} trials within |actual - expected| <= "
+             f"{verify.atol:g} + {verify.rtol:g} * |expected|."]  # fmt: skip
+    if not verify.ok and verify.message and not any(finding.message in verify.message for finding in verify.guards):
+        lines.append(verify.message)
+    if verify.max_abs_error is not None:
+        lines.append(f"Max abs error {verify.max_abs_error:.3g}, max rel error {verify.max_rel_error:.3g}.")
+    for trial in verify.trials:
+        lines.append(f"  trial seed {trial.seed}: {_trial_text(trial)}")
+    for finding in verify.guards:
+        lines.append(f"  guard {finding.guard} [{finding.severity}]: {finding.message}")
+    return "\n".join(lines)
+
+
+def _trial_text(trial: Any) -> str:
+    parts = ["ok" if trial.ok else "FAILED"]
+    if trial.max_abs_error is not None:
+        parts.append(f"max abs {trial.max_abs_error:.3g}, max rel {trial.max_rel_error:.3g}")
+    if trial.worst_index is not None:
+        output = f" of output {trial.output}" if trial.output else ""
+        parts.append(f"worst at index {trial.worst_index}{output}")
+    if trial.message:
+        parts.append(trial.message)
+    return "; ".join(parts)
+
+
+def eval_text(result: EvalResult) -> str:
+    """A whole judgement for the model: reward, what failed, and the timings when there are some."""
+    lines = [f"Profile: reward {result.reward} (-1 broken or wrong, 1 correct, 2 faster than eager, "
+             "3 faster than eager and torch.compile)."]  # fmt: skip
+    build_failed = result.build is not None and not result.build.ok
+    verify_failed = result.verify is not None and not result.verify.ok
+    if result.error_kind and not (build_failed or verify_failed):  # those two explain themselves below
+        lines.append(f"{result.error_kind}: {result.message}")
+    if build_failed:
+        lines.append(build_text(result.build))
+    if result.verify is not None:
+        lines.append(verify_text(result.verify) if verify_failed else verify_text(result.verify).splitlines()[0])
+    if result.bench is not None and result.bench.ok:
+        lines.append(bench_text(result.bench))
+    return "\n".join(lines)
+
+
+def bench_text(bench: BenchResult) -> str:
+    """Times against eager and torch.compile, speedups, % of speed-of-light and the candidate's top kernels."""
+    lines = [f"Times on {bench.gpu or 'this device'} (median; p10-p90; spread):"]
+    rows = (("candidate", bench.candidate, bench.sol_candidate), ("eager", bench.eager, bench.sol_eager),
+            ("torch.compile", bench.compiled, bench.sol_compile))  # fmt: skip
+    for label, timing, sol in rows:
+        if timing is not None:
+            of_light = f"; {sol * 100:.1f}% of speed-of-light" if sol is not None else ""
+            lines.append(f"  {label:<14}{_timing_text(timing)}{of_light}")
+    vs_eager, vs_compile = _speedup(bench.speedup_vs_eager), _speedup(bench.speedup_vs_compile)
+    lines.append(f"Speedup: {vs_eager} vs eager, {vs_compile} vs torch.compile.")
+    if bench.roofline is not None:
+        floor = bench.roofline
+        lines.append(f"Speed-of-light floor: {floor.floor_ms:.4g} ms ({floor.bound}-bound: {floor.bytes / 1e9:.3g} GB, "
+                     f"{floor.flops / 1e9:.3g} GFLOP).")  # fmt: skip
+    if bench.kernels:
+        total = sum(kernel.total_ms for kernel in bench.kernels) or 1.0
+        lines.append("Top kernels of the candidate (total ms, calls, share):")
+        for kernel in sorted(bench.kernels, key=lambda k: -k.total_ms)[:TOP_KERNELS_SHOWN]:
+            lines.append(f"  {kernel.total_ms:.4g} ms  x{kernel.calls}  {kernel.total_ms / total:.0%}  {kernel.name}")
+    if bench.message:
+        lines.append(f"Note: {bench.message}")
+    return "\n".join(lines)
+
+
+def _timing_text(timing: Timing) -> str:
+    return (f"{timing.median_ms:.4g} ms; {timing.p10_ms:.4g}-{timing.p90_ms:.4g} ms; "
+            f"{timing.spread:.1%} ({timing.runs} runs)")  # fmt: skip
+
+
+def _speedup(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+# --------------------------------------------------------------------------------------------- Ncu
+
+NCU_METRICS = {
+    "gpu__time_duration.sum": "duration",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+    "launch__registers_per_thread": "registers",
+    "launch__block_size": "block_size",
+    "launch__grid_size": "grid_size",
+}
+_MICROSECONDS_PER_UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+                          "second": 1e6, "s": 1e6}  # fmt: skip
+BUSY_PERCENT = 60.0  # a unit above this share of its peak is what limits the kernel
+
+# Runs in the profiled process: loads the candidate the way the harness does, then profiles one forward call
+# (after a warm-up call, so lazy initialisation stays out) between cudaProfilerStart and cudaProfilerStop.
+# On a CPU device it only loads and calls, which lets tests check the loading without a GPU.
+NCU_DRIVER = """
+import json, sys
+from pathlib import Path
+import torch
+from kernelpilot.harness.candidate import load_candidate, make_candidate_model
+from kernelpilot.results import BuildResult, from_dict
+from kernelpilot.workspace import open_workspace
+
+workspace = open_workspace(sys.argv[1])
+build = from_dict(BuildResult, json.loads(Path(sys.argv[2]).read_text()))
+device = torch.device(sys.argv[3])
+problem = workspace.problem()
+model = make_candidate_model(problem, load_candidate(workspace, build), device)
+inputs = problem.make_inputs(device, seed=0)
+on_gpu = device.type == "cuda"
+with torch.no_grad():
+    model(*inputs)
+    if on_gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.profiler.start()
+    model(*inputs)
+    if on_gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.profiler.stop()
+"""
+
+
+class NcuTool(_WorkspaceTool):
+    name = "Ncu"
+    description = (
+        "Profile the candidate's kernels with Nsight Compute (ncu) over one forward call: per launch its duration, "
+        "DRAM and SM throughput (% of peak), achieved occupancy, registers per thread and launch shape, and which "
+        "limit it hits. `kernel` (a regex) restricts it to matching kernel names. Slow (kernels are replayed); use "
+        "it to learn why a kernel is slow. Where ncu or a GPU is missing it says so."
+    )
+    parameters = _object_schema({"kernel": {"type": "string", "minLength": 1, "description": "regex of kernel names"}})
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        unavailable = ncu_unavailable_reason(ctx)
+        if unavailable:
+            return ToolOutput(text=unavailable, data={"available": False, "reason": unavailable})
+        build = _build(ctx, self.name)
+        if not build.ok:
+            text = "Ncu skipped: the build failed.\n" + build_text(build)
+            return ToolOutput(text=text, data={"available": True, "build": to_dict(build)})
+        run, report = run_ncu(ctx.workspace, build, ctx.judge.device, args.get("kernel"))
+        launches = parse_ncu_csv(report + "\n" + run.output)
+        data = {"available": True, "exit_code": run.returncode, "timed_out": run.timed_out, "launches": launches}
+        return ToolOutput(text=ncu_text(run, launches, args.get("kernel")), data=data)
+
+
+def ncu_unavailable_reason(ctx: ToolContext) -> str | None:
+    """One sentence saying why ncu cannot run here, or None when it can."""
+    instead = "use Profile for times and the kernel breakdown."
+    if shutil.which("ncu") is None:
+        return f"ncu (Nsight Compute) is not installed on this machine, so Ncu is unavailable; {instead}"
+    if ctx.judge is None or ctx.judge.device == "cpu":
+        return f"This run has no GPU, so ncu cannot profile kernels here; {instead}"
+    return None
+
+
+def run_ncu(ws: Workspace, build: BuildResult, device: str, kernel: str | None) -> tuple[ProcessRun, str]:
+    """Run the driver under ncu; return the run and ncu's CSV report."""
+    scratch = ws.root / SCRATCH_DIR
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="ncu-") as folder:
+        build_json, report = Path(folder) / "build.json", Path(folder) / "report.csv"
+        build_json.write_text(json.dumps(to_dict(build)))
+        command = ["ncu", "--csv", "--log-file", str(report), "--print-units", "base", "--profile-from-start", "off",
+                   "--metrics", ",".join(NCU_METRICS)]  # fmt: skip
+        if kernel:
+            command += ["--kernel-name", f"regex:{kernel}"]
+        command += [sys.executable, "-c", NCU_DRIVER, str(ws.root), str(build_json), device]
+        run = run_process(command, cwd=ws.root, env=driver_environment(), timeout=NCU_TIMEOUT_S)
+        return run, report.read_text(errors="replace") if report.is_file() else ""
+
+
+def driver_environment() -> dict[str, str]:
+    """This environment with this very kernelpilot importable, as the judge's worker has it."""
+    import kernelpilot
+
+    source_root = str(Path(kernelpilot.__file__).resolve().parents[1])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p))
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
+    """ncu's `--csv` rows (one per launch and metric) as one dict per launch: id, kernel and the metrics by label."""
+    rows = csv.DictReader(line for line in text.splitlines() if line.startswith('"'))
+    launches: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        metric = NCU_METRICS.get(row.get("Metric Name") or "")
+        if metric is None or row.get("ID") in (None, "ID"):
+            continue
+        launch = launches.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row.get("Kernel Name", "?")})
+        value = _ncu_number(row.get("Metric Value", ""))
+        if metric == "duration" and value is not None:
+            metric, value = "duration_us", value * _MICROSECONDS_PER_UNIT.get(row.get("Metric Unit", ""), 1e-3)
+        launch[metric] = value
+    return sorted(launches.values(), key=lambda launch: launch["id"])
+
+
+def _ncu_number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))  # ncu groups thousands with commas
+    except ValueError:
+        return None
+
+
+def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None) -> str:
+    """ncu's findings for the model, or why it found nothing."""
+    if run.timed_out:
+        return f"ncu did not finish within {NCU_TIMEOUT_S} s and was stopped; profile fewer kernels with `kernel`."
+    if not launches:
+        reason = f"no kernel matched {kernel!r}" if kernel and run.returncode == 0 else f"exit code {run.returncode}"
+        tail = "\n".join(run.output.strip().splitlines()[-30:])
+        return f"ncu profiled no kernel ({reason}).\n{tail}".rstrip()
+    lines = [f"ncu: {len(launches)} kernel launch(es) in one forward call:"]
+    lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_ERRORS_SHOWN]]
+    if len(launches) > MAX_ERRORS_SHOWN:
+        lines.append(f"  ({len(launches) - MAX_ERRORS_SHOWN} more launches not shown; narrow them with `kernel`)")
+    return "\n".join(lines)
+
+
+def _launch_text(launch: dict[str, Any]) -> str:
+    def shown(key: str, template: str) -> str | None:
+        return template.format(launch[key]) if launch.get(key) is not None else None
+
+    parts = [
+        shown("duration_us", "{:.4g} us"),
+        shown("dram_pct", "DRAM {:.1f}%"),
+        shown("sm_pct", "SM {:.1f}%"),
+        shown("occupancy_pct", "occupancy {:.1f}%"),
+        shown("registers", "{:.0f} regs"),
+        shown("block_size", "block {:.0f}"),
+        shown("grid_size", "grid {:.0f}"),
+    ]
+    return f"{launch['kernel']}: " + ", ".join(part for part in parts if part) + f" -> {_limiter(launch)}"
+
+
+def _limiter(launch: dict[str, Any]) -> str:
+    if launch.get("dram_pct") is None and launch.get("sm_pct") is None:
+        return "limit unknown (no throughput counters)"
+    dram, sm = launch.get("dram_pct") or 0.0, launch.get("sm_pct") or 0.0
+    if dram >= BUSY_PERCENT and dram >= sm:
+        return "memory-bound (DRAM busy): move fewer bytes"
+    if sm >= BUSY_PERCENT:
+        return "compute-bound (SM busy): fewer or cheaper instructions, tensor cores"
+    return "latency-bound (neither DRAM nor SM busy): more parallel work in flight, fewer stalls"
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+
+def default_tools() -> list[Tool]:
+    """Every tool the agent gets, in the order the model sees them."""
+    return [BashTool(), GlobTool(), ReadTool(), WriteTool(), MultiEditTool(), TodoWriteTool(), CompileTool(),
+            VerifyTool(), ProfileTool(), NcuTool(), FinishTool()]  # fmt: skip
+
+
+def tool_schemas(tools: list[Tool]) -> list[dict[str, Any]]:
+    """The tools in OpenAI function-calling format."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+        }
+        for tool in tools
+    ]
+
+
+def find_tool(tools: list[Tool], name: str) -> Tool:
+    """The tool called `name`; RecoverableError listing the valid names when there is none."""
+    for tool in tools:
+        if tool.name == name:
+            return tool
+    raise RecoverableError(f"There is no tool named {name!r}; the tools are: {', '.join(tool.name for tool in tools)}.")
