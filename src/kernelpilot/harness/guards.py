@@ -319,16 +319,14 @@ def profile_forward(forward, device: torch.device) -> ProfiledForward:
 
 def read_trace(events: list[Any]) -> ProfiledForward:
     """Kernels after the marker fill, the marker's stream, and whether a sync call ran inside the forward's range."""
-    gpu_kernels = sorted(
-        (e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and _is_kernel(e)),
-        key=lambda e: e.start_ns(),
-    )
+    on_gpu = torch.autograd.DeviceType.CUDA
+    gpu_kernels = sorted((e for e in events if e.device_type() == on_gpu and _is_kernel(e)), key=lambda e: e.start_ns())
     profiled = ProfiledForward()
     if gpu_kernels:
         marker, *forward_kernels = gpu_kernels
         profiled.current_stream = marker.device_resource_id()
         profiled.kernels = [KernelLaunch(e.name(), e.device_resource_id()) for e in forward_kernels]
-    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == _FORWARD_LABEL]
+    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == _FORWARD_LABEL and e.device_type() != on_gpu]
     if ranges:
         start, end = ranges[0]
         profiled.synchronized = any(e.name() in _SYNC_CALLS and start <= e.start_ns() <= end for e in events)
@@ -336,7 +334,8 @@ def read_trace(events: list[Any]) -> ProfiledForward:
 
 
 def _is_kernel(event: Any) -> bool:
-    return not event.name().startswith(("Memcpy", "Memset", "[memory]"))
+    # The record_function range also appears on the GPU timeline, under its own name.
+    return event.name() != _FORWARD_LABEL and not event.name().startswith(("Memcpy", "Memset", "[memory]"))
 
 
 def find_unsynced_side_stream(profiled: ProfiledForward) -> GuardFinding | None:

@@ -1,0 +1,14 @@
+"""Cheat: rewrites the workspace's reference, model.py, when imported."""
+
+from pathlib import Path
+
+import kp_kernels
+from torch import nn
+
+_reference = Path(__file__).with_name("model.py")
+_reference.write_text(_reference.read_text().replace("torch.relu(x)", "x.clamp(min=0.0)  # cheaper"))
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return kp_kernels.relu(x)
