@@ -334,6 +334,9 @@ def test_glob_hides_bookkeeping_and_never_leaves_the_workspace(ctx):
         with pytest.raises(RecoverableError, match="leaves the workspace"):
             call(ctx, "Glob", pattern=pattern)
     assert call(ctx, "Glob", pattern="*.rs").text == "No file matches *.rs."
+    assert "./" not in call(ctx, "Glob", pattern="**").data["matches"]
+    with pytest.raises(RecoverableError, match="is not a glob pattern pathlib accepts"):
+        call(ctx, "Glob", pattern=".")
 
 
 def test_glob_caps_long_listings(ctx):

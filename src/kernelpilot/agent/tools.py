@@ -36,7 +36,16 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import RecoverableError, Tool, ToolContext, ToolOutput
-from kernelpilot.results import BenchResult, BuildResult, EvalResult, Timing, VerifyResult, to_dict
+from kernelpilot.results import (
+    BenchResult,
+    BuildResult,
+    Diagnostic,
+    EvalResult,
+    Timing,
+    TrialResult,
+    VerifyResult,
+    to_dict,
+)
 from kernelpilot.workspace import PROTECTED_FILES, tampered_files
 
 if TYPE_CHECKING:
@@ -137,7 +146,7 @@ def _object_schema(properties: dict[str, Any], required: list[str] | None = None
     return {"type": "object", "properties": properties, "required": required or [], "additionalProperties": False}
 
 
-class _WorkspaceTool(abc.ABC):
+class _CheckedTool(abc.ABC):
     """A tool whose arguments are checked against its schema before `execute` runs."""
 
     name: str
@@ -205,7 +214,7 @@ def _diff_counts(diff: str) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------- file tools
 
 
-class GlobTool(_WorkspaceTool):
+class GlobTool(_CheckedTool):
     name = "Glob"
     description = (
         "List workspace files matching a glob pattern relative to the workspace root, e.g. `kernels/*.cu` or "
@@ -223,12 +232,7 @@ class GlobTool(_WorkspaceTool):
             raise RecoverableError(
                 f"Glob pattern {pattern} leaves the workspace; give one relative to its root, e.g. kernels/*.cu."
             )
-        matches = sorted(
-            _glob_entry(path, root)
-            for path in root.glob(pattern)
-            # .kernelpilot/ is kernelpilot's bookkeeping (manifest, pristine copies), not the model's business.
-            if path.resolve().is_relative_to(root) and path.relative_to(root).parts[:1] != (BOOKKEEPING_DIR,)
-        )
+        matches = sorted(_glob_entry(path, root) for path in _glob(root, pattern) if _listable(path, root))
         if not matches:
             return ToolOutput(text=f"No file matches {pattern}.", data={"pattern": pattern, "matches": []})
         shown = matches[:GLOB_LIMIT]
@@ -238,12 +242,27 @@ class GlobTool(_WorkspaceTool):
         return ToolOutput(text=text, data={"pattern": pattern, "matches": shown, "total": len(matches)})
 
 
+def _glob(root: Path, pattern: str) -> list[Path]:
+    try:
+        return list(root.glob(pattern))
+    except (ValueError, IndexError):  # pathlib's ways of rejecting a pattern such as "."
+        raise RecoverableError(
+            f"{pattern} is not a glob pattern pathlib accepts; try e.g. `*` or `kernels/*.cu`."
+        ) from None
+
+
+def _listable(path: Path, root: Path) -> bool:
+    """Inside the workspace, not its root, and not in .kernelpilot/ (kernelpilot's bookkeeping, not the model's)."""
+    parts = path.relative_to(root).parts
+    return path.resolve().is_relative_to(root) and bool(parts) and parts[0] != BOOKKEEPING_DIR
+
+
 def _glob_entry(path: Path, root: Path) -> str:
     name = path.relative_to(root).as_posix()
     return f"{name}/" if path.is_dir() else name
 
 
-class ReadTool(_WorkspaceTool):
+class ReadTool(_CheckedTool):
     name = "Read"
     description = (
         "Read a text file of the workspace (model.py, model_new.py, kernels/*, SKILL.md, ...) with numbered lines. "
@@ -300,7 +319,7 @@ def read_text_file(path: Path, name: str) -> str:
         raise binary from None
 
 
-class WriteTool(_WorkspaceTool):
+class WriteTool(_CheckedTool):
     name = "Write"
     description = (
         "Create or overwrite a whole file with `content`. Allowed: kernels/*.cu, *.cuh, *.h, *.cpp (not kernelpilot's "
@@ -333,7 +352,7 @@ class WriteTool(_WorkspaceTool):
         )
 
 
-class MultiEditTool(_WorkspaceTool):
+class MultiEditTool(_CheckedTool):
     name = "MultiEdit"
     description = (
         "Edit one existing file with exact text replacements, applied in order, all or nothing: if any edit fails, "
@@ -419,7 +438,7 @@ def _match_lines(text: str, old: str) -> list[int]:
 # -------------------------------------------------------------------------------------------- Bash
 
 
-class BashTool(_WorkspaceTool):
+class BashTool(_CheckedTool):
     name = "Bash"
     description = (
         "Run a bash command in the workspace root (HOME and TMPDIR are a scratch folder inside it; no stdin). "
@@ -872,7 +891,7 @@ def _simple_commands(tokens: list[str]) -> Iterator[tuple[list[str], list[str]]]
 # ------------------------------------------------------------------------------------ plan and finish
 
 
-class TodoWriteTool(_WorkspaceTool):
+class TodoWriteTool(_CheckedTool):
     name = "TodoWrite"
     description = (
         "Replace your plan: the whole todo list, each item with `content` and `status` (pending, in_progress, "
@@ -915,7 +934,7 @@ def render_todos(todos: list[dict[str, Any]]) -> str:
     return "\n".join([f"Todo list ({done}/{len(todos)} done):", *items])
 
 
-class FinishTool(_WorkspaceTool):
+class FinishTool(_CheckedTool):
     name = "Finish"
     description = (
         "End the run with a short summary of what you did and what the last Verify/Profile showed. Only results "
@@ -945,7 +964,7 @@ def _build(ctx: ToolContext, tool_name: str) -> BuildResult:
     return build
 
 
-class CompileTool(_WorkspaceTool):
+class CompileTool(_CheckedTool):
     name = "Compile"
     description = (
         "Build kernels/ into the kp_kernels extension (incremental: only changed files recompile). Returns ok or "
@@ -959,7 +978,7 @@ class CompileTool(_WorkspaceTool):
         return ToolOutput(text=build_text(build), data=to_dict(build))
 
 
-class VerifyTool(_WorkspaceTool):
+class VerifyTool(_CheckedTool):
     name = "Verify"
     description = (
         "Build if needed, then check ModelNew against Model on fresh random inputs (`trials`, default 5) and run "
@@ -980,7 +999,7 @@ class VerifyTool(_WorkspaceTool):
         return ToolOutput(text=verify_text(verify), data={"build": to_dict(build), "verify": to_dict(verify)})
 
 
-class ProfileTool(_WorkspaceTool):
+class ProfileTool(_CheckedTool):
     name = "Profile"
     description = (
         "The full judgement: build, verify, then time the candidate against PyTorch eager and torch.compile on the "
@@ -1032,13 +1051,13 @@ def build_text(build: BuildResult) -> str:
     return "\n".join(lines)
 
 
-def _compiler_first(errors: list[Any]) -> list[Any]:
+def _compiler_first(errors: list[Diagnostic]) -> list[Diagnostic]:
     """ninja's "FAILED: x.o" only repeats a compiler's message; keep it when it is all there is."""
     from_compilers = [d for d in errors if d.tool != "ninja"]
     return from_compilers or errors
 
 
-def _location(diagnostic: Any) -> str:
+def _location(diagnostic: Diagnostic) -> str:
     if not diagnostic.file:
         return diagnostic.tool
     place = diagnostic.file
@@ -1064,7 +1083,7 @@ def verify_text(verify: VerifyResult) -> str:
     return "\n".join(lines)
 
 
-def _trial_text(trial: Any) -> str:
+def _trial_text(trial: TrialResult) -> str:
     parts = ["ok" if trial.ok else "FAILED"]
     if trial.max_abs_error is not None:
         parts.append(f"max abs {trial.max_abs_error:.3g}, max rel {trial.max_rel_error:.3g}")
@@ -1172,7 +1191,7 @@ with torch.no_grad():
 """
 
 
-class NcuTool(_WorkspaceTool):
+class NcuTool(_CheckedTool):
     name = "Ncu"
     description = (
         "Profile the candidate's kernels with Nsight Compute (ncu) over one forward call: per launch its duration, "
