@@ -293,12 +293,12 @@ def test_cuda_graph_timing_replays_one_graph_per_input_set():
 def test_bench_candidate_on_the_gpu_against_eager_and_compile(tmp_path):
     from conftest import EXAMPLES
 
-    example = load_problem(EXAMPLES / "small_mlp_block.py")
+    example = load_problem(EXAMPLES / "layernorm.py")
     candidate = example.make_model("cuda")
     result = bench_candidate(example, candidate, device="cuda", cache_dir=tmp_path)
     assert result.ok, result.message
     assert result.eager is not None and result.compiled is not None, result.message
-    assert result.roofline is not None and 0 < result.sol_eager
+    assert result.roofline.bound == "memory" and 0 < result.sol_eager <= 1.1
     assert result.kernels and all(k.calls >= 1 for k in result.kernels)
-    # The candidate here is the reference itself: the same work, so a speedup near 1.
-    assert 0.5 < result.speedup_vs_eager < 2.0
+    # The candidate is the reference itself, timed on the same inputs the same way: the same time, within noise.
+    assert 0.9 < result.speedup_vs_eager < 1.1, (result.eager, result.candidate)
