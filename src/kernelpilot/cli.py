@@ -163,6 +163,19 @@ def check(
         raise typer.Exit(1)
 
 
+@app.command()
+def watch(
+    workspace: Path = typer.Argument(Path("."), help="A workspace made by `kernelpilot init`."),
+    trials: int = typer.Option(5, "--trials", min=1, help="Correctness trials per evaluation."),
+    no_bench: bool = typer.Option(False, "--no-bench", help="Check correctness only; skip timing."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+) -> None:
+    """Re-evaluate the workspace on every save of a kernel, binding or model_new.py; show what changed."""
+    from kernelpilot.watch import watch_workspace
+
+    watch_workspace(workspace, console, device=device, trials=trials, bench=not no_bench)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
