@@ -121,6 +121,83 @@ def eval_(
 
 
 @app.command()
+def optimize(
+    problem: Path = typer.Argument(..., help="A KernelBench-format file: Model, get_inputs(), get_init_inputs()."),
+    model: Optional[str] = typer.Option(None, "--model", help="litellm model, e.g. openai/gpt-5 (default: KERNELPILOT_MODEL, else the built-in policy)."),
+    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key (default: KERNELPILOT_API_KEY or the provider's usual variable)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Most model turns (default 40, at most 200)."),
+    target: Optional[float] = typer.Option(None, "--target", help="Speedup vs torch.compile that counts as done (default 1.05)."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", help="Workspace folder (default: ./kp-<problem name>)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Where the best model_new.py goes (default: beside PROBLEM); its kernels/ go beside it."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the workspace's newest session (or the one --session names)."),
+    session: Optional[str] = typer.Option(None, "--session", help="Session id to resume (implies --resume)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON (no live progress)."),
+) -> None:
+    """Let a model write, verify and time CUDA kernels for PROBLEM; keep the best verified candidate."""
+    from kernelpilot.agent.optimize import live_progress, optimize as run_optimize, render_result
+    from kernelpilot.config import load_settings
+
+    settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
+                                  target_speedup=target, workspace=workspace, output=output, device=device))
+    with live_progress(err_console, settings.max_turns, enabled=not as_json) as on_turn:
+        result = run_optimize(problem, settings, resume=resume, session_id=session, on_turn=on_turn)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        render_result(console, result)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def suite(
+    folder: Path = typer.Argument(..., help="A folder of problem files (KernelBench's level folders work)."),
+    model: Optional[str] = typer.Option(None, "--model", help="litellm model, e.g. openai/gpt-5 (default: the built-in policy)."),
+    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Most model turns per problem."),
+    target: Optional[float] = typer.Option(None, "--target", help="Speedup vs torch.compile that counts as done."),
+    out: Path = typer.Option(Path("kp-suite"), "--out", help="Workspaces, candidates and result JSONs (rerun to resume)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Optimize every problem in FOLDER: pass rate, fast_p vs eager and torch.compile, geomean speedup, reward, cost."""
+    import dataclasses
+
+    from kernelpilot.agent.suite import render_report, run_suite
+    from kernelpilot.config import load_settings
+
+    settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
+                                  target_speedup=target, device=device))
+    report = run_suite(folder, settings, out, on_problem=None if as_json else lambda p: err_console.print(f"[bold]{p}[/]"))
+    if as_json:
+        _print_json(dataclasses.asdict(report))
+    else:
+        render_report(console, report)
+
+
+@app.command()
+def sessions(
+    folder: Path = typer.Argument(Path("."), help="A workspace, or a folder of workspaces."),
+) -> None:
+    """List the agent sessions recorded under FOLDER."""
+    from kernelpilot.agent.session import list_sessions, render_session_list
+
+    render_session_list(console, list_sessions(folder))
+
+
+@app.command()
+def replay(
+    session: Path = typer.Argument(..., help="A transcript: .kernelpilot/sessions/<id>.jsonl."),
+) -> None:
+    """Show a recorded session turn by turn."""
+    from kernelpilot.agent.session import render_transcript
+
+    render_transcript(console, session)
+
+
+@app.command()
 def accept(
     workspace: Path = typer.Argument(Path("."), help="A workspace whose candidate passes `kernelpilot eval`."),
     message: Optional[str] = typer.Option(None, "--message", "-m", help="Commit subject (the body always carries the numbers)."),

@@ -236,7 +236,8 @@ def render_session_list(console: Console, infos: list[SessionInfo]) -> None:
         return
     table = Table(title="kernelpilot sessions", title_justify="left")
     for column in ("id", "problem", "model", "started", "status", "turns", "best vs compile", "reward"):
-        table.add_column(column, justify="right" if column in ("turns", "best vs compile", "reward") else "left")
+        table.add_column(column, justify="right" if column in ("turns", "best vs compile", "reward") else "left",
+                         no_wrap=column in ("id", "started"))
     for info in infos:
         speedup = f"{info.best_speedup_vs_compile:.2f}x" if info.best_speedup_vs_compile is not None else "–"
         table.add_row(info.id, escape(Path(info.problem).name), escape(info.model),
@@ -331,10 +332,10 @@ def render_transcript(console: Console, path: Path) -> None:
         if record.get("turn", turn) != turn and record["type"] in ("message", "tool"):
             turn = record["turn"]
             console.rule(f"turn {turn}")
-        for line in _replay_lines(record):
-            console.print(line, highlight=False, soft_wrap=True)
         if record["type"] == "message" and record["message"]["role"] == "assistant" and record["message"].get("content"):
             console.print(Panel(escape(record["message"]["content"]), title="assistant", title_align="left"))
+        for line in _replay_lines(record):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def _replay_lines(record: dict[str, Any]) -> Iterator[str]:

@@ -1,0 +1,194 @@
+"""`kernelpilot optimize`: a problem file in, the best verified candidate out, through the workspace, judge and loop.
+
+It wires the pieces (workspace, judge, model, tools, session, prompts) around `run_agent`, then writes the best
+verified candidate back into the workspace and beside the problem (model_new.py and its kernels/), and renders
+the outcome. Nothing verified means nothing is written beside the problem, and the report says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.agent.loop import RunSummary
+from kernelpilot.agent.session import RunState, Session, candidate_files, restore_best
+from kernelpilot.config import Settings
+from kernelpilot.results import to_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelpilot.workspace import Workspace
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class OptimizeResult:
+    """A finished (or interrupted) run: its summary, the workspace, and the files written beside the problem."""
+
+    problem: Path
+    workspace: Path
+    model: str
+    summary: RunSummary
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.summary.status == "interrupted":
+            return EXIT_INTERRUPTED
+        return 0 if self.summary.best is not None else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "problem": str(self.problem),
+            "workspace": str(self.workspace),
+            "model": self.model,
+            "written": [str(path) for path in self.written],
+            **to_dict(self.summary),
+        }
+
+
+def optimize(
+    problem_path: Path,
+    settings: Settings,
+    *,
+    resume: bool = False,
+    session_id: str | None = None,
+    on_turn: Callable[[RunState, str], None] | None = None,
+) -> OptimizeResult:
+    """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate."""
+    from kernelpilot.agent import ToolContext
+    from kernelpilot.agent.loop import run_agent
+    from kernelpilot.agent.model import resolve_model
+    from kernelpilot.agent.tools import default_tools
+    from kernelpilot.harness.judge import Judge
+    from kernelpilot.problem import load_problem
+    from kernelpilot.workspace import init_workspace
+
+    problem = load_problem(problem_path)
+    ws, _ = init_workspace(problem_path, settings.workspace)
+    model = resolve_model(settings.model, settings.api_base, settings.api_key)
+    with Judge(settings.device) as judge:
+        ctx = ToolContext(workspace=ws, judge=judge, state={"settings": settings})
+        if resume or session_id:
+            session = Session.resume(ws.root, session_id)
+            messages = session.messages
+        else:
+            session, messages = _new_session(problem, ws, settings, model.name, judge)
+        summary = run_agent(messages, model, default_tools(), ctx, settings, session, on_turn)
+    written = write_outputs(ws, problem_path, settings.output) if summary.status != "interrupted" else []
+    return OptimizeResult(problem_path, ws.root, model.name, summary, written)
+
+
+def _new_session(problem: Any, ws: Workspace, settings: Settings, model_name: str, judge: Any) -> tuple[Session, list]:
+    from kernelpilot.agent.prompts import known_facts, task_messages
+
+    gpu_name = judge.gpu_name if judge.device != "cpu" else None
+    messages = task_messages(problem, ws, settings, known_facts(gpu_name, problem.problem_id, judge.cache_dir))
+    recorded_settings = dataclasses.replace(settings, api_key=None)  # a transcript never holds a secret
+    session = Session.create(ws.root, problem=str(problem.path), workspace=str(ws.root), model=model_name,
+                             settings=recorded_settings, gpu=gpu_name)
+    for message in messages:
+        session.append("message", turn=0, message=message)
+    return session, messages
+
+
+def write_outputs(ws: Workspace, problem_path: Path, output: Path | None) -> list[Path]:
+    """Put the best verified candidate back into the workspace and copy it to `output` (default: beside the problem).
+
+    Returns the files written outside the workspace; none when nothing was verified.
+    """
+    if not restore_best(ws):
+        return []
+    target = Path(output) if output is not None else Path(problem_path).parent / "model_new.py"
+    if target.parent.resolve() == ws.root:
+        return []  # the workspace is the output folder: the candidate is already there
+    written = [target]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ws.model_new_path, target)
+    for relative in candidate_files(ws.root):
+        if relative.parts[0] == "kernels":  # model_new.py imports them as kp_kernels, built from kernels/
+            (target.parent / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ws.root / relative, target.parent / relative)
+            written.append(target.parent / relative)
+    return written
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+@contextmanager
+def live_progress(console: Console, max_turns: int, enabled: bool = True) -> Iterator[Callable[[RunState, str], None] | None]:
+    """A one-line live status (turn, last action, best speedup so far); yields the loop's per-turn callback."""
+    if not enabled:
+        yield None
+        return
+    with console.status(f"turn 0/{max_turns}: asking the model…") as status:
+
+        def on_turn(state: RunState, last_action: str) -> None:
+            status.update(f"turn {state.turn}/{max_turns} · last: {last_action} · best: {_best_text(state)}")
+
+        yield on_turn
+
+
+def _best_text(state: RunState) -> str:
+    bench = state.best.bench if state.best is not None else None
+    if state.best is None:
+        return "nothing verified yet"
+    if bench is None or bench.speedup_vs_compile is None:
+        return "correct, not timed"
+    return f"{bench.speedup_vs_compile:.2f}x vs torch.compile"
+
+
+def render_result(console: Console, result: OptimizeResult) -> None:
+    """The summary table at the end of a run, and what was written where."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"kernelpilot optimize · {escape(str(result.problem))}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in summary_rows(result.summary):
+        table.add_row(label, escape(value))
+    table.add_row("workspace", escape(str(result.workspace)))
+    console.print(table)
+    if result.summary.status == "interrupted":
+        console.print(f"Interrupted; resume with [bold]--resume --session {result.summary.session_id}[/].")
+    elif result.written:
+        console.print("Wrote " + ", ".join(escape(str(path)) for path in result.written), highlight=False)
+    else:
+        console.print("No candidate was verified correct, so nothing was written beside the problem.")
+
+
+def summary_rows(summary: RunSummary) -> Iterator[tuple[str, str]]:
+    """Label/value pairs for a run: status, turns, tokens, cost, and the best result's times and speedups."""
+    yield "status", summary.status
+    yield "turns", str(summary.turns)
+    yield "tokens", f"{summary.prompt_tokens} prompt + {summary.completion_tokens} completion"
+    yield "cost", f"${summary.cost_usd:.4f}" if summary.cost_usd is not None else "unknown (no price for this model)"
+    best = summary.best
+    if best is None:
+        yield "best", "nothing verified correct"
+        return
+    bench = best.bench if best.bench is not None and best.bench.ok else None
+    for label, timing in (("eager", bench and bench.eager), ("torch.compile", bench and bench.compiled),
+                          ("best candidate", bench and bench.candidate)):
+        if timing:
+            yield f"{label} ms", f"{timing.median_ms:.4g}"
+    if bench is not None:
+        yield "speedup vs eager", _ratio_text(bench.speedup_vs_eager)
+        yield "speedup vs compile", _ratio_text(bench.speedup_vs_compile)
+        yield "% SOL", f"{bench.sol_candidate * 100:.1f}%" if bench.sol_candidate is not None else "–"
+    else:
+        yield "best candidate", "correct, not timed"
+    yield "reward", str(best.reward)
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio is not None else "–"

@@ -1,0 +1,193 @@
+"""`kernelpilot suite`: optimize every problem in a folder and report the benchmark's metrics.
+
+Problems are the .py files under the folder (KernelBench's level folders included). Each gets a workspace and a
+result JSON under the output folder; a problem whose result JSON exists is skipped, and one whose run was
+interrupted resumes its newest session, so a suite can be stopped and restarted. The metrics are KernelBench's:
+pass rate, fast_p (correct and more than p times faster) vs eager and vs torch.compile, plus the geometric-mean
+speedup over the correct ones, the mean milestone reward and the cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.agent.session import SESSIONS_DIR
+from kernelpilot.config import Settings
+from kernelpilot.errors import KernelpilotError, ProblemError, WorkspaceError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+FAST_P_THRESHOLDS = (1.0, 1.05)
+RESULTS_DIR = "results"
+WORKSPACES_DIR = "workspaces"
+CANDIDATES_DIR = "candidates"
+
+
+@dataclass
+class ProblemOutcome:
+    """One problem's line in the suite: what the run ended with (from its result JSON)."""
+
+    problem: str  # path relative to the suite folder
+    status: str
+    correct: bool
+    reward: int
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    cost_usd: float | None = None
+    turns: int = 0
+    message: str = ""
+
+
+@dataclass
+class SuiteReport:
+    """The suite's metrics over all its problems."""
+
+    outcomes: list[ProblemOutcome]
+    pass_rate: float
+    fast_p_vs_eager: dict[str, float]
+    fast_p_vs_compile: dict[str, float]
+    geomean_speedup_vs_eager: float | None
+    geomean_speedup_vs_compile: float | None
+    mean_reward: float
+    cost_usd: float | None
+
+
+def find_problems(folder: Path) -> list[Path]:
+    """The .py files under `folder`, skipping hidden, private (`_x.py`) and kernelpilot workspace folders."""
+    def wanted(path: Path) -> bool:
+        parts = path.relative_to(folder).parts
+        return not any(part.startswith((".", "_", "kp-")) for part in parts) and path.name != "model_new.py"
+
+    problems = sorted(path for path in folder.rglob("*.py") if wanted(path))
+    if not problems:
+        raise ProblemError(f"{folder} holds no problem files (.py).", hint="Pass a folder of KernelBench-format problems.")
+    return problems
+
+
+def run_suite(
+    folder: Path,
+    settings: Settings,
+    out_dir: Path,
+    *,
+    on_problem: Callable[[Path], Any] | None = None,
+) -> SuiteReport:
+    """Optimize each problem without a result JSON yet; stop at an interruption; report over all problems."""
+    results_root = out_dir.resolve()
+    for problem in find_problems(folder):
+        if problem.resolve().is_relative_to(results_root):
+            continue  # the suite's own workspaces and candidates, when --out lies inside the folder
+        name = _result_name(folder, problem)
+        result_path = out_dir / RESULTS_DIR / f"{name}.json"
+        if result_path.is_file():
+            continue
+        progress = on_problem(problem) if on_problem is not None else None
+        outcome = _optimize_one(problem, folder, settings, out_dir, name, progress)
+        if outcome.status == "interrupted":
+            break
+        result_path.parent.mkdir(parents=True, exist_ok=True)
+        result_path.write_text(json.dumps(dataclasses.asdict(outcome), indent=2) + "\n")
+    return summarize(list(_read_outcomes(out_dir / RESULTS_DIR)))
+
+
+def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path, name: str, on_turn: Any) -> ProblemOutcome:
+    from kernelpilot.agent.optimize import optimize
+
+    relative, ws_dir = str(problem.relative_to(folder)), out_dir / WORKSPACES_DIR / name
+    resume = any((ws_dir / SESSIONS_DIR).glob("*.jsonl"))
+    # Problems share a folder, so each one's candidate goes to a folder of its own, not beside the problem.
+    output = out_dir / CANDIDATES_DIR / name / "model_new.py"
+    per_problem = dataclasses.replace(settings, workspace=ws_dir, output=output)
+    try:
+        result = optimize(problem, per_problem, resume=resume, on_turn=on_turn)
+    except (ProblemError, WorkspaceError) as err:  # this problem cannot run; the others still can
+        return ProblemOutcome(problem=relative, status="invalid", correct=False, reward=-1, message=err.message)
+    summary, best = result.summary, result.summary.best
+    bench = best.bench if best is not None and best.bench is not None and best.bench.ok else None
+    return ProblemOutcome(
+        problem=relative,
+        status=summary.status,
+        correct=best is not None,
+        reward=best.reward if best is not None else -1,
+        speedup_vs_eager=bench.speedup_vs_eager if bench else None,
+        speedup_vs_compile=bench.speedup_vs_compile if bench else None,
+        cost_usd=summary.cost_usd,
+        turns=summary.turns,
+    )
+
+
+def _result_name(folder: Path, problem: Path) -> str:
+    return "__".join(problem.relative_to(folder).with_suffix("").parts)
+
+
+def _read_outcomes(results_dir: Path) -> Iterator[ProblemOutcome]:
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            yield ProblemOutcome(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise KernelpilotError(f"The suite result {path} cannot be read ({err}).", hint="Delete it to rerun that problem.") from None
+
+
+def summarize(outcomes: list[ProblemOutcome]) -> SuiteReport:
+    """KernelBench's metrics over `outcomes` (an empty suite has a pass rate of 0)."""
+    count = len(outcomes) or 1
+    correct = [outcome for outcome in outcomes if outcome.correct]
+    costs = [outcome.cost_usd for outcome in outcomes]
+    return SuiteReport(
+        outcomes=outcomes,
+        pass_rate=len(correct) / count,
+        fast_p_vs_eager={f"{p:g}": fast_p(outcomes, p, "speedup_vs_eager") for p in FAST_P_THRESHOLDS},
+        fast_p_vs_compile={f"{p:g}": fast_p(outcomes, p, "speedup_vs_compile") for p in FAST_P_THRESHOLDS},
+        geomean_speedup_vs_eager=geometric_mean([o.speedup_vs_eager for o in correct]),
+        geomean_speedup_vs_compile=geometric_mean([o.speedup_vs_compile for o in correct]),
+        mean_reward=sum(outcome.reward for outcome in outcomes) / count,
+        cost_usd=None if any(cost is None for cost in costs) else sum(costs),
+    )
+
+
+def fast_p(outcomes: list[ProblemOutcome], p: float, speedup: str) -> float:
+    """The share of all problems that are correct and more than `p` times faster (KernelBench's fast_p)."""
+    fast = [o for o in outcomes if o.correct and (getattr(o, speedup) or 0.0) > p]
+    return len(fast) / (len(outcomes) or 1)
+
+
+def geometric_mean(values: list[float | None]) -> float | None:
+    """Geometric mean of the values that were measured; None when none were."""
+    measured = [value for value in values if value is not None and value > 0]
+    if not measured:
+        return None
+    return math.exp(sum(math.log(value) for value in measured) / len(measured))
+
+
+def render_report(console: Console, report: SuiteReport) -> None:
+    """One row per problem, then the metrics."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="kernelpilot suite", title_justify="left")
+    for column in ("problem", "status", "correct", "vs eager", "vs compile", "reward"):
+        table.add_column(column, justify="left" if column in ("problem", "status") else "right")
+    for o in report.outcomes:
+        table.add_row(escape(o.problem), escape(o.status), "yes" if o.correct else "no", _x(o.speedup_vs_eager),
+                      _x(o.speedup_vs_compile), str(o.reward))
+    console.print(table)
+    metrics = Table(show_header=False, title="metrics", title_justify="left")
+    metrics.add_column(style="bold")
+    metrics.add_column()
+    metrics.add_row("pass rate", f"{report.pass_rate:.1%}")
+    for p in report.fast_p_vs_eager:
+        metrics.add_row(f"fast_{p} vs eager / compile", f"{report.fast_p_vs_eager[p]:.1%} / {report.fast_p_vs_compile[p]:.1%}")
+    metrics.add_row("geomean speedup vs eager / compile", f"{_x(report.geomean_speedup_vs_eager)} / {_x(report.geomean_speedup_vs_compile)}")
+    metrics.add_row("mean reward", f"{report.mean_reward:.2f}")
+    metrics.add_row("cost", f"${report.cost_usd:.4f}" if report.cost_usd is not None else "unknown")
+    console.print(metrics)
+
+
+def _x(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio is not None else "–"

@@ -1,0 +1,207 @@
+"""`kernelpilot optimize`, `suite`, `sessions` and `replay` through the real CLI, a loopback OpenAI server, litellm
+and a CPU judge: a verified candidate written beside the problem, the best kept over a worse last edit, the server
+down (one sentence), resume after the model failed, and the suite's metrics and restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from openai_server import ScriptedOpenAIServer
+from typer.testing import CliRunner
+
+from kernelpilot.agent.suite import ProblemOutcome, geometric_mean, summarize
+from kernelpilot.cli import app
+from kernelpilot.workspace import EXAMPLE_KERNELS
+
+DOUBLE_PROBLEM = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(16, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+# A CPU stand-in for a CUDA kernel: the extension builds with g++ here and the judge runs it on the CPU.
+CPU_BINDING = """
+#include <torch/types.h>
+
+#include "kp_registry.h"
+
+namespace {
+
+torch::Tensor twice(const torch::Tensor& x) {
+  TORCH_CHECK(x.is_contiguous(), "twice: contiguous tensors only");
+  torch::Tensor y = torch::empty_like(x);
+  const float* xs = x.data_ptr<float>();
+  float* ys = y.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) ys[i] = xs[i] * 2.0f;
+  return y;
+}
+
+void register_twice(pybind11::module_& m) { m.def("twice", &twice); }
+
+}  // namespace
+
+KP_REGISTER(register_twice);
+"""
+
+KERNEL_CANDIDATE = """
+from torch import nn
+
+import kp_kernels
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return kp_kernels.twice(x)
+"""
+
+BROKEN_CANDIDATE = "raise RuntimeError('a worse last edit')\n"
+
+
+def write_problem(folder: Path, name: str = "double.py", source: str = DOUBLE_PROBLEM) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(textwrap.dedent(source))
+    return folder / name
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [str(arg) for arg in args])
+
+
+def model_flags(server: ScriptedOpenAIServer) -> list[str]:
+    return ["--model", "openai/test-model", "--api-base", server.base_url, "--api-key", "test"]
+
+
+@pytest.mark.cuda_build
+def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+    problem = write_problem(tmp_path / "problems")
+    with ScriptedOpenAIServer() as server:
+        server.reply_tool_calls([("Bash", {"command": "rm " + " ".join(EXAMPLE_KERNELS)})])
+        server.reply_tool_calls([("Write", {"path": "kernels/twice_binding.cpp", "content": CPU_BINDING}),
+                                 ("Write", {"path": "model_new.py", "content": KERNEL_CANDIDATE})])
+        server.reply_tool_calls([("Profile", {})])
+        server.reply_tool_calls([("Write", {"path": "model_new.py", "content": BROKEN_CANDIDATE})])
+        server.reply_tool_calls([("Finish", {"summary": "twice, fused"})])
+        outcome = invoke("optimize", problem, *model_flags(server), "--workspace", tmp_path / "ws", "--device", "cpu", "--json")
+
+    assert outcome.exit_code == 0, outcome.output
+    report = json.loads(outcome.stdout)
+    assert (report["status"], report["turns"]) == ("finished", 5)
+    assert report["best"]["verify"]["ok"] and report["best"]["reward"] >= 1
+    beside = problem.parent
+    assert (beside / "model_new.py").read_text() == KERNEL_CANDIDATE, "the best, not the worse last edit"
+    assert (beside / "kernels" / "twice_binding.cpp").read_text() == CPU_BINDING
+    assert not (beside / "kernels" / "kp_module.cpp").exists(), "protected infrastructure stays in the workspace"
+    assert (tmp_path / "ws" / "model_new.py").read_text() == KERNEL_CANDIDATE
+    assert sorted(report["written"]) == sorted([str(beside / "model_new.py"), str(beside / "kernels" / "twice_binding.cpp")])
+
+    listing = invoke("sessions", tmp_path / "ws")
+    assert report["session_id"] in listing.stdout and "finished" in listing.stdout
+    [transcript] = (tmp_path / "ws" / ".kernelpilot" / "sessions").glob("*.jsonl")
+    replay = invoke("replay", transcript)
+    assert replay.exit_code == 0 and "turn 5" in replay.stdout and "new best" in replay.stdout
+
+
+def test_server_down_is_one_sentence_and_a_nonzero_exit(tmp_path):
+    problem = write_problem(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "kernelpilot", "optimize", str(problem), "--model", "openai/test-model",
+         "--api-base", "http://127.0.0.1:9/v1", "--api-key", "test", "--device", "cpu", "--workspace", str(tmp_path / "ws")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert run.returncode != 0
+    assert "Traceback" not in run.stdout + run.stderr
+    error_lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "127.0.0.1:9" in error_lines[0], run.stderr
+    [transcript] = (tmp_path / "ws" / ".kernelpilot" / "sessions").glob("*.jsonl")
+    assert json.loads(transcript.read_text().splitlines()[-1])["status"] == "error"
+
+
+def test_resume_continues_a_session_the_model_broke_off(tmp_path):
+    problem = write_problem(tmp_path)
+    common = ["--workspace", tmp_path / "ws", "--device", "cpu", "--json"]
+    with ScriptedOpenAIServer() as server:
+        server.reply_tool_calls([("Glob", {"pattern": "kernels/*"})])  # then the script runs out: a 400
+        first = invoke("optimize", problem, *model_flags(server), *common)
+        assert first.exit_code != 0 and "no scripted reply left" in first.output
+
+        server.reply_tool_calls([("Finish", {"summary": "nothing verified"})])
+        second = invoke("optimize", problem, *model_flags(server), *common, "--resume")
+    report = json.loads(second.stdout)
+    assert second.exit_code == 1  # finished, but nothing verified
+    assert (report["status"], report["turns"], report["best"], report["written"]) == ("finished", 3, None, [])
+    resumed_request = server.requests[-1]["messages"]
+    assert any(m["role"] == "tool" and "example_scale_shift.cu" in m["content"] for m in resumed_request)
+    assert not (problem.parent / "model_new.py").exists(), "nothing verified: nothing written beside the problem"
+
+
+def test_bad_settings_are_one_line(tmp_path):
+    outcome = invoke("optimize", write_problem(tmp_path), "--max-turns", "500")
+    assert outcome.exit_code == 2
+    assert "max_turns must be between 1 and 200" in outcome.output and "Traceback" not in outcome.output
+    missing = invoke("replay", tmp_path / "nope.jsonl")
+    assert missing.exit_code == 2 and "Cannot read the session" in missing.output
+
+
+def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
+    folder = tmp_path / "level1"
+    write_problem(folder, "1_double.py")
+    write_problem(folder, "2_not_a_problem.py", "x = 1\n")
+    out = tmp_path / "out"
+    with ScriptedOpenAIServer() as server:
+        server.reply_tool_calls([("Finish", {"summary": "gave up"})])
+        first = invoke("suite", tmp_path, *model_flags(server), "--device", "cpu", "--out", out, "--json")
+        assert first.exit_code == 0, first.output
+        report = json.loads(first.stdout)
+        assert [(o["problem"], o["status"]) for o in report["outcomes"]] == [
+            ("level1/1_double.py", "finished"), ("level1/2_not_a_problem.py", "invalid")]
+        assert report["pass_rate"] == 0.0 and report["mean_reward"] == -1.0
+        assert "Model" in report["outcomes"][1]["message"]
+
+        requests = len(server.requests)
+        again = invoke("suite", tmp_path, *model_flags(server), "--device", "cpu", "--out", out)
+    assert again.exit_code == 0 and len(server.requests) == requests, "finished problems are not run again"
+    assert "pass rate" in again.stdout
+
+
+def test_suite_metrics_follow_kernelbench():
+    outcomes = [
+        ProblemOutcome("a", "finished", True, 3, speedup_vs_eager=2.0, speedup_vs_compile=1.5, cost_usd=0.1),
+        ProblemOutcome("b", "finished", True, 2, speedup_vs_eager=1.04, speedup_vs_compile=0.5, cost_usd=0.2),
+        ProblemOutcome("c", "max-turns", True, 1, speedup_vs_eager=None, speedup_vs_compile=None, cost_usd=0.3),
+        ProblemOutcome("d", "finished", False, -1, cost_usd=0.4),
+    ]
+    report = summarize(outcomes)
+    assert report.pass_rate == 0.75
+    assert report.fast_p_vs_eager == {"1": 0.5, "1.05": 0.25}
+    assert report.fast_p_vs_compile == {"1": 0.25, "1.05": 0.25}
+    assert report.geomean_speedup_vs_eager == pytest.approx((2.0 * 1.04) ** 0.5)
+    assert report.mean_reward == pytest.approx(5 / 4)
+    assert report.cost_usd == pytest.approx(1.0)
+    assert summarize(outcomes + [ProblemOutcome("e", "finished", False, -1)]).cost_usd is None
+    assert geometric_mean([None]) is None
