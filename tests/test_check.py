@@ -19,7 +19,9 @@ from kernelpilot.check import CheckReport, compare, find_lock_files, render_chec
 from kernelpilot.cli import app
 from kernelpilot.lockfile import LOCK_NAME, lock_from_eval, read_lock, write_lock
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
-from test_vcs import GPU, isolated_git, make_repo, make_workspace, verified_result  # noqa: F401 - isolated_git is autouse
+
+# The workspaces, results and git set-up of the accept tests; isolated_git is autouse here too.
+from test_vcs import GPU, isolated_git, make_repo, make_workspace, verified_result  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +69,9 @@ def test_lock_files_are_found_from_changed_files_folders_or_the_current_folder(t
         ("NVIDIA A100-SXM4-80GB", 0.75, True, "other GPU", ""),
     ],
 )
-def test_compare_fails_a_slowdown_beyond_the_tolerance_only_on_the_same_gpu(tmp_path, gpu, candidate_ms, passed, timing, reason):
+def test_compare_fails_a_slowdown_beyond_the_tolerance_only_on_the_same_gpu(
+    tmp_path, gpu, candidate_ms, passed, timing, reason
+):
     ws = make_workspace(tmp_path)
     lock = lock_from_eval(ws, verified_result(ws, candidate_ms=0.25))
     now = verified_result(ws, candidate_ms=candidate_ms)
@@ -85,7 +89,12 @@ def test_compare_fails_a_wrong_answer_and_a_candidate_that_can_no_longer_be_time
     ws = make_workspace(tmp_path)
     lock = lock_from_eval(ws, verified_result(ws))
     wrong = verified_result(ws)
-    wrong.verify.ok, wrong.reward, wrong.error_kind, wrong.message = False, -1, "mismatch", "max abs error 0.5 at [3, 1]."
+    wrong.verify.ok, wrong.reward, wrong.error_kind, wrong.message = (
+        False,
+        -1,
+        "mismatch",
+        "max abs error 0.5 at [3, 1].",
+    )
     untimed = verified_result(ws)
     untimed.bench.ok, untimed.reward, untimed.message = False, 1, "correct, but not timed: timing timed out."
 
@@ -135,7 +144,10 @@ def test_check_without_a_gpu_says_so_and_passes_unless_a_gpu_is_required(tmp_pat
     assert not skipped.failed
 
     required = subprocess.run(
-        [sys.executable, "-m", "kernelpilot", "check", "--require-gpu", kernel], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "kernelpilot", "check", "--require-gpu", kernel],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert required.returncode != 0
     lines = required.stderr.strip().splitlines()
@@ -172,9 +184,23 @@ def user_repo(tmp_path) -> tuple[git.Repo, Path]:
 def test_pre_commit_runs_the_hook_from_this_repository_and_it_skips_without_a_gpu(user_repo, tmp_path):
     repo, kernel = user_repo
     run = subprocess.run(
-        [sys.executable, "-m", "pre_commit", "try-repo", str(REPO_ROOT), "kernelpilot-check", "--verbose",
-         "--files", str(kernel.relative_to(repo.working_tree_dir)), "README.md"],  # fmt: skip
-        cwd=repo.working_tree_dir, env=hook_environment(tmp_path), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pre_commit",
+            "try-repo",
+            str(REPO_ROOT),
+            "kernelpilot-check",
+            "--verbose",
+            "--files",
+            str(kernel.relative_to(repo.working_tree_dir)),
+            "README.md",
+        ],  # fmt: skip
+        cwd=repo.working_tree_dir,
+        env=hook_environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "kernelpilot check" in run.stdout and "Passed" in run.stdout
@@ -389,7 +415,10 @@ def test_gpu_check_passes_on_the_accepted_example_kernel_and_fails_when_a_4x_slo
     assert "all passed" in unchanged.output
 
     kernel = ws.kernels_dir / "example_scale_shift.cu"
-    launch = "scale_shift_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(x, y, n, vector_count, a, b);"
+    launch = (
+        "scale_shift_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>"
+        "(x, y, n, vector_count, a, b);"
+    )
     assert launch in kernel.read_text()
     # The same answer, computed four times over: four launches nothing can merge.
     kernel.write_text(kernel.read_text().replace(launch, f"for (int pass = 0; pass < 4; ++pass) {launch}"))

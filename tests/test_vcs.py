@@ -58,7 +58,9 @@ def verified_result(ws: Workspace, candidate_ms: float = 0.25) -> EvalResult:
     return EvalResult(
         problem_id=ws.problem_id,
         workspace=str(ws.root),
-        verify=VerifyResult(ok=True, trials=[TrialResult(seed=seed, ok=True) for seed in (0, 7919, 15838)], atol=1e-3, rtol=1e-3),
+        verify=VerifyResult(
+            ok=True, trials=[TrialResult(seed=seed, ok=True) for seed in (0, 7919, 15838)], atol=1e-3, rtol=1e-3
+        ),
         bench=BenchResult(
             ok=True,
             gpu=GPU,
@@ -143,7 +145,12 @@ def test_lock_file_round_trip_keeps_every_recorded_figure(tmp_path):
     assert data["timings"]["speedup_vs_compile"] == pytest.approx(1.6)
     assert data["timings"]["candidate"]["spread"] == pytest.approx(0.05)
     assert data["reward"] == 3
-    assert sorted(data["files"]) == ["kernels/affine.cu", "kernels/affine.cuh", "kernels/affine_binding.cpp", "model_new.py"]
+    assert sorted(data["files"]) == [
+        "kernels/affine.cu",
+        "kernels/affine.cuh",
+        "kernels/affine_binding.cpp",
+        "model_new.py",
+    ]
     assert all(len(digest) == 64 for digest in data["files"].values())
 
 
@@ -151,7 +158,12 @@ def test_candidate_files_are_kernel_sources_and_model_new_never_protected_files_
     ws = make_workspace(tmp_path)
     (ws.kernels_dir / "todo.txt").write_text("later\n")
     (ws.kernels_dir / "affine.cu~").write_text("editor backup\n")
-    assert candidate_files(ws) == ["kernels/affine.cu", "kernels/affine.cuh", "kernels/affine_binding.cpp", "model_new.py"]
+    assert candidate_files(ws) == [
+        "kernels/affine.cu",
+        "kernels/affine.cuh",
+        "kernels/affine_binding.cpp",
+        "model_new.py",
+    ]
 
 
 def test_changed_files_names_edited_added_and_removed_files(tmp_path):
@@ -167,7 +179,9 @@ def test_an_unverified_result_gets_no_lock(tmp_path):
     ws = make_workspace(tmp_path)
     wrong = verified_result(ws)
     wrong.verify.ok, wrong.reward, wrong.error_kind, wrong.message = False, -1, "mismatch", "max abs error 0.5."
-    with pytest.raises(LockFileError, match="Only a verified candidate can be accepted, and this one is not: max abs error"):
+    with pytest.raises(
+        LockFileError, match="Only a verified candidate can be accepted, and this one is not: max abs error"
+    ):
         lock_from_eval(ws, wrong)
     other = verified_result(ws)
     other.problem_id = "0123456789abcdef"
@@ -235,7 +249,11 @@ def test_a_second_accept_commits_only_what_changed_and_records_a_deleted_kernel(
 
     info = accept(ws, verified_result(ws, candidate_ms=0.2), message="faster affine kernel")
 
-    assert committed_files(repo) == {"kp-affine/kernels/affine.cu", "kp-affine/kernels/affine.cuh", f"kp-affine/{LOCK_NAME}"}
+    assert committed_files(repo) == {
+        "kp-affine/kernels/affine.cu",
+        "kp-affine/kernels/affine.cuh",
+        f"kp-affine/{LOCK_NAME}",
+    }
     assert "kp-affine/kernels/affine.cuh" not in {item.path for item in repo.head.commit.tree.traverse()}
     assert info.subject == "faster affine kernel"
     assert "candidate  0.2 ms" in info.message

@@ -82,7 +82,9 @@ def run_check(
             raise NoGPUError(
                 f"No CUDA GPU is visible, and --require-gpu needs one to check {_count(lock_files)}.", hint=_NO_GPU_HINT
             ) from None
-        return CheckReport(skipped=f"no CUDA GPU is visible, so {_count(lock_files)} went unchecked (--require-gpu fails instead).")
+        return CheckReport(
+            skipped=f"no CUDA GPU is visible, so {_count(lock_files)} went unchecked (--require-gpu fails instead)."
+        )
     with judge:
         outcomes = [check_one(judge, lock_file, tolerance) for lock_file in lock_files]
         return CheckReport(outcomes=outcomes, device=judge.gpu_name or judge.device)
@@ -115,9 +117,13 @@ def check_one(judge: Judge, lock_file: Path, tolerance: float) -> CheckOutcome:
         ws = open_workspace(lock_file.parent)
         lock = read_lock(lock_file)
         if lock.problem_id != ws.problem_id:
-            return CheckOutcome(where, passed=False, reason="the lock file was written for another problem than model.py's.")
+            return CheckOutcome(
+                where, passed=False, reason="the lock file was written for another problem than model.py's."
+            )
         verification = lock.verification
-        result = judge.evaluate(ws.root, trials=max(len(verification.seeds), 1), atol=verification.atol, rtol=verification.rtol)
+        result = judge.evaluate(
+            ws.root, trials=max(len(verification.seeds), 1), atol=verification.atol, rtol=verification.rtol
+        )
         outcome = compare(lock, result, tolerance)
         outcome.workspace, outcome.changed = where, changed_files(ws, lock)
         return outcome
@@ -138,7 +144,8 @@ def compare(lock: Lock, result: EvalResult, tolerance: float) -> CheckOutcome:
     current_gpu = bench.gpu if bench else None
     outcome.current_ms = bench.candidate.median_ms if bench and bench.candidate else None
     if recorded is None or lock.environment.gpu is None:
-        outcome.timing, outcome.gpu_note = "not recorded", "no time was recorded at accept: only correctness was checked."
+        outcome.timing = "not recorded"
+        outcome.gpu_note = "no time was recorded at accept: only correctness was checked."
     elif current_gpu is None:
         outcome.reason = f"correct, but it could not be timed here: {result.message}"
         return outcome
@@ -148,7 +155,7 @@ def compare(lock: Lock, result: EvalResult, tolerance: float) -> CheckOutcome:
     else:
         outcome.timing = "same GPU"
         if outcome.slowdown is not None and outcome.slowdown > tolerance:
-            outcome.reason = f"{outcome.slowdown:.1%} slower than recorded (tolerance {tolerance:.0%})."
+            outcome.reason = f"{outcome.slowdown:.1%} slower than recorded (tolerance {tolerance * 100:g}%)."
             return outcome
     outcome.passed = True
     return outcome
@@ -163,7 +170,9 @@ def render_check(console: Console, report: CheckReport) -> None:
     from rich.table import Table
 
     if report.skipped:
-        console.print(f"[yellow]kernelpilot check: skipped:[/] {escape(report.skipped)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]kernelpilot check: skipped:[/] {escape(report.skipped)}", highlight=False, soft_wrap=True
+        )
         return
     title = f"kernelpilot check on {escape(report.device)}" if report.device else "kernelpilot check"
     table = Table(title=title, title_justify="left")
@@ -200,7 +209,8 @@ def _notes(outcome: CheckOutcome) -> Iterator[str]:
     if outcome.gpu_note:
         yield outcome.gpu_note
     if outcome.changed:
-        yield f"changed since the lock was written: {', '.join(outcome.changed)} (run `kernelpilot accept` to record it)"
+        changed = ", ".join(outcome.changed)
+        yield f"changed since the lock was written: {changed} (run `kernelpilot accept` to record it)"
 
 
 def _ms(value: float | None) -> str:

@@ -135,7 +135,7 @@ def changed_files(ws: Workspace, lock: Lock) -> list[str]:
 
 
 def write_lock(ws: Workspace, lock: Lock) -> Path:
-    """Write the lock file into the workspace: version first, then a fixed key order, so diffs between accepts stay small."""
+    """Write the lock file into the workspace: version first, then a fixed key order, so diffs stay small."""
     path = lock_path(ws)
     fields = to_dict(lock)
     path.write_text(json.dumps({"version": fields.pop("version"), **fields}, indent=2) + "\n")
@@ -147,7 +147,9 @@ def read_lock(path: Path) -> Lock:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise LockFileError(f"There is no lock file at {path}.", hint="Run `kernelpilot accept DIR` to write one.") from None
+        raise LockFileError(
+            f"There is no lock file at {path}.", hint="Run `kernelpilot accept DIR` to write one."
+        ) from None
     except (OSError, ValueError) as err:
         raise LockFileError(f"The lock file {path} cannot be read ({err}).", hint=_REWRITE_HINT) from None
     if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:

@@ -80,7 +80,9 @@ def accept(ws: Workspace | Path | str, eval_result: EvalResult, *, message: str 
         paths = workspace_paths(repo, ws)
         return _commit(repo, paths, commit_message(_display_name(repo, ws), lock, subject=message))
     except GIT_ERRORS as err:
-        raise VcsError(f"git could not commit the accepted candidate: {_git_reason(err)}.", hint=_NO_COMMIT_HINT) from None
+        raise VcsError(
+            f"git could not commit the accepted candidate: {_git_reason(err)}.", hint=_NO_COMMIT_HINT
+        ) from None
 
 
 def check_ready_to_commit(path: Path) -> None:
@@ -88,7 +90,9 @@ def check_ready_to_commit(path: Path) -> None:
     try:
         ensure_committable(open_repository(path))
     except GIT_ERRORS as err:
-        raise VcsError(f"git cannot tell whether {path} can be committed: {_git_reason(err)}.", hint=_NO_COMMIT_HINT) from None
+        raise VcsError(
+            f"git cannot tell whether {path} can be committed: {_git_reason(err)}.", hint=_NO_COMMIT_HINT
+        ) from None
 
 
 def open_repository(path: Path) -> git.Repo:
@@ -138,15 +142,16 @@ def workspace_paths(repo: git.Repo, ws: Workspace) -> list[str]:
 
 def commit_message(name: str, lock: Lock, *, subject: str | None = None) -> str:
     """The subject (the numbers, unless `subject` is given) and a body with every recorded figure."""
-    timings, env = lock.timings, lock.environment
+    timings, env, verification = lock.timings, lock.environment, lock.verification
     numbers = _headline(timings, env.gpu)
+    speedups = _speedup_text(timings.speedup_vs_eager), _speedup_text(timings.speedup_vs_compile)
     body = [
         f"problem    {lock.problem_id}",
-        f"verified   {len(lock.verification.seeds)} trials, atol {lock.verification.atol:g}, rtol {lock.verification.rtol:g}",
+        f"verified   {len(verification.seeds)} trials, atol {verification.atol:g}, rtol {verification.rtol:g}",
         f"candidate  {_timing_text(timings.candidate)}",
         f"eager      {_timing_text(timings.eager)}",
         f"compile    {_timing_text(timings.compile)}",
-        f"speedup    {_speedup_text(timings.speedup_vs_eager)} vs eager, {_speedup_text(timings.speedup_vs_compile)} vs torch.compile",
+        f"speedup    {speedups[0]} vs eager, {speedups[1]} vs torch.compile",
         f"reward     {lock.reward}",
         f"on         {env.gpu or 'no timing device'}, torch {env.torch}, CUDA {env.cuda or 'none'}",
     ]

@@ -205,8 +205,18 @@ def diff_results(previous: EvalResult | None, current: EvalResult) -> list[Chang
         Change("correct", _correct(previous), _correct(current), "yes/no"),
         Change("reward", _reward(previous), _reward(current), ""),
         Change("candidate ms", _candidate_ms(previous), _candidate_ms(current), "ms", lower_is_better=True),
-        Change("speedup vs eager", _bench_value(previous, "speedup_vs_eager"), _bench_value(current, "speedup_vs_eager"), "x"),
-        Change("speedup vs compile", _bench_value(previous, "speedup_vs_compile"), _bench_value(current, "speedup_vs_compile"), "x"),
+        Change(
+            "speedup vs eager",
+            _bench_value(previous, "speedup_vs_eager"),
+            _bench_value(current, "speedup_vs_eager"),
+            "x",
+        ),
+        Change(
+            "speedup vs compile",
+            _bench_value(previous, "speedup_vs_compile"),
+            _bench_value(current, "speedup_vs_compile"),
+            "x",
+        ),
     ]
     before, after = _kernel_ms(previous), _kernel_ms(current)
     for name in sorted(set(before) | set(after), key=lambda kernel: -max(before.get(kernel, 0), after.get(kernel, 0))):
@@ -275,7 +285,9 @@ class TerminalView:
         if result.verify is not None and result.verify.ok:
             self.console.print(_diff_table(diff_results(previous, result)))
         for finding in result.verify.guards if result.verify is not None else []:
-            self.console.print(f"  guard {finding.guard} ({finding.severity}): {escape(finding.message)}", highlight=False)
+            self.console.print(
+                f"  guard {finding.guard} ({finding.severity}): {escape(finding.message)}", highlight=False
+            )
 
 
 def watch_workspace(
@@ -306,7 +318,9 @@ def _verdict(result: EvalResult) -> str:
     from rich.markup import escape
 
     if result.verify is not None and result.verify.ok:
-        return f"[bold green]correct[/] · reward {result.reward}" + (f" · {escape(result.message)}" if result.message else "")
+        return f"[bold green]correct[/] · reward {result.reward}" + (
+            f" · {escape(result.message)}" if result.message else ""
+        )
     return f"[bold red]{escape(result.error_kind or 'failed')}:[/] {escape(result.message)}"
 
 
