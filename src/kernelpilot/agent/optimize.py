@@ -156,6 +156,7 @@ def render_result(console: Console, result: OptimizeResult) -> None:
     table.add_column()
     for label, value in summary_rows(result.summary):
         table.add_row(label, escape(value))
+    table.add_row("model", escape(result.model))
     table.add_row("workspace", escape(str(result.workspace)))
     console.print(table)
     if result.summary.status == "interrupted":
