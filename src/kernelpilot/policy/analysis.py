@@ -1,0 +1,872 @@
+"""Capture a problem's forward on meta tensors and partition it into kernels the built-in policy can generate.
+
+The forward is traced with `make_fx` on meta tensors (shapes and dtypes, no memory), which yields aten ops
+whatever Python spelling the problem used. Walking the graph, elementwise ops are folded into expressions, and
+reductions along the last dimension become `Reduce` nodes inside those expressions, so an expression with its
+prologue, reductions and epilogue is one kernel. A value is written to memory ("materialised" into a `Group`)
+only where it must be: a forward output, the input of a matrix op (a "library" group: cuBLAS/cuDNN territory,
+not generated here) or of an op the policy has no template for (listed in `Analysis.unsupported`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelpilot.problem import Problem
+
+# Dtypes a generated kernel reads and writes (computing in float32 in between).
+KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
+LIBRARY_OPS = frozenset(
+    {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution", "conv2d", "einsum"}
+)
+VIEW_OPS = frozenset(
+    {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose",
+     "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten"}
+)  # fmt: skip
+# op -> C expression over its arguments {0}, {1}, ... (all float). Ops with scalar settings are built by
+# `_elementwise` as these plus constant arguments.
+C_OPS = {
+    "neg": "-{0}", "exp": "expf({0})", "exp2": "exp2f({0})", "log": "logf({0})", "log2": "log2f({0})",
+    "log1p": "log1pf({0})", "expm1": "expm1f({0})", "sqrt": "sqrtf({0})", "rsqrt": "rsqrtf({0})",
+    "abs": "fabsf({0})", "sigmoid": "1.0f / (1.0f + expf(-{0}))", "tanh": "tanhf({0})",
+    "relu": "fmaxf({0}, 0.0f)", "silu": "{0} / (1.0f + expf(-{0}))", "erf": "erff({0})", "sin": "sinf({0})",
+    "cos": "cosf({0})", "reciprocal": "1.0f / {0}", "square": "{0} * {0}", "floor": "floorf({0})",
+    "ceil": "ceilf({0})", "identity": "{0}", "logical_not": "({0} == 0.0f ? 1.0f : 0.0f)",
+    "gelu": "0.5f * {0} * (1.0f + erff({0} * 0.70710678118654752f))",
+    "gelu_tanh": "0.5f * {0} * (1.0f + tanhf(0.79788456080286536f * ({0} + 0.044715f * {0} * {0} * {0})))",
+    "hardsigmoid": "fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
+    "hardswish": "{0} * fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
+    "to_bfloat16": "__bfloat162float(__float2bfloat16({0}))", "to_float16": "__half2float(__float2half({0}))",
+    "to_bool": "({0} != 0.0f ? 1.0f : 0.0f)",
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
+    "maximum": "fmaxf({0}, {1})", "minimum": "fminf({0}, {1})", "pow": "powf({0}, {1})",
+    "gt": "({0} > {1} ? 1.0f : 0.0f)", "lt": "({0} < {1} ? 1.0f : 0.0f)", "ge": "({0} >= {1} ? 1.0f : 0.0f)",
+    "le": "({0} <= {1} ? 1.0f : 0.0f)", "eq": "({0} == {1} ? 1.0f : 0.0f)", "ne": "({0} != {1} ? 1.0f : 0.0f)",
+    "logical_and": "({0} != 0.0f && {1} != 0.0f ? 1.0f : 0.0f)",
+    "logical_or": "({0} != 0.0f || {1} != 0.0f ? 1.0f : 0.0f)",
+    "leaky_relu": "({0} > 0.0f ? {0} : {0} * {1})",
+    "softplus": "({0} * {1} > {2} ? {0} : log1pf(expf({0} * {1})) / {1})",
+    "where": "({0} != 0.0f ? {1} : {2})",
+    # Row statistics: softmax-style outputs use the fast exponential, as every tuned softmax does.
+    "exp_fast": "__expf({0})",
+    "logsumexp_finish": "({0} == -INFINITY ? {0} : {0} + logf({1}))",
+}  # fmt: skip
+_ALIASES = {"clone": "identity", "contiguous": "identity", "lift_fresh_copy": "identity", "bitwise_not": "logical_not"}
+_COMPARISONS = ("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not")
+
+
+# ------------------------------------------------------------------------------------------- tensors
+
+
+@dataclass(frozen=True)
+class Source:
+    """A whole tensor a kernel reads or writes: a forward argument, a parameter or buffer, or a group's output."""
+
+    kind: str  # "input" | "parameter" | "group" | "unsupported"
+    name: str  # forward argument name, state_dict name, or group name
+    shape: tuple[int, ...]
+    dtype: str  # "float32", "bfloat16", ...
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A view of a contiguous `Source`: its shape, element strides and offset."""
+
+    source: Source
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @classmethod
+    def whole(cls, source: Source) -> Leaf:
+        return cls(source, source.shape, _contiguous_strides(source.shape))
+
+    def meta(self) -> torch.Tensor:
+        """A meta tensor with this view's shape, strides and offset, to re-run view ops on."""
+        import torch
+
+        base = torch.empty(max(math.prod(self.source.shape), 1), dtype=getattr(torch, self.source.dtype), device="meta")
+        return base.as_strided(self.shape, self.strides, self.offset)
+
+
+# ----------------------------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Load:
+    """One element of `leaf`, broadcast into the shape of the op that used it (`use_shape`).
+
+    `rows` marks a use inside a keepdim=False reduction's result, whose shape lacks the reduced last dim.
+    """
+
+    leaf: Leaf
+    use_shape: tuple[int, ...]
+    rows: bool = False
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str  # a key of C_OPS
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """A statistic of `value` over each row (the last dim of `shape`)."""
+
+    kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
+    value: Expr
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2."""
+
+    reduce: Reduce
+    name: str
+
+
+Expr = Union[Load, Const, Call, Reduce, Field]
+STAT_FIELDS = {
+    "sum": ("sum",),
+    "max": ("max",),
+    "min": ("min",),
+    "online_softmax": ("max", "sum"),
+    "welford": ("count", "mean", "m2"),
+}
+
+
+@dataclass(frozen=True)
+class Value:
+    """A computed tensor not yet in memory: an expression and the shape and dtype torch gives it."""
+
+    expr: Expr
+    shape: tuple[int, ...]
+    dtype: str
+    ops: tuple[str, ...]  # the aten ops folded into it, for the plan
+    rows: bool = False  # shaped like a keepdim=False reduction's result
+
+
+# --------------------------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset."""
+
+    tensor: int  # index into Group.tensors
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclass
+class Group:
+    """One kernel's worth of the forward, or one library call, in execution order."""
+
+    name: str  # "g0", "g1", ...
+    kind: str  # "elementwise" | "row" | "library"
+    ops: list[str]
+    tensors: list[Source]  # what it reads, in argument order
+    output: Source
+    shape: tuple[int, ...] = ()  # iteration shape; for row groups the last dim is the reduced row
+    expr: Expr | None = None  # None for library groups
+    accesses: list[Access] = field(default_factory=list)
+    loads: dict[Load, int] = field(default_factory=dict)  # Load -> index into accesses
+    per_row: bool = False  # a row group writing one value per row
+
+    @property
+    def generated(self) -> bool:
+        return self.kind in ("elementwise", "row")
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[:-1]) if self.shape else 1
+
+    @property
+    def row_length(self) -> int:
+        return self.shape[-1] if self.shape else 1
+
+    def reduces(self) -> list[Reduce]:
+        """The row statistics in the expression, each once, inner ones first."""
+        return [node for node in walk(self.expr) if isinstance(node, Reduce)] if self.expr is not None else []
+
+    def describe(self) -> str:
+        ops = ", ".join(dict.fromkeys(self.ops)) or "a copy"
+        shape = "x".join(map(str, self.shape or self.output.shape)) or "scalar"
+        if self.kind == "library":
+            return f"{ops}: a matrix op for cuBLAS/cuDNN (the built-in policy does not generate it)"
+        if self.kind == "row":
+            return f"{ops}: one row kernel over {self.rows} rows of {self.row_length} ({self.output.dtype})"
+        return f"{ops}: one fused elementwise kernel over {shape} ({self.output.dtype})"
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """An op the built-in policy cannot generate, and why."""
+
+    op: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.op} ({self.reason})"
+
+
+@dataclass
+class Analysis:
+    """The forward as groups in execution order, what it returns, and what the policy cannot do."""
+
+    problem_name: str
+    groups: list[Group]
+    outputs: list[Leaf]  # what forward returns, each a contiguous view of a group's output
+    output_container: str  # "tensor" | "tuple" | "list": how forward returns `outputs`
+    unsupported: list[Unsupported]
+    ignored_arguments: list[str] = field(default_factory=list)  # non-tensor forward arguments, baked in
+
+    @property
+    def supported(self) -> bool:
+        """True when every group can be generated, so ModelNew.forward needs nothing but the kernels."""
+        return not self.unsupported and all(group.generated for group in self.groups)
+
+    @property
+    def generated_groups(self) -> list[Group]:
+        return [group for group in self.groups if group.generated]
+
+    def blockers(self) -> str:
+        """One sentence naming what keeps the forward from running on generated kernels alone ('' when nothing)."""
+        reasons = [str(item) for item in self.unsupported]
+        reasons += [f"{', '.join(group.ops)} (a matrix op: needs cuBLAS/cuDNN)" for group in self.groups if not group.generated]
+        if not reasons:
+            return ""
+        return "Not supported by the built-in policy: " + "; ".join(dict.fromkeys(reasons)) + "."
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+
+def analyze(problem: Problem) -> Analysis:
+    """Trace `problem`'s forward on meta tensors and partition it into groups (see the module docstring)."""
+    import torch
+
+    with torch.device("meta"):
+        model = problem.make_model()
+        inputs = problem.make_inputs()
+    try:
+        graph, sources, container = _trace(problem, model, inputs)
+    except Exception as err:  # noqa: BLE001 - any failure to trace means the policy cannot handle the forward
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
+        return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", f"cannot be traced on meta tensors: {reason[:160]}")])
+    builder = _GroupBuilder()
+    env: dict[Any, Any] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = Leaf.whole(sources[len(env)])
+        elif node.op == "call_function":
+            env[node] = builder.visit(node, env)
+        elif node.op == "get_attr":
+            env[node] = builder.unsupported(node, "a constant tensor created in forward")
+        elif node.op == "output":
+            outputs = [builder.output(env[item]) for item in node.args[0]]
+    ignored = [name for name, value in zip(_forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
+    return Analysis(problem.name, builder.groups, outputs, container, builder.unsupported_ops, ignored)
+
+
+def _trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, list[Source], str]:
+    """The aten graph of forward on meta tensors, the Source of each placeholder, and its output container."""
+    import torch
+    from torch.func import functional_call
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    tensor_positions = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor)]
+
+    def forward(state: dict, *tensors: torch.Tensor) -> Any:
+        arguments = list(inputs)
+        for position, tensor in zip(tensor_positions, tensors):
+            arguments[position] = tensor
+        return functional_call(model, state, tuple(arguments))
+
+    tensors = [inputs[i] for i in tensor_positions]
+    returned = model(*inputs)
+    if not (isinstance(returned, torch.Tensor) or _is_flat_tuple_of_tensors(returned)):
+        raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
+    graph_module = make_fx(forward)(state, *tensors)
+    graph_module.graph.eliminate_dead_code()
+    names = _forward_names(problem)
+    sources = [Source("parameter", name, tuple(t.shape), _dtype_name(t.dtype)) for name, t in state.items()]
+    sources += [Source("input", names[i], tuple(inputs[i].shape), _dtype_name(inputs[i].dtype)) for i in tensor_positions]
+    return graph_module.graph, sources, "tensor" if isinstance(returned, torch.Tensor) else type(returned).__name__
+
+
+def _is_flat_tuple_of_tensors(value: Any) -> bool:
+    import torch
+
+    return type(value) in (tuple, list) and all(isinstance(item, torch.Tensor) for item in value)
+
+
+def _forward_names(problem: Problem) -> list[str]:
+    names = [parameter.name for parameter in problem.forward_signature().parameters.values()]
+    return names
+
+
+class _GroupBuilder:
+    """Walks aten nodes, folding fusible ops into Values and materialising Groups where memory is needed."""
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+        self.unsupported_ops: list[Unsupported] = []
+        self._materialised: dict[Value, Leaf] = {}
+
+    # ---------------------------------------------------------------------------------- node kinds
+
+    def visit(self, node: Any, env: dict) -> Any:
+        if node.target is operator.getitem:
+            return env[node.args[0]][node.args[1]]
+        name = _op_name(node.target)
+        args = [_lookup(arg, env) for arg in node.args]
+        kwargs = {key: _lookup(value, env) for key, value in node.kwargs.items()}
+        try:
+            if name in VIEW_OPS:
+                return self._view(node, args, kwargs)
+            if name in LIBRARY_OPS:
+                return self._library(node, name, args)
+            built = _Ops(self, node, args, kwargs).build(name)
+            if built is not None:
+                return built
+            return self.unsupported(node, "no template for this op", args)
+        except _NotFusible as err:
+            return self.unsupported(node, str(err), args)
+
+    def unsupported(self, node: Any, reason: str, args: list = ()) -> Any:
+        """Record the op; its computed inputs are materialised (the plan shows them), its outputs become opaque."""
+        self.unsupported_ops.append(Unsupported(f"aten.{_op_name(node.target)}", reason))
+        for arg in args:
+            if isinstance(arg, Value):
+                self.materialise(arg)
+        value = node.meta.get("val")
+        if isinstance(value, (tuple, list)):
+            return tuple(self._opaque(node, item, i) for i, item in enumerate(value))
+        return self._opaque(node, value, 0)
+
+    def _opaque(self, node: Any, value: Any, index: int) -> Leaf | None:
+        import torch
+
+        if not isinstance(value, torch.Tensor):
+            return None
+        return Leaf.whole(Source("unsupported", f"{node.name}[{index}]", tuple(value.shape), _dtype_name(value.dtype)))
+
+    def _view(self, node: Any, args: list, kwargs: dict) -> Any:
+        target, value = node.target, args[0]
+        if isinstance(value, Value):
+            shape = tuple(node.meta["val"].shape)
+            name = _op_name(target)
+            reduces = walk_reduces(value.expr)
+            broadcast_fits = not reduces or _fits_rows(shape, False, reduces[0].shape)
+            if name in ("alias", "detach") or (name == "expand" and not value.rows and broadcast_fits):
+                return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
+            if value.rows and shape == value.shape + (1,):
+                return Value(_to_full(value.expr), shape, value.dtype, value.ops)  # reduce(keepdim=False)[..., None]
+            value = self.materialise(value)
+        if not isinstance(value, Leaf):
+            return self.unsupported(node, "a view of an unsupported result", args)
+        viewed = target(value.meta(), *args[1:], **kwargs)
+        return Leaf(value.source, tuple(viewed.shape), tuple(viewed.stride()), viewed.storage_offset())
+
+    def _library(self, node: Any, name: str, args: list) -> Leaf:
+        tensors = [self.materialise(arg) if isinstance(arg, Value) else arg for arg in args]
+        leaves = [arg for arg in tensors if isinstance(arg, Leaf)]
+        value = node.meta["val"]
+        output = Source("group", f"g{len(self.groups)}", tuple(value.shape), _dtype_name(value.dtype))
+        self.groups.append(Group(output.name, "library", [f"aten.{name}"], _unique(leaf.source for leaf in leaves), output))
+        return Leaf.whole(output)
+
+    # ------------------------------------------------------------------------------ materialising
+
+    def output(self, value: Any) -> Leaf | None:
+        """What forward returns: a Value is written by a new group; a tensor that is not a whole group output, or
+        is a strided view of one, is copied by a new group, so forward returns fresh contiguous tensors."""
+        if isinstance(value, Leaf) and value.source.kind != "unsupported" and not _is_plain_view(value):
+            value = Value(Load(value, value.shape), value.shape, value.source.dtype, ("copy",))
+        if isinstance(value, Value):
+            return self.materialise(value)
+        return value
+
+    def materialise(self, value: Value) -> Leaf:
+        """The group computing `value` into a new contiguous tensor (one per distinct value).
+
+        A value no single kernel can compute is recorded as unsupported and comes back as an opaque tensor.
+        """
+        if value in self._materialised:
+            return self._materialised[value]
+        try:
+            group = self._group_of(value)
+        except _NotFusible as err:
+            self.unsupported_ops.append(Unsupported(value.ops[-1] if value.ops else "forward", str(err)))
+            return Leaf.whole(Source("unsupported", f"value{len(self._materialised)}", value.shape, value.dtype))
+        self.groups.append(group)
+        leaf = Leaf.whole(group.output)
+        self._materialised[value] = leaf
+        return leaf
+
+    def _group_of(self, value: Value) -> Group:
+        reduces = walk_reduces(value.expr)
+        row_shapes = {reduce.shape for reduce in reduces}
+        if len(row_shapes) > 1:
+            raise _NotFusible("reductions over rows of different shapes in one expression")
+        if reduces:
+            (shape,) = row_shapes
+            if not _fits_rows(value.shape, value.rows, shape):
+                raise _NotFusible("a row reduction broadcast to a different shape")
+            kind, per_row = "row", value.rows or value.shape != shape
+        else:
+            kind, shape, per_row = "elementwise", value.shape, False
+        output = Source("group", f"g{len(self.groups)}", value.shape, value.dtype)
+        group = Group(output.name, kind, list(value.ops), [], output, shape=shape, expr=value.expr, per_row=per_row)
+        _resolve_accesses(group)
+        if not group.tensors:
+            raise _NotFusible("an output that reads no tensor")
+        return group
+
+
+def _is_plain_view(leaf: Leaf) -> bool:
+    """True for a group output, or a reshape of one that needs no copy."""
+    return leaf.source.kind == "group" and leaf.offset == 0 and leaf.strides == _contiguous_strides(leaf.shape)
+
+
+class _NotFusible(Exception):
+    """An op whose arguments cannot be folded into one kernel; the message says why."""
+
+
+class _Ops:
+    """Builds the Value of one fusible aten node, or returns None when there is no template for it."""
+
+    def __init__(self, builder: _GroupBuilder, node: Any, args: list, kwargs: dict):
+        self.builder, self.node, self.args, self.kwargs = builder, node, args, kwargs
+        value = node.meta.get("val")
+        if isinstance(value, (tuple, list)):  # native_layer_norm: (output, mean, rstd)
+            value = value[0]
+        self.shape = tuple(value.shape) if hasattr(value, "shape") else ()
+        self.dtype = _dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
+
+    def build(self, name: str) -> Value | tuple | None:
+        name = _ALIASES.get(name, name)
+        if name in _REDUCTIONS:
+            return _REDUCTIONS[name](self)
+        if name in ("full_like", "ones_like", "zeros_like", "full", "ones", "zeros", "scalar_tensor"):
+            return self._constant(name)
+        if name == "_to_copy":
+            return self.elementwise(_cast_op(self.kwargs.get("dtype")), self.args[:1])
+        special = _SPECIAL_ELEMENTWISE.get(name)
+        if special is not None:
+            op, operands = special(self.args, self.kwargs)
+            return self.elementwise(op, operands)
+        if name in C_OPS and not name.startswith(("exp_fast", "logsumexp_finish", "to_")):
+            return self.elementwise(name, self.args)
+        return None
+
+    # --------------------------------------------------------------------------------- elementwise
+
+    def elementwise(self, op: str, operands: list) -> Value:
+        """`op` applied to `operands` (Leaves, Values, numbers), broadcast to this node's shape."""
+        if self.dtype not in KERNEL_DTYPES:
+            raise _NotFusible(f"computes {self.dtype} values")
+        operands = self._separate_row_groups(operands)
+        rows = any(isinstance(item, Value) and item.rows for item in operands)
+        exprs = tuple(self._expr(item, rows) for item in operands)
+        ops = tuple(op_name for item in operands if isinstance(item, Value) for op_name in item.ops)
+        return Value(Call(op, exprs), self.shape, self.dtype, ops + (f"aten.{_op_name(self.node.target)}",), rows)
+
+    def _separate_row_groups(self, operands: list) -> list:
+        """Materialise operands whose reductions cannot share a kernel with the others or with this shape."""
+        kept_shape = None
+        result = []
+        for item in operands:
+            if isinstance(item, Value) and walk_reduces(item.expr):
+                shape = walk_reduces(item.expr)[0].shape
+                fits = kept_shape in (None, shape) and _fits_rows(self.shape, item.rows, shape)
+                if not fits:
+                    item = self.builder.materialise(item)
+                else:
+                    kept_shape = shape
+            result.append(item)
+        return result
+
+    def _expr(self, item: Any, rows: bool) -> Expr:
+        if isinstance(item, Leaf):
+            self._check_dtype(item.source.dtype)
+            return Load(item, self.shape, rows)  # every operand of this op is broadcast to its output's shape
+        if isinstance(item, Value):
+            if item.rows == rows:
+                return item.expr
+            if rows and not walk_reduces(item.expr):
+                return _to_rows(item.expr)
+            raise _NotFusible("mixes a keepdim=False reduction with full rows")
+        if isinstance(item, bool) or isinstance(item, (int, float)):
+            return Const(float(item))
+        if item is None:
+            raise _NotFusible("an argument is the result of an unsupported op")
+        raise _NotFusible(f"an argument of type {type(item).__name__}")
+
+    def _check_dtype(self, dtype: str) -> None:
+        if dtype not in KERNEL_DTYPES:
+            raise _NotFusible(f"reads a {dtype} tensor")
+
+    def _constant(self, name: str) -> Value:
+        value = {"ones_like": 1.0, "zeros_like": 0.0, "ones": 1.0, "zeros": 0.0}.get(name)
+        if value is None:
+            value = float(self.args[1] if name in ("full_like", "full") else self.args[0])
+        return Value(Const(value), self.shape, self.dtype, (f"aten.{name}",))
+
+    # ---------------------------------------------------------------------------------- reductions
+
+    def row_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The reduced argument as an expression over rows (its last dim), with its shape and ops."""
+        item = self.args[0]
+        if isinstance(item, Value) and (item.rows or (walk_reduces(item.expr) and walk_reduces(item.expr)[0].shape != item.shape)):
+            item = self.builder.materialise(item)
+        if isinstance(item, Leaf):
+            self._check_dtype(item.source.dtype)
+            expr, shape, ops = Load(item, item.shape), item.shape, ()
+        elif isinstance(item, Value):
+            expr, shape, ops = item.expr, item.shape, item.ops
+        else:
+            raise _NotFusible("reduces the result of an unsupported op")
+        if not shape:
+            raise _NotFusible("reduces a 0-d tensor")
+        if not 0 < shape[-1] < 2**31:  # columns are 32-bit in the kernels
+            raise _NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
+        return expr, shape, ops
+
+    def last_dim_only(self, dims: Any, ndim: int) -> None:
+        """Raise unless `dims` names exactly the last dimension."""
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(ndim))
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        normalised = sorted({d % ndim for d in dims}) if ndim else []
+        if normalised != [ndim - 1]:
+            shown = ", ".join(str(d) for d in dims)
+            raise _NotFusible(f"reduces dim {shown}; only last-dimension reductions are generated")
+
+    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
+        expr, shape, ops = self.row_input()
+        self.last_dim_only(dims, len(shape))
+        stat = Field(Reduce(kind, expr, shape), field_name)
+        result = finish(stat, shape[-1]) if finish else stat
+        return self._row_value(result, shape, keepdim, ops)
+
+    def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...]) -> Value:
+        op = f"aten.{_op_name(self.node.target)}"
+        if self.dtype not in KERNEL_DTYPES:
+            raise _NotFusible(f"computes {self.dtype} values")
+        if keepdim:
+            return Value(expr, shape[:-1] + (1,), self.dtype, ops + (op,))
+        return Value(expr, shape[:-1], self.dtype, ops + (op,), rows=True)
+
+
+def _sum(o: _Ops) -> Value:
+    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
+
+
+def _mean(o: _Ops) -> Value:
+    keepdim = _arg(o, 2, "keepdim", False)
+    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, keepdim, _divide_by_length)
+
+
+def _amax(o: _Ops, kind: str) -> Value:
+    return o.reduction(kind, kind, o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
+
+
+def _vector_norm(o: _Ops) -> Value:
+    order = float(_arg(o, 1, "ord", 2.0))
+    dims, keepdim = _arg(o, 2, "dim", None), _arg(o, 3, "keepdim", False)
+    expr, shape, ops = o.row_input()
+    o.last_dim_only(dims, len(shape))
+    if order == 2.0:
+        norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape), "sum"),))
+    elif order == 1.0:
+        norm = Field(Reduce("sum", Call("abs", (expr,)), shape), "sum")
+    elif math.isinf(order) and order > 0:
+        norm = Field(Reduce("max", Call("abs", (expr,)), shape), "max")
+    else:
+        raise _NotFusible(f"a vector norm of order {order:g}")
+    return o._row_value(norm, shape, keepdim, ops)
+
+
+def _variance(o: _Ops, root: bool) -> Value:
+    dims = _arg(o, 1, "dim", None)
+    correction = o.kwargs.get("correction", 1.0)
+    correction = 1.0 if correction is None else float(correction)
+    keepdim = bool(o.kwargs.get("keepdim", False))
+
+    def finish(m2: Field, length: int) -> Expr:
+        variance = Call("div", (m2, Const(max(length - correction, 0.0))))
+        return Call("sqrt", (variance,)) if root else variance
+
+    return o.reduction("welford", "m2", dims, keepdim, finish)
+
+
+def _logsumexp(o: _Ops) -> Value:
+    dims, keepdim = o.args[1], _arg(o, 2, "keepdim", False)
+    expr, shape, ops = o.row_input()
+    o.last_dim_only(dims, len(shape))
+    stat = Reduce("online_softmax", expr, shape)
+    return o._row_value(Call("logsumexp_finish", (Field(stat, "max"), Field(stat, "sum"))), shape, keepdim, ops)
+
+
+def _softmax(o: _Ops, log: bool) -> Value:
+    expr, shape, ops = o.row_input()
+    o.last_dim_only(o.args[1], len(shape))
+    stat = Reduce("online_softmax", expr, shape)
+    maximum, total = Field(stat, "max"), Field(stat, "sum")
+    if log:
+        result = Call("sub", (expr, Call("add", (maximum, Call("log", (total,))))))
+    else:
+        result = Call("mul", (Call("exp_fast", (Call("sub", (expr, maximum)),)), Call("reciprocal", (total,))))
+    op = f"aten.{_op_name(o.node.target)}"
+    return Value(result, shape, o.dtype, ops + (op,))
+
+
+def _layer_norm(o: _Ops) -> tuple:
+    _, normalized_shape, weight, bias, eps = o.args
+    expr, shape, ops = o.row_input()
+    if len(normalized_shape) != 1:
+        raise _NotFusible("normalises over more than the last dimension")
+    stat = Reduce("welford", expr, shape)
+    mean = Field(stat, "mean")
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(shape[-1])))), Const(float(eps)))),))
+    result = Call("mul", (Call("sub", (expr, mean)), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:
+            result = Call(op, (result, o._expr(operand, False)))
+    op = f"aten.{_op_name(o.node.target)}"
+    row_shape = shape[:-1] + (1,)
+    return (
+        Value(result, shape, o.dtype, ops + (op,)),
+        Value(mean, row_shape, "float32", ops + (op,)),
+        Value(rstd, row_shape, "float32", ops + (op,)),
+    )
+
+
+def _divide_by_length(total: Field, length: int) -> Expr:
+    return Call("mul", (total, Const(1.0 / length)))
+
+
+_REDUCTIONS = {
+    "sum": _sum,
+    "mean": _mean,
+    "amax": lambda o: _amax(o, "max"),
+    "amin": lambda o: _amax(o, "min"),
+    "linalg_vector_norm": _vector_norm,
+    "var": lambda o: _variance(o, root=False),
+    "std": lambda o: _variance(o, root=True),
+    "logsumexp": _logsumexp,
+    "_softmax": lambda o: _softmax(o, log=False),
+    "_log_softmax": lambda o: _softmax(o, log=True),
+    "native_layer_norm": _layer_norm,
+}
+
+
+def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:
+    """add/sub with alpha: a + alpha * b."""
+    alpha = kwargs.get("alpha", 1)
+    if alpha == 1:
+        return op, args[:2]
+    return f"{op}_scaled", [args[0], args[1], alpha]
+
+
+def _pow(args: list, kwargs: dict) -> tuple[str, list]:
+    base, exponent = args[0], args[1]
+    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+        named = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", 1.0: "identity", -1.0: "reciprocal"}.get(float(exponent))
+        if named:
+            return named, [base]
+    return "pow", [base, exponent]
+
+
+def _clamp(args: list, kwargs: dict) -> tuple[str, list]:
+    low = args[1] if len(args) > 1 else kwargs.get("min")
+    high = args[2] if len(args) > 2 else kwargs.get("max")
+    if low is not None and high is not None:
+        return "clamp", [args[0], low, high]
+    if low is not None:
+        return "maximum", [args[0], low]
+    if high is not None:
+        return "minimum", [args[0], high]
+    return "identity", [args[0]]
+
+
+def _div(args: list, kwargs: dict) -> tuple[str, list]:
+    if kwargs.get("rounding_mode") is not None:
+        raise _NotFusible(f"division with rounding_mode={kwargs['rounding_mode']!r}")
+    return "div", args[:2]
+
+
+_SPECIAL_ELEMENTWISE = {
+    "add": lambda a, k: _scaled(a, k, "add"),
+    "sub": lambda a, k: _scaled(a, k, "sub"),
+    "rsub": lambda a, k: _scaled([a[1], a[0]], k, "sub"),
+    "div": _div,
+    "pow": _pow,
+    "clamp": _clamp,
+    "clamp_min": lambda a, k: ("maximum", a[:2]),
+    "clamp_max": lambda a, k: ("minimum", a[:2]),
+    "hardtanh": lambda a, k: ("clamp", [a[0], a[1] if len(a) > 1 else -1.0, a[2] if len(a) > 2 else 1.0]),
+    "relu6": lambda a, k: ("clamp", [a[0], 0.0, 6.0]),
+    "leaky_relu": lambda a, k: ("leaky_relu", [a[0], a[1] if len(a) > 1 else 0.01]),
+    "softplus": lambda a, k: ("softplus", [a[0], a[1] if len(a) > 1 else 1.0, a[2] if len(a) > 2 else 20.0]),
+    "gelu": lambda a, k: ("gelu_tanh" if k.get("approximate", "none") == "tanh" else "gelu", a[:1]),
+    "masked_fill": lambda a, k: ("where", [a[1], a[2], a[0]]),
+    "where": lambda a, k: ("where", a[:3]),
+}
+C_OPS.update({"clamp": "fminf(fmaxf({0}, {1}), {2})", "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}"})
+
+
+def _cast_op(dtype: Any) -> str:
+    import torch
+
+    return {torch.bfloat16: "to_bfloat16", torch.float16: "to_float16", torch.bool: "to_bool"}.get(dtype, "identity")
+
+
+# ------------------------------------------------------------------------------------ access strides
+
+
+def _resolve_accesses(group: Group) -> None:
+    """Give each distinct tensor view the group loads its strides over the group's iteration shape."""
+    accesses: dict[Access, int] = {}
+    for node in walk(group.expr):
+        if not isinstance(node, Load):
+            continue
+        source = node.leaf.source
+        if source not in group.tensors:
+            group.tensors.append(source)
+        strides, offset = _strides_in(node, group.shape)
+        access = Access(group.tensors.index(source), strides, offset)
+        group.loads[node] = accesses.setdefault(access, len(accesses))
+    group.accesses = list(accesses)
+
+
+def _strides_in(load: Load, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`."""
+    leaf = load.leaf
+    use_strides = _broadcast_strides(leaf.shape, leaf.strides, load.use_shape)
+    use_shape = load.use_shape
+    if load.rows:
+        use_shape, use_strides = use_shape + (1,), use_strides + (0,)
+    return _broadcast_strides(use_shape, use_strides, shape), leaf.offset
+
+
+def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a (shape, strides) view broadcast, numpy-style, to `target`."""
+    if len(shape) > len(target):
+        raise _NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
+    padding = len(target) - len(shape)
+    result = [0] * padding
+    for size, stride, wanted in zip(shape, strides, target[padding:]):
+        if size == wanted:
+            result.append(stride if size != 1 else 0)
+        elif size == 1:
+            result.append(0)
+        else:
+            raise _NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
+    return tuple(result)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def walk(expr: Expr | None) -> list[Expr]:
+    """Every node of `expr` once, children before parents (a Reduce after the nodes of its value)."""
+    seen: dict[Expr, None] = {}
+
+    def visit(node: Expr) -> None:
+        if node in seen:
+            return
+        if isinstance(node, Call):
+            for arg in node.args:
+                visit(arg)
+        elif isinstance(node, Reduce):
+            visit(node.value)
+        elif isinstance(node, Field):
+            visit(node.reduce)
+        seen[node] = None
+
+    if expr is not None:
+        visit(expr)
+    return list(seen)
+
+
+def walk_reduces(expr: Expr) -> list[Reduce]:
+    return [node for node in walk(expr) if isinstance(node, Reduce)]
+
+
+def _to_rows(expr: Expr) -> Expr:
+    """A reduction-free expression re-read as living in a keepdim=False result's shape."""
+    if isinstance(expr, Load):
+        return replace(expr, rows=True)
+    if isinstance(expr, Call):
+        return Call(expr.op, tuple(_to_rows(arg) for arg in expr.args))
+    return expr
+
+
+def _to_full(expr: Expr) -> Expr:
+    """The inverse of `_to_rows`, for a keepdim=False result given its last dim back."""
+    if isinstance(expr, Load) and expr.rows:
+        return Load(expr.leaf, expr.use_shape + (1,))
+    if isinstance(expr, Call):
+        return Call(expr.op, tuple(_to_full(arg) for arg in expr.args))
+    return expr
+
+
+def _fits_rows(shape: tuple[int, ...], rows: bool, row_shape: tuple[int, ...]) -> bool:
+    """True when a value of `shape` can be computed in a kernel iterating over `row_shape`."""
+    if rows:
+        return shape == row_shape[:-1]
+    return shape in (row_shape, row_shape[:-1] + (1,))
+
+
+def _lookup(arg: Any, env: dict) -> Any:
+    from torch.fx import Node
+
+    if isinstance(arg, Node):
+        return env[arg]
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_lookup(item, env) for item in arg)
+    return arg
+
+
+def _arg(o: _Ops, position: int, name: str, default: Any) -> Any:
+    if len(o.args) > position:
+        return o.args[position]
+    return o.kwargs.get(name, default)
+
+
+def _op_name(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _unique(sources: Any) -> list[Source]:
+    return list(dict.fromkeys(sources))

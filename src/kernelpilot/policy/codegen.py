@@ -1,0 +1,586 @@
+"""Render an Analysis into workspace files from templates/policy/: per generated group a torch-free .cu (kernel and
+launcher) and a *_binding.cpp, plus model_new.py whose forward only calls them.
+
+Python decides the layout (dims merged where every access allows, 16-byte vectors where alignment allows, which
+row data stays in registers) and emits the expressions as C statements; the templates hold every loop,
+reduction, load and store. Shapes are known at generation time and become constants in the kernels.
+"""
+
+from __future__ import annotations
+
+import itertools
+import keyword
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.policy.analysis import (
+    C_OPS,
+    STAT_FIELDS,
+    Analysis,
+    Call,
+    Const,
+    Expr,
+    Field,
+    Group,
+    Leaf,
+    Load,
+    Reduce,
+    Source,
+    walk,
+)
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from kernelpilot.problem import Problem
+
+CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
+SCALAR_TYPES = {"float32": "torch::kFloat32", "float16": "torch::kFloat16", "bfloat16": "torch::kBFloat16", "bool": "torch::kBool"}
+ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+VECTOR_BYTES = 16
+# Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
+REGISTER_BUDGET = 64
+STAT_IDENTITIES = {
+    ("sum", "sum"): "0.0f",
+    ("max", "max"): "-INFINITY",
+    ("min", "min"): "INFINITY",
+    ("online_softmax", "max"): "-INFINITY",
+    ("online_softmax", "sum"): "0.0f",
+    ("welford", "count"): "0.0f",
+    ("welford", "mean"): "0.0f",
+    ("welford", "m2"): "0.0f",
+}
+STAT_WORDS = {"sum": "sum", "max": "max", "min": "min", "online_softmax": "online softmax (max and sum of exp)",
+              "welford": "Welford mean and variance"}  # fmt: skip
+_CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", "char", "new", "delete", "this",
+                 "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One launch geometry: threads per block (elementwise kernels) or per row (row kernels, which also set
+    rows per block), and the vectors each thread has in flight per step."""
+
+    threads: int
+    items: int = 1
+    rows_per_block: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.rows_per_block is None:
+            return f"{self.threads} threads per block, {self.items} vector(s) in flight per thread"
+        return f"{self.threads} threads per row, {self.rows_per_block} row(s) per block, {self.items} vector(s) in flight"
+
+
+@dataclass(frozen=True)
+class GeneratedFile:
+    """A file to write into the workspace, by its path relative to the workspace root."""
+
+    path: str
+    content: str
+
+
+def kernel_stem(group: Group) -> str:
+    return f"policy_{group.name}"
+
+
+def function_name(group: Group) -> str:
+    """The name of the group's function in kp_kernels."""
+    return f"policy_{group.name}"
+
+
+def launcher_name(group: Group) -> str:
+    return f"kp_policy_{group.name}_launch"
+
+
+# --------------------------------------------------------------------------------------------- layout
+
+
+@dataclass
+class _Layout:
+    """A group's iteration space after merging dims, each access's strides over it, and the vector width."""
+
+    shape: tuple[int, ...]
+    strides: list[tuple[int, ...]]
+    offsets: list[int]
+    vec: int
+
+
+def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop size-1 dims and merge neighbours that every access walks as one dim (fewer divisions per index)."""
+    keep = [d for d, size in enumerate(shape) if size != 1]
+    merged_shape: list[int] = []
+    merged: list[list[int]] = [[] for _ in strides]
+    for d in keep:
+        mergeable = merged_shape and all(s[d] * shape[d] == m[-1] for s, m in zip(strides, merged))
+        if mergeable:
+            merged_shape[-1] *= shape[d]
+            for s, m in zip(strides, merged):
+                m[-1] = s[d]
+        else:
+            merged_shape.append(shape[d])
+            for s, m in zip(strides, merged):
+                m.append(s[d])
+    return tuple(merged_shape), [tuple(m) for m in merged]
+
+
+def _vector_width(dtypes: list[str]) -> int:
+    return VECTOR_BYTES // max(ITEM_SIZES[dtype] for dtype in dtypes)
+
+
+def elementwise_layout(group: Group) -> _Layout:
+    shape, strides = _merge_dims(group.shape, [a.strides for a in group.accesses])
+    if not shape:  # a single element
+        shape, strides = (1,), [(0,) for _ in strides]
+    offsets = [a.offset for a in group.accesses]
+    vector = [i for i, s in enumerate(strides) if s[-1] == 1]
+    vec = _vector_width([group.tensors[group.accesses[i].tensor].dtype for i in vector] + [group.output.dtype])
+    fits = (
+        all(s[-1] in (0, 1) for s in strides)
+        and (len(shape) == 1 or shape[-1] % vec == 0)
+        and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in vector)
+    )
+    return _Layout(shape, strides, offsets, vec if fits else 1)
+
+
+def row_layout(group: Group) -> _Layout:
+    outer, outer_strides = _merge_dims(group.shape[:-1], [a.strides[:-1] for a in group.accesses])
+    length = group.row_length
+    strides = [o + (a.strides[-1],) for o, a in zip(outer_strides, group.accesses)]
+    offsets = [a.offset for a in group.accesses]
+    element = [i for i, s in enumerate(strides) if s[-1] != 0]
+    dtypes = [group.tensors[group.accesses[i].tensor].dtype for i in element]
+    vec = _vector_width(dtypes + ([] if group.per_row else [group.output.dtype]))
+    fits = (
+        length % vec == 0
+        and all(strides[i][-1] == 1 for i in element)
+        and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in element)
+    )
+    return _Layout(outer + (length,), strides, offsets, vec if fits else 1)
+
+
+def _index_terms(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Offset terms of a flat index over `sizes`, innermost first, up to the outermost dim with a stride."""
+    terms = [{"size": size, "stride": stride, "last": False} for size, stride in zip(reversed(sizes), reversed(strides))]
+    while terms and terms[-1]["stride"] == 0:
+        terms.pop()
+    if terms:
+        terms[-1]["last"] = True
+    return terms
+
+
+# ----------------------------------------------------------------------------------------- candidates
+
+
+def launch_candidates(group: Group) -> list[LaunchConfig]:
+    """A few launch geometries worth timing, the expected best first."""
+    if group.kind == "elementwise":
+        return [LaunchConfig(256, 2), LaunchConfig(512, 1), LaunchConfig(128, 4), LaunchConfig(256, 4)]
+    layout = row_layout(group)
+    vectors = group.row_length // layout.vec
+    # About four vectors per thread; a warp-sized or smaller team for short rows, a whole block for long ones.
+    preferred = min(1024, max(4, _next_power_of_two(math.ceil(vectors / 4))))
+    teams = dict.fromkeys(t for t in (preferred, preferred // 2, preferred * 2) if 4 <= t <= 1024)
+    candidates = [_row_config(group, layout, threads, items=4) for threads in teams]
+    if not _cached(group, layout, candidates[0]):
+        candidates.append(_row_config(group, layout, preferred, items=2))
+    return candidates
+
+
+def _row_config(group: Group, layout: _Layout, threads: int, items: int) -> LaunchConfig:
+    rows_per_block = max(1, 256 // threads)
+    config = LaunchConfig(threads, items, rows_per_block)
+    return LaunchConfig(threads, 1, rows_per_block) if _cached(group, layout, config) else config
+
+
+def _cached(group: Group, layout: _Layout, config: LaunchConfig) -> bool:
+    """True when the row data the statistics read fits in registers, so memory is read once."""
+    vectors_per_thread = math.ceil(group.row_length // layout.vec / config.threads)
+    return vectors_per_thread * layout.vec * len(_stat_accesses(group, layout)) <= REGISTER_BUDGET
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# ------------------------------------------------------------------------------------ C expressions
+
+
+class _Emitter:
+    """Writes expressions as `const float` statements, each distinct node once."""
+
+    def __init__(self, names: dict[Expr, str], counter: itertools.count):
+        self.names = dict(names)
+        self.counter = counter
+        self.lines: list[str] = []
+
+    def value(self, expr: Expr) -> str:
+        if expr in self.names:
+            return self.names[expr]
+        if isinstance(expr, Const):
+            return _literal(expr.value)
+        if not isinstance(expr, Call):
+            raise ValueError(f"no value for {type(expr).__name__} here")
+        arguments = [self.value(arg) for arg in expr.args]
+        name = f"t{next(self.counter)}"
+        self.lines.append(f"const float {name} = {C_OPS[expr.op].format(*arguments)};")
+        self.names[expr] = name
+        return name
+
+
+def _literal(value: float) -> str:
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    text = f"{float(value)!r}f"
+    return f"({text})" if value < 0 else text
+
+
+def _element_loads(expr: Expr) -> list[Load]:
+    """Loads an expression reads per element: not those inside row statistics (read by their own pass)."""
+    found: dict[Load, None] = {}
+
+    def visit(node: Expr) -> None:
+        if isinstance(node, Load):
+            found[node] = None
+        elif isinstance(node, Call):
+            for arg in node.args:
+                visit(arg)
+
+    visit(expr)
+    return list(found)
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+
+def render_kernel(group: Group, config: LaunchConfig) -> GeneratedFile:
+    """kernels/policy_<group>.cu for one launch configuration."""
+    if group.kind == "elementwise":
+        context = _elementwise_context(group, config)
+        template = "policy/elementwise.cu.j2"
+    elif group.kind == "row":
+        context = _row_context(group, config)
+        template = "policy/row.cu.j2"
+    else:
+        raise ValueError(f"group {group.name} is a {group.kind} group, which the policy does not generate")
+    content = _environment().get_template(template).render(**context)
+    return GeneratedFile(f"kernels/{kernel_stem(group)}.cu", content)
+
+
+def render_binding(group: Group) -> GeneratedFile:
+    """kernels/policy_<group>_binding.cpp: checks, allocation, launcher call, registration."""
+    content = _environment().get_template("policy/binding.cpp.j2").render(
+        stem=kernel_stem(group),
+        description=group.describe(),
+        function=function_name(group),
+        launcher=launcher_name(group),
+        tensors=[
+            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape)}
+            for arg, t in zip(_argument_names(group.tensors), group.tensors)
+        ],
+        out_shape=list(group.output.shape),
+        out_scalar_type=SCALAR_TYPES[group.output.dtype],
+    )
+    return GeneratedFile(f"kernels/{kernel_stem(group)}_binding.cpp", content)
+
+
+def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
+    """model_new.py: Model's constructor and state_dict, and a forward calling the generated kernels."""
+    from kernelpilot.workspace import render_model_new as render_with_body
+
+    groups = analysis.generated_groups
+    calls = [
+        {"result": _result_name(group), "function": function_name(group), "arguments": [_python_source(t) for t in group.tensors]}
+        for group in groups
+    ]
+    returned = [_returned_source(leaf) for leaf in analysis.outputs]
+    if analysis.output_container == "tensor":
+        returned_text = returned[0]
+    elif analysis.output_container == "list":
+        returned_text = f"[{', '.join(returned)}]"
+    else:
+        returned_text = f"({', '.join(returned)}{',' if len(returned) == 1 else ''})"
+    kernels = "kernel" if len(groups) == 1 else "kernels"
+    body = _environment().get_template("policy/forward.py.j2").render(
+        summary=f"{len(groups)} generated {kernels} ({'; '.join(', '.join(dict.fromkeys(g.ops)) for g in groups)})",
+        calls=calls,
+        returned=returned_text,
+        ignored=analysis.ignored_arguments,
+    )
+    return GeneratedFile("model_new.py", render_with_body(problem, forward_body=body.rstrip("\n")))
+
+
+def render_all(problem: Problem, analysis: Analysis, configs: dict[str, LaunchConfig] | None = None) -> list[GeneratedFile]:
+    """Every file the policy writes for a supported analysis; `configs` picks launch configs by group name."""
+    if not analysis.supported:
+        raise ValueError(analysis.blockers())
+    files = []
+    for group in analysis.generated_groups:
+        config = (configs or {}).get(group.name) or launch_candidates(group)[0]
+        files += [render_kernel(group, config), render_binding(group)]
+    return files + [render_model_new(problem, analysis)]
+
+
+def _environment() -> jinja2.Environment:
+    import jinja2
+
+    from kernelpilot.resources import data_dir
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(data_dir("templates")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+# ---------------------------------------------------------------------------------- kernel contexts
+
+
+def _tensor_context(group: Group, vector_tensors: set[int]) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "ctype": CTYPES[t.dtype], "vector": i in vector_tensors} for i, t in enumerate(group.tensors)
+    ]
+
+
+def _dtype_context(group: Group) -> dict[str, Any]:
+    """The dtypes a kernel converts from and to, so it defines only those conversions."""
+    return {"dtypes": {t.dtype for t in group.tensors}, "output_dtype": group.output.dtype}
+
+
+def _access_comment(group: Group, index: int, layout: _Layout, space: str) -> str:
+    source = group.tensors[group.accesses[index].tensor]
+    strides = ", ".join(map(str, layout.strides[index]))
+    return f"Access {index}: {_describe_source(source)}, element strides ({strides}) over {space}"
+
+
+def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
+    layout = elementwise_layout(group)
+    contiguous = _contiguous(layout.shape)
+    accesses = []
+    for i, access in enumerate(group.accesses):
+        strides = layout.strides[i]
+        accesses.append(
+            {
+                "index": i,
+                "tensor": access.tensor,
+                "linear": strides == contiguous and layout.offsets[i] == 0,
+                "broadcast": strides[-1] == 0,
+                "offset": layout.offsets[i],
+                "terms": _index_terms(layout.shape, strides),
+                "comment": _access_comment(group, i, layout, "x".join(map(str, layout.shape))),
+            }
+        )
+    emitter = _Emitter({load: f"e{index}" for load, index in group.loads.items()}, itertools.count())
+    result = emitter.value(group.expr)
+    vector_tensors = {a["tensor"] for a in accesses if not a["broadcast"]} if layout.vec > 1 else set()
+    return {
+        "description": group.describe(),
+        "shape_text": "x".join(map(str, group.shape)) or "a scalar",
+        "config": config,
+        "numel": math.prod(layout.shape),
+        "vec": layout.vec,
+        "accesses": accesses,
+        "code": emitter.lines,
+        "result": result,
+        "kernel": f"{kernel_stem(group)}_kernel",
+        "launcher": launcher_name(group),
+        "tensors": _tensor_context(group, vector_tensors),
+        "out_ctype": CTYPES[group.output.dtype],
+        **_dtype_context(group),
+    }
+
+
+def _stat_accesses(group: Group, layout: _Layout) -> list[int]:
+    """Element accesses (those varying along the row) that some row statistic reads."""
+    indices = {group.loads[load] for reduce in group.reduces() for load in _element_loads(reduce.value)}
+    return sorted(i for i in indices if layout.strides[i][-1] != 0)
+
+
+def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
+    layout = row_layout(group)
+    cached = _cached(group, layout, config)
+    stat_accesses = set(_stat_accesses(group, layout))
+    accesses = []
+    for i, access in enumerate(group.accesses):
+        accesses.append(
+            {
+                "index": i,
+                "tensor": access.tensor,
+                "ctype": CTYPES[group.tensors[access.tensor].dtype],
+                "col_stride": layout.strides[i][-1],
+                "cached": cached and i in stat_accesses,
+                "offset": layout.offsets[i],
+                "terms": _index_terms(layout.shape[:-1], layout.strides[i][:-1]),
+                "comment": _access_comment(group, i, layout, "rows x row elements"),
+            }
+        )
+    element = [a for a in accesses if a["col_stride"] != 0]
+    program = _RowProgram(group, {a["index"] for a in element})
+    vector_tensors = {a["tensor"] for a in element} if layout.vec > 1 else set()
+    return {
+        "description": group.describe(),
+        "config": config,
+        "rows": group.rows,
+        "row_length": group.row_length,
+        "threads_per_row": config.threads,
+        "rows_per_block": config.rows_per_block,
+        "vec": layout.vec,
+        "cached": cached,
+        "all_accesses": accesses,
+        "element_accesses": element,
+        "row_accesses": [a for a in accesses if a["col_stride"] == 0],
+        "levels": [{**level, "accesses": [accesses[i] for i in level["accesses"]]} for level in program.levels],
+        "max_slots": max(sum(len(s["fields"]) for s in level["stats"]) for level in program.levels),
+        "stat_summary": ", ".join(dict.fromkeys(STAT_WORDS[r.kind] for r in group.reduces())),
+        "output": {**program.output, "accesses": [accesses[i] for i in program.output["accesses"]]},
+        "per_row": group.per_row,
+        "kernel": f"{kernel_stem(group)}_kernel",
+        "launcher": launcher_name(group),
+        "tensors": _tensor_context(group, vector_tensors),
+        "out_ctype": CTYPES[group.output.dtype],
+        "stat_kinds": {reduce.kind for reduce in group.reduces()},
+        **_dtype_context(group),
+    }
+
+
+class _RowProgram:
+    """A row group's expressions split by where they run: per row (hoisted) or per element, level by level.
+
+    A statistic's level is one more than the highest level of the statistics its input uses, so each level is
+    one pass over the row (registers when cached) followed by one reduction.
+    """
+
+    def __init__(self, group: Group, element_accesses: set[int]):
+        self.group = group
+        self.element_accesses = element_accesses
+        self.counter = itertools.count()
+        reduces = group.reduces()
+        self.stat_names = {reduce: f"st{i}" for i, reduce in enumerate(reduces)}
+        row_names: dict[Expr, str] = {
+            load: f"r{index}" for load, index in group.loads.items() if index not in element_accesses
+        }
+        for reduce, name in self.stat_names.items():
+            for field_name in STAT_FIELDS[reduce.kind]:
+                row_names[Field(reduce, field_name)] = f"{name}_{field_name}"
+        self.row = _Emitter(row_names, self.counter)
+        self._invariant: dict[Expr, bool] = {}
+        levels = self._levels(reduces)
+        self.levels = [self._level(k, [r for r in reduces if levels[r] == k]) for k in range(max(levels.values()) + 1)]
+        self.output = self._output()
+
+    def _levels(self, reduces: list[Reduce]) -> dict[Reduce, int]:
+        levels: dict[Reduce, int] = {}
+        for reduce in reduces:  # inner statistics come first in walk order
+            used = [node.reduce for node in walk(reduce.value) if isinstance(node, Field)]
+            levels[reduce] = 1 + max((levels[r] for r in used), default=-1)
+        return levels
+
+    def _row_invariant(self, expr: Expr) -> bool:
+        if expr not in self._invariant:
+            if isinstance(expr, Load):
+                self._invariant[expr] = self.group.loads[expr] not in self.element_accesses
+            elif isinstance(expr, Call):
+                self._invariant[expr] = all(self._row_invariant(arg) for arg in expr.args)
+            else:
+                self._invariant[expr] = isinstance(expr, (Const, Field))
+        return self._invariant[expr]
+
+    def _hoist(self, expr: Expr) -> None:
+        """Emit the largest per-row subexpressions of `expr` once per row."""
+        if not isinstance(expr, Call):
+            return
+        if self._row_invariant(expr):
+            self.row.value(expr)
+        else:
+            for arg in expr.args:
+                self._hoist(arg)
+
+    def _element_emitter(self, roots: list[Expr]) -> tuple[_Emitter, list[int]]:
+        loads = sorted({self.group.loads[load] for root in roots for load in _element_loads(root)} & self.element_accesses)
+        names = dict(self.row.names)
+        names.update({load: f"e{index}" for load, index in self.group.loads.items() if index in loads})
+        return _Emitter(names, self.counter), loads
+
+    def _level(self, index: int, reduces: list[Reduce]) -> dict[str, Any]:
+        start = len(self.row.lines)
+        for reduce in reduces:
+            self._hoist(reduce.value)
+        row_code = self.row.lines[start:]
+        emitter, loads = self._element_emitter([reduce.value for reduce in reduces])
+        stats, slot = [], 0
+        for reduce in reduces:
+            fields = [{"name": f, "identity": STAT_IDENTITIES[(reduce.kind, f)]} for f in STAT_FIELDS[reduce.kind]]
+            name = self.stat_names[reduce]
+            stats.append({"name": name, "kind": reduce.kind, "value": emitter.value(reduce.value), "fields": fields, "slot": slot})
+            slot += len(fields)
+        comment = ", ".join(STAT_WORDS[reduce.kind] for reduce in reduces)
+        return {"row_code": row_code, "element_code": emitter.lines, "stats": stats, "accesses": loads, "comment": comment}
+
+    def _output(self) -> dict[str, Any]:
+        expr = self.group.expr
+        start = len(self.row.lines)
+        self._hoist(expr)
+        if self.group.per_row:
+            value = self.row.value(expr)
+            return {"row_code": self.row.lines[start:], "element_code": [], "value": value, "accesses": []}
+        row_code = self.row.lines[start:]
+        emitter, loads = self._element_emitter([expr])
+        value = emitter.value(expr)
+        return {"row_code": row_code, "element_code": emitter.lines, "value": value, "accesses": loads}
+
+
+# ------------------------------------------------------------------------------------- Python sources
+
+
+def _argument_names(sources: list[Source]) -> list[str]:
+    """C++ parameter names for the binding: the tensors' own names, made identifiers and unique."""
+    names: list[str] = []
+    for source in sources:
+        name = re.sub(r"\W", "_", source.name)
+        if not name or name[0].isdigit() or name in _CPP_RESERVED or name in names:
+            name = f"t{len(names)}_{name}"
+        names.append(name)
+    return names
+
+
+def _result_name(group: Group) -> str:
+    return f"out_{group.name}"
+
+
+def _python_source(source: Source) -> str:
+    """How ModelNew.forward refers to a tensor: an argument, a parameter or buffer, or an earlier result."""
+    if source.kind == "input":
+        return source.name
+    if source.kind == "group":
+        return f"out_{source.name}"
+    parts = source.name.split(".")
+    if all(part.isidentifier() and not keyword.iskeyword(part) for part in parts):
+        return "self." + source.name
+    module, _, attribute = source.name.rpartition(".")
+    return f"getattr(self.get_submodule({module!r}), {attribute!r})"
+
+
+def _returned_source(leaf: Leaf) -> str:
+    name = f"out_{leaf.source.name}"
+    if leaf.shape == leaf.source.shape:
+        return name
+    return f"{name}.view({', '.join(map(str, leaf.shape))}{',' if len(leaf.shape) == 1 else ''})"
+
+
+def _describe_source(source: Source) -> str:
+    kind = {"input": "forward argument", "parameter": "parameter", "group": "result of"}.get(source.kind, source.kind)
+    return f"{kind} {source.name} ({source.dtype}, {'x'.join(map(str, source.shape)) or 'scalar'})"
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= size
+    return tuple(reversed(strides))
