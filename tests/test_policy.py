@@ -7,6 +7,7 @@ itself is compiled with nvcc here and verified on a GPU by the `gpu` tests.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from kernelpilot.policy import BuiltinPolicy
 from kernelpilot.policy.analysis import Analysis, Call, Const, Field, Group, Load, Reduce, analyze, walk
 from kernelpilot.policy.codegen import (
     LaunchConfig,
+    index_terms,
     elementwise_layout,
     launch_candidates,
     render_all,
@@ -303,6 +305,7 @@ SMALL_PROBLEMS = {
         "def forward(self, x):\n    return torch.where(x > 0, x, 0.1 * x).clamp(-1, 1)",
         "torch.randn(7, 3)",
     ),
+    "clone_then_scale": ("def forward(self, x):\n    return x.clone() * 2", "torch.randn(3, 3)"),
     "gelu_residual_layernorm": (
         "def forward(self, x, y):\n    return F.layer_norm(F.gelu(x) + y, (16,))",
         "torch.randn(4, 16), torch.randn(4, 16)",
@@ -422,6 +425,33 @@ def test_small_unsupported_forwards_name_the_op(tmp_path, forward, op):
 
 
 # ---------------------------------------------------------------------------------------------- codegen
+
+
+def offset_from_terms(index: int, offset: int, terms: list[dict]) -> int:
+    """The offset functions of the templates, in Python."""
+    for term in terms:
+        if term["last"]:
+            return offset + index * term["stride"]
+        offset += (index % term["size"]) * term["stride"]
+        index //= term["size"]
+    return offset
+
+
+@pytest.mark.parametrize(
+    ("sizes", "strides"),
+    [((32, 256, 9216), (0, 1, 0)), ((4, 6, 5), (30, 5, 1)), ((4, 6, 5), (0, 0, 0)), ((3, 7), (1, 3)), ((8, 2, 3), (2, 1, 0))],
+)
+def test_index_terms_reach_every_element_where_its_strides_say(sizes, strides):
+    terms = index_terms(sizes, strides)
+    count = math.prod(sizes)
+    for index in [*range(0, count, max(1, count // 4999)), count - 1]:
+        position = []
+        rest = index
+        for size in reversed(sizes):
+            position.append(rest % size)
+            rest //= size
+        expected = sum(p * s for p, s in zip(reversed(position), strides))
+        assert offset_from_terms(index, 0, terms) == expected
 
 
 def test_launch_candidates_are_distinct_and_fit_a_block():

@@ -52,13 +52,18 @@ C_OPS = {
     "logical_or": "({0} != 0.0f || {1} != 0.0f ? 1.0f : 0.0f)",
     "leaky_relu": "({0} > 0.0f ? {0} : {0} * {1})",
     "softplus": "({0} * {1} > {2} ? {0} : log1pf(expf({0} * {1})) / {1})",
-    "where": "({0} != 0.0f ? {1} : {2})",
+    "where": "({0} != 0.0f ? {1} : {2})", "clamp": "fminf(fmaxf({0}, {1}), {2})",
+    "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}",
     # Row statistics: softmax-style outputs use the fast exponential, as every tuned softmax does.
     "exp_fast": "__expf({0})",
     "logsumexp_finish": "({0} == -INFINITY ? {0} : {0} + logf({1}))",
 }  # fmt: skip
+# Entries of C_OPS that are no aten op of the same name: built from other ops, or used by reductions.
+_INTERNAL_OPS = frozenset(
+    {"identity", "gelu_tanh", "to_bfloat16", "to_float16", "to_bool", "clamp", "add_scaled", "sub_scaled",
+     "exp_fast", "logsumexp_finish"}
+)  # fmt: skip
 _ALIASES = {"clone": "identity", "contiguous": "identity", "lift_fresh_copy": "identity", "bitwise_not": "logical_not"}
-_COMPARISONS = ("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or", "logical_not")
 
 
 # ------------------------------------------------------------------------------------------- tensors
@@ -316,8 +321,7 @@ def _is_flat_tuple_of_tensors(value: Any) -> bool:
 
 
 def _forward_names(problem: Problem) -> list[str]:
-    names = [parameter.name for parameter in problem.forward_signature().parameters.values()]
-    return names
+    return list(problem.forward_signature().parameters)
 
 
 class _GroupBuilder:
@@ -460,7 +464,8 @@ class _Ops:
         self.dtype = _dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
 
     def build(self, name: str) -> Value | tuple | None:
-        name = _ALIASES.get(name, name)
+        if name in _ALIASES:
+            return self.elementwise(_ALIASES[name], self.args[:1])
         if name in _REDUCTIONS:
             return _REDUCTIONS[name](self)
         if name in ("full_like", "ones_like", "zeros_like", "full", "ones", "zeros", "scalar_tensor"):
@@ -471,7 +476,7 @@ class _Ops:
         if special is not None:
             op, operands = special(self.args, self.kwargs)
             return self.elementwise(op, operands)
-        if name in C_OPS and not name.startswith(("exp_fast", "logsumexp_finish", "to_")):
+        if name in C_OPS and name not in _INTERNAL_OPS:
             return self.elementwise(name, self.args)
         return None
 
@@ -729,7 +734,6 @@ _SPECIAL_ELEMENTWISE = {
     "masked_fill": lambda a, k: ("where", [a[1], a[2], a[0]]),
     "where": lambda a, k: ("where", a[:3]),
 }
-C_OPS.update({"clamp": "fminf(fmaxf({0}, {1}), {2})", "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}"})
 
 
 def _cast_op(dtype: Any) -> str:

@@ -161,13 +161,14 @@ def row_layout(group: Group) -> _Layout:
     return _Layout(outer + (length,), strides, offsets, vec if fits else 1)
 
 
-def _index_terms(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[dict[str, Any]]:
+def index_terms(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[dict[str, Any]]:
     """Offset terms of a flat index over `sizes`, innermost first, up to the outermost dim with a stride."""
     terms = [{"size": size, "stride": stride, "last": False} for size, stride in zip(reversed(sizes), reversed(strides))]
-    while terms and terms[-1]["stride"] == 0:
-        terms.pop()
     if terms:
+        # The outermost dim needs no modulo: the index is already below its size there.
         terms[-1]["last"] = True
+    while terms and terms[-1]["stride"] == 0:
+        terms.pop()  # outer dims the access does not move along need no arithmetic at all
     return terms
 
 
@@ -372,7 +373,7 @@ def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "linear": strides == contiguous and layout.offsets[i] == 0,
                 "broadcast": strides[-1] == 0,
                 "offset": layout.offsets[i],
-                "terms": _index_terms(layout.shape, strides),
+                "terms": index_terms(layout.shape, strides),
                 "comment": _access_comment(group, i, layout, "x".join(map(str, layout.shape))),
             }
         )
@@ -416,7 +417,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "col_stride": layout.strides[i][-1],
                 "cached": cached and i in stat_accesses,
                 "offset": layout.offsets[i],
-                "terms": _index_terms(layout.shape[:-1], layout.strides[i][:-1]),
+                "terms": index_terms(layout.shape[:-1], layout.strides[i][:-1]),
                 "comment": _access_comment(group, i, layout, "rows x row elements"),
             }
         )
