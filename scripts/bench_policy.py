@@ -1,0 +1,120 @@
+"""Benchmark the built-in policy's generated kernels on every problem of a folder (a script, not a test).
+
+For each problem: analyse it; if every op can be generated, scaffold a workspace, write the policy's kernels
+with their first launch configuration (no search), build all workspaces in parallel, then judge each one
+(verify + time against eager and torch.compile) in one warm worker. Prints one table and writes JSON.
+
+    python3 scripts/bench_policy.py examples --out bench_policy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kernelpilot.build import build_workspace
+from kernelpilot.harness.judge import Judge
+from kernelpilot.policy.analysis import analyze
+from kernelpilot.policy.codegen import render_all
+from kernelpilot.problem import load_problem
+from kernelpilot.results import to_dict
+from kernelpilot.workspace import init_workspace
+
+
+def prepare(problem_path: Path, root: Path) -> dict:
+    """Analyse one problem and, when supported, write its generated workspace."""
+    problem = load_problem(problem_path)
+    analysis = analyze(problem)
+    row = {"problem": problem_path.stem, "supported": analysis.supported, "note": ""}
+    if not analysis.supported:
+        row["note"] = analysis.blockers()
+        return row
+    ws, _ = init_workspace(problem_path, root / problem_path.stem)
+    for file in render_all(ws.problem(), analysis):
+        (ws.root / file.path).write_text(file.content)
+    row["workspace"] = str(ws.root)
+    return row
+
+
+def judge_row(judge: Judge, row: dict) -> None:
+    result = judge.evaluate(row["workspace"], trials=5)
+    bench = result.bench
+    row.update(correct=bool(result.verify and result.verify.ok), reward=result.reward, message=result.message)
+    if bench and bench.candidate:
+        row.update(
+            eager_ms=bench.eager.median_ms if bench.eager else None,
+            compile_ms=bench.compiled.median_ms if bench.compiled else None,
+            ours_ms=bench.candidate.median_ms,
+            ours_p10_ms=bench.candidate.p10_ms,
+            ours_p90_ms=bench.candidate.p90_ms,
+            vs_eager=bench.speedup_vs_eager,
+            vs_compile=bench.speedup_vs_compile,
+            sol=bench.sol_candidate,
+            bound=bench.roofline.bound if bench.roofline else None,
+        )
+    row["result"] = to_dict(result)
+
+
+def render(rows: list[dict], gpu: str) -> Table:
+    table = Table(title=f"built-in policy on {gpu} (first launch config, no search)")
+    for name in ("problem", "supported", "correct", "eager ms", "compile ms", "ours ms", "vs eager", "vs compile", "% SOL"):
+        table.add_column(name, justify="left" if name == "problem" else "right")
+
+    def fmt(value, pattern):
+        return pattern.format(value) if isinstance(value, (int, float)) else "-"
+
+    for row in rows:
+        table.add_row(
+            row["problem"],
+            "yes" if row["supported"] else "no",
+            {True: "yes", False: "NO"}.get(row.get("correct"), "-"),
+            fmt(row.get("eager_ms"), "{:.3f}"),
+            fmt(row.get("compile_ms"), "{:.3f}"),
+            fmt(row.get("ours_ms"), "{:.3f}"),
+            fmt(row.get("vs_eager"), "{:.2f}x"),
+            fmt(row.get("vs_compile"), "{:.2f}x"),
+            fmt(row["sol"] * 100 if row.get("sol") else None, "{:.0f}%"),
+        )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("bench_policy.json"))
+    args = parser.parse_args()
+    start = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="kp-bench-policy-"))
+    rows = [prepare(path, root) for path in sorted(args.folder.glob("*.py"))]
+    supported = [row for row in rows if row["supported"]]
+    jobs = max(1, (os.cpu_count() or 2) // max(1, len(supported)))
+    with ThreadPoolExecutor(max_workers=len(supported) or 1) as pool:
+        builds = list(pool.map(lambda row: build_workspace(Path(row["workspace"]), jobs=jobs), supported))
+    for row, build in zip(supported, builds):
+        row["built"] = build.ok
+        if not build.ok:
+            row["note"] = build.error or "build failed"
+    with Judge() as judge:
+        for row in supported:
+            if row["built"]:
+                judge_row(judge, row)
+        gpu = judge.gpu_name or "GPU"
+    console = Console(width=140)
+    console.print(render(rows, gpu))
+    for row in rows:
+        if row.get("note") or (row.get("correct") is False):
+            console.print(f"{row['problem']}: {row.get('note') or row.get('message')}", highlight=False)
+    console.print(f"{len(rows)} problems in {time.perf_counter() - start:.1f} s")
+    args.out.write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
