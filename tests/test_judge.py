@@ -79,7 +79,7 @@ def workspace(tmp_path) -> Path:
 
 @pytest.mark.skipif("gpu_visible()", reason="a GPU is visible here")
 def test_judge_without_a_gpu_refuses_with_one_sentence():
-    with pytest.raises(NoGPUError, match="no CUDA GPU is visible, and building, verifying and timing kernels needs one") as caught:
+    with pytest.raises(NoGPUError, match="no CUDA GPU is visible, and verifying and timing kernels needs one") as caught:
         Judge()
     assert caught.value.hint
 
@@ -91,7 +91,7 @@ def test_eval_cli_without_a_gpu_prints_one_error_line_and_exits_non_zero(workspa
     )
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
-    assert lines[0] == "error: no CUDA GPU is visible, and building, verifying and timing kernels needs one."
+    assert lines[0] == "error: no CUDA GPU is visible, and verifying and timing kernels needs one."
     assert len(lines) <= 2 and lines[-1].startswith("hint:")
     assert "Traceback" not in run.stdout + run.stderr
 

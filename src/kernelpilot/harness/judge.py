@@ -63,7 +63,7 @@ class Judge:
         if not self.worker.start().get("cuda_available"):
             self.worker.close()
             raise NoGPUError(
-                "no CUDA GPU is visible, and building, verifying and timing kernels needs one.",
+                "no CUDA GPU is visible, and verifying and timing kernels needs one.",
                 hint="Run it on a machine with an NVIDIA GPU and a CUDA build of torch "
                 "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES).",
             )
