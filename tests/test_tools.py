@@ -31,6 +31,7 @@ from kernelpilot.agent.tools import (
     run_process,
     tool_schemas,
 )
+from kernelpilot.config import Settings
 from kernelpilot.results import (
     BenchResult,
     BuildResult,
@@ -599,6 +600,10 @@ class ModelNew(nn.Module):
         return x * self.scale
 """
 
+# The run's settings, which Verify and Profile must judge with (the judge's defaults are 5 trials, 1e-2 and 1e-2).
+# Only the tolerances show here: the guard stops the torch candidate after its first trial.
+RUN_SETTINGS = Settings(trials=3, atol=3e-3, rtol=2e-3)
+
 
 @pytest.fixture(scope="module")
 def judged_on_cpu(tmp_path_factory):
@@ -609,6 +614,7 @@ def judged_on_cpu(tmp_path_factory):
     for example in EXAMPLE_KERNELS:
         (root / example).unlink()
     ctx.workspace.model_new_path.write_text(TORCH_CANDIDATE)
+    ctx.state["settings"] = RUN_SETTINGS
     with Judge("cpu", arch="9.0", cache_dir=tmp_path_factory.mktemp("cache")) as judge:
         ctx.judge = judge
         outputs = {name: call(ctx, name) for name in ("Compile", "Verify", "Profile")}
@@ -656,6 +662,14 @@ def test_profile_records_the_evaluation_for_the_loop(judged_on_cpu):
     assert "guard torch-compute [fail]" in profiled.text
     assert isinstance(ctx.state["last_eval"], EvalResult) and ctx.state["evals"] == [ctx.state["last_eval"]]
     assert profiled.data["reward"] == -1
+
+
+@pytest.mark.cuda_build
+def test_verify_and_profile_judge_with_the_runs_trials_and_tolerances(judged_on_cpu):
+    ctx, outputs, _ = judged_on_cpu
+    for judged in (outputs["Verify"].data["verify"], outputs["Profile"].data["verify"]):
+        assert (judged["atol"], judged["rtol"]) == (3e-3, 2e-3)
+    assert "within |actual - expected| <= 0.003 + 0.002 * |expected|" in outputs["Verify"].text
 
 
 @pytest.mark.cuda_build

@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import RecoverableError, Tool, ToolContext, ToolOutput
+from kernelpilot.config import Settings
 from kernelpilot.results import (
     BenchResult,
     BuildResult,
@@ -957,6 +958,12 @@ def _judge(ctx: ToolContext, tool_name: str) -> Any:
     return ctx.judge
 
 
+def judging_settings(ctx: ToolContext) -> dict[str, Any]:
+    """The run's trials and tolerances (`ctx.state["settings"]`, put there by the loop's caller), else the defaults."""
+    settings = ctx.state.get("settings") or Settings()
+    return {"trials": settings.trials, "atol": settings.atol, "rtol": settings.rtol}
+
+
 def _build(ctx: ToolContext, tool_name: str) -> BuildResult:
     """Build the workspace (incremental: only changed sources recompile) and remember the result."""
     build = _judge(ctx, tool_name).build(ctx.workspace.root)
@@ -981,12 +988,12 @@ class CompileTool(_CheckedTool):
 class VerifyTool(_CheckedTool):
     name = "Verify"
     description = (
-        "Build if needed, then check ModelNew against Model on fresh random inputs (`trials`, default 5) and run "
-        "the anti-cheat guards. Returns pass/fail per trial, max absolute and relative error, where the worst "
-        "element is, and guard findings. A candidate counts only once it passes."
+        "Build if needed, then check ModelNew against Model on fresh random inputs (`trials`, default: the run's "
+        "setting, usually 5) and run the anti-cheat guards. Returns pass/fail per trial, max absolute and relative "
+        "error, where the worst element is, and guard findings. A candidate counts only once it passes."
     )
     parameters = _object_schema(
-        {"trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS, "description": "how many (default 5)"}}
+        {"trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS, "description": "how many"}}
     )
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
@@ -994,7 +1001,9 @@ class VerifyTool(_CheckedTool):
         if not build.ok:
             text = "Verify skipped: the build failed.\n" + build_text(build)
             return ToolOutput(text=text, data={"build": to_dict(build), "verify": None})
-        verify = ctx.judge.verify(ctx.workspace.root, build, trials=args.get("trials", 5))
+        judging = judging_settings(ctx)
+        judging["trials"] = args.get("trials", judging["trials"])  # the model may ask for more or fewer
+        verify = ctx.judge.verify(ctx.workspace.root, build, **judging)
         ctx.state["verify"] = verify
         return ToolOutput(text=verify_text(verify), data={"build": to_dict(build), "verify": to_dict(verify)})
 
@@ -1010,7 +1019,7 @@ class ProfileTool(_CheckedTool):
     parameters = _object_schema({})
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        result = _judge(ctx, self.name).evaluate(ctx.workspace.root)
+        result = _judge(ctx, self.name).evaluate(ctx.workspace.root, **judging_settings(ctx))
         ctx.state["last_eval"] = result
         ctx.state.setdefault("evals", []).append(result)
         if result.build is not None:
