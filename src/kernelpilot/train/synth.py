@@ -1,0 +1,647 @@
+"""Task synthesis: seed operators crawled from torch.nn, composed into KernelBench-format problems, filtered by running them.
+
+The crawl walks `torch.nn`'s module classes and `torch.nn.functional`'s functions and keeps what a small table of
+families knows how to build (activations, norms, pooling, linear, conv, softmax family, reductions), dropping
+stochastic operators. The composer chains 1-5 compatible operators over one of two layouts (images NCHW, rows
+B x S x F) into problem source with its sizes as module constants. `check_task` runs a problem and says whether it
+is fit to train on; `decontaminate` drops tasks too close to a benchmark's problems.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import json
+import random
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelpilot.problem import problem_id_of
+
+LAYOUTS = ("image", "rows")
+# Per layout, the input dims (module constant name, size). "full" is sized for an H100, "small" for CPU checks.
+SIZES: dict[str, dict[str, dict[str, int]]] = {
+    "full": {
+        "image": {"BATCH": 16, "CHANNELS": 64, "HEIGHT": 128, "WIDTH": 128},
+        "rows": {"BATCH": 32, "SEQUENCE": 512, "FEATURES": 1024},
+    },
+    "small": {
+        "image": {"BATCH": 2, "CHANNELS": 8, "HEIGHT": 16, "WIDTH": 16},
+        "rows": {"BATCH": 2, "SEQUENCE": 8, "FEATURES": 32},
+    },
+}
+# Operators that need init arguments: class name -> (layout, constructor template over the feature dim `{c}` and
+# the new dim `{out}`, whether it introduces a new feature dim). Everything else must construct with no arguments.
+SHAPED_MODULES: dict[str, tuple[str, str, bool]] = {
+    "Linear": ("rows", "nn.Linear({c}, {out})", True),
+    "LayerNorm": ("rows", "nn.LayerNorm({c})", False),
+    "RMSNorm": ("rows", "nn.RMSNorm({c})", False),
+    "Conv2d": ("image", "nn.Conv2d({c}, {out}, 3, padding=1)", True),
+    "BatchNorm2d": ("image", "nn.BatchNorm2d({c})", False),
+    "InstanceNorm2d": ("image", "nn.InstanceNorm2d({c}, affine=True)", False),
+    "GroupNorm": ("image", "nn.GroupNorm(4, {c})", False),
+    "MaxPool2d": ("image", "nn.MaxPool2d(2)", False),
+    "AvgPool2d": ("image", "nn.AvgPool2d(2)", False),
+}
+SHAPED_FAMILIES = {"Linear": "linear", "Conv2d": "conv", "MaxPool2d": "pooling", "AvgPool2d": "pooling"}
+POOLING_HALVES = {"MaxPool2d", "AvgPool2d"}
+# The softmax family takes a dim; the functional crawl gives it the feature/channel dim.
+SOFTMAX_FAMILY = {"Softmax", "LogSoftmax", "Softmin", "softmax", "log_softmax", "softmin"}
+# Reductions end a chain (the output loses its feature dim): torch function -> call template.
+REDUCTIONS = {
+    "sum": "torch.sum(x, dim={dim})",
+    "mean": "torch.mean(x, dim={dim})",
+    "amax": "torch.amax(x, dim={dim})",
+    "logsumexp": "torch.logsumexp(x, dim={dim})",
+    "norm": "torch.linalg.vector_norm(x, dim={dim})",
+}
+# Name fragments that make a model stochastic wherever it calls them, whatever one determinism run happened to show.
+STOCHASTIC_MARKERS = ("dropout", "rrelu", "bernoulli", "multinomial", "rand", "normal_", "uniform_", "exponential_")
+FEATURE_DIM = {"image": 1, "rows": -1}
+WIDTH_CHOICES = (32, 64, 128)  # multipliers of the new feature dim a linear/conv introduces, at full size
+
+
+@dataclass(frozen=True)
+class Operator:
+    """A seed operator: its name as the problem spells it, its family, and the layouts it runs on."""
+
+    name: str  # "nn.GELU", "F.silu", "torch.sum"
+    family: str  # activation, softmax, norm, pooling, linear, conv, reduction
+    layouts: tuple[str, ...]
+
+
+@dataclass
+class CrawlReport:
+    """What the crawl kept, and what it skipped with the reason."""
+
+    operators: list[Operator]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    """A synthesised problem: its source and what the dataset records about it."""
+
+    task_id: str
+    code: str
+    ops: list[str]
+    layout: str
+    shapes: dict[str, int]
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+
+
+# ------------------------------------------------------------------------------------------------ crawl
+
+
+def crawl_operators() -> CrawlReport:
+    """The seed operators of this torch: nn modules and nn.functional functions we can shape, minus stochastic ones."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    report = CrawlReport(operators=[])
+    with warnings.catch_warnings():  # probing deprecated functions (F.upsample...) warns; they are skipped anyway
+        warnings.simplefilter("ignore")
+        _crawl_into(report, nn, F)
+    report.operators += [Operator(f"torch.{name}", "reduction", LAYOUTS) for name in REDUCTIONS]
+    return report
+
+
+def _crawl_into(report: CrawlReport, nn: Any, F: Any) -> None:  # noqa: N803 - the usual names of these modules
+    for name, cls in sorted(inspect.getmembers(nn, inspect.isclass)):
+        if issubclass(cls, nn.Module) and cls.__module__.startswith("torch.nn.modules."):
+            _classify_module(name, cls, report)
+    for name, fn in sorted(inspect.getmembers(F, inspect.isfunction)):
+        if not name.startswith("_"):
+            _classify_function(name, fn, report)
+
+
+def _classify_module(name: str, cls: type, report: CrawlReport) -> None:
+    if any(marker in name.lower() for marker in STOCHASTIC_MARKERS):
+        report.skipped[f"nn.{name}"] = "stochastic (random in training mode)"
+        return
+    if name in SHAPED_MODULES:
+        family = SHAPED_FAMILIES.get(name, "norm")
+        report.operators.append(Operator(f"nn.{name}", family, (SHAPED_MODULES[name][0],)))
+        return
+    family = cls.__module__.rsplit(".", 1)[-1]
+    if family != "activation":
+        report.skipped[f"nn.{name}"] = f"no shape rule for the {family} family"
+        return
+    args = {"dim": 1} if name in SOFTMAX_FAMILY else {}
+    reason = _unfit_elementwise(lambda x: cls(**args)(x)) if _constructs(cls, args) else "needs init arguments"
+    if reason:
+        report.skipped[f"nn.{name}"] = reason
+    else:
+        report.operators.append(Operator(f"nn.{name}", "softmax" if name in SOFTMAX_FAMILY else "activation", LAYOUTS))
+
+
+def _classify_function(name: str, fn: Callable, report: CrawlReport) -> None:
+    if any(marker in name for marker in STOCHASTIC_MARKERS):
+        report.skipped[f"F.{name}"] = "stochastic (random in training mode)"
+        return
+    if name in SOFTMAX_FAMILY:
+        report.operators.append(Operator(f"F.{name}", "softmax", LAYOUTS))
+        return
+    try:
+        required = [p for p in inspect.signature(fn).parameters.values()
+                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return
+    if len(required) != 1:
+        return  # not a one-tensor function: losses, convs, attention... (the module crawl covers the shaped ones)
+    reason = _unfit_elementwise(fn)
+    if reason:
+        report.skipped[f"F.{name}"] = reason
+    else:
+        report.operators.append(Operator(f"F.{name}", "norm" if "norm" in name else "activation", LAYOUTS))
+
+
+def _constructs(cls: type, args: dict[str, Any]) -> bool:
+    try:
+        cls(**args)
+    except Exception:  # noqa: BLE001 - any failure means "cannot be built without arguments"
+        return False
+    return True
+
+
+def _unfit_elementwise(apply: Callable) -> str | None:
+    """Why `apply` is not a deterministic shape-preserving op on a float tensor, or None when it is."""
+    import torch
+
+    x = torch.randn(4, 8, 6, 6)
+    try:
+        first = [apply(x) for _ in range(2)]
+    except Exception as err:  # noqa: BLE001 - an op that fails on a plain float tensor is not a seed
+        return f"fails on a float tensor ({type(err).__name__})"
+    if not all(isinstance(out, torch.Tensor) and out.shape == x.shape for out in first):
+        return "does not keep its input's shape"
+    if not torch.equal(first[0], first[1]):
+        return "stochastic (two calls differ)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- compose
+
+
+@dataclass
+class _Chain:
+    """The composer's state: the forward lines, init lines, init parameters and the current feature dim."""
+
+    layout: str
+    feature: str  # the module constant naming the current feature/channel dim
+    constants: dict[str, int]
+    init_lines: list[str] = field(default_factory=list)
+    forward_lines: list[str] = field(default_factory=list)
+    init_params: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    ended: bool = False
+
+
+def compose_tasks(operators: Iterable[Operator], count: int, *, seed: int = 0, scale: str = "full",
+                  max_ops: int = 5) -> list[Task]:
+    """`count` distinct problems of 1-`max_ops` operators each, the same for the same seed and operators."""
+    operators = sorted(operators, key=lambda op: op.name)
+    rng = random.Random(seed)
+    tasks: dict[tuple[str, ...], Task] = {}
+    attempts = 0
+    while len(tasks) < count and attempts < count * 50:
+        attempts += 1
+        task = compose_one(operators, rng, scale=scale, max_ops=max_ops)
+        tasks.setdefault((task.layout, *task.ops), task)
+    return list(tasks.values())
+
+
+def compose_one(operators: list[Operator], rng: random.Random, *, scale: str = "full", max_ops: int = 5) -> Task:
+    """One problem: a layout, then 1-`max_ops` operators that fit it, drawn from `rng`."""
+    layout = rng.choice(LAYOUTS)
+    feature = "CHANNELS" if layout == "image" else "FEATURES"
+    chain = _Chain(layout, feature, dict(SIZES[scale][layout]))
+    for _ in range(rng.randint(1, max_ops)):
+        fitting = [op for op in operators if layout in op.layouts and _fits(op, chain)]
+        _append(chain, rng.choice(fitting), rng, scale)
+        if chain.ended:
+            break
+    code = render_problem(chain)
+    return Task(problem_id_of(code), code, chain.ops, layout, chain.constants)
+
+
+def _fits(op: Operator, chain: _Chain) -> bool:
+    short = op.name.split(".", 1)[1]
+    if op.family == "reduction":
+        return bool(chain.ops)  # a lone reduction is too trivial to be worth a task
+    if short in POOLING_HALVES:
+        return chain.constants["HEIGHT"] // 2 ** (1 + sum(o.split(".")[-1] in POOLING_HALVES for o in chain.ops)) >= 2
+    if short == "GroupNorm":
+        return chain.constants[chain.feature] % 4 == 0
+    return True
+
+
+def _append(chain: _Chain, op: Operator, rng: random.Random, scale: str) -> None:
+    prefix, short = op.name.split(".", 1)
+    index = len(chain.ops)
+    dim = FEATURE_DIM[chain.layout]
+    if op.family == "reduction":
+        chain.forward_lines.append("x = " + REDUCTIONS[short].format(dim=dim))
+        chain.ended = True
+    elif prefix == "F":
+        extra = f", dim={dim}" if op.family == "softmax" else ""
+        chain.forward_lines.append(f"x = F.{short}(x{extra})")
+    else:
+        chain.init_lines.append(f"self.op{index} = {_constructor(chain, short, index, rng, scale)}")
+        chain.forward_lines.append(f"x = self.op{index}(x)")
+    chain.ops.append(op.name)
+
+
+def _constructor(chain: _Chain, short: str, index: int, rng: random.Random, scale: str) -> str:
+    if short not in SHAPED_MODULES:
+        return f"nn.{short}(dim={FEATURE_DIM[chain.layout]})" if short in SOFTMAX_FAMILY else f"nn.{short}()"
+    _, template, new_dim = SHAPED_MODULES[short]
+    feature_param = _init_param(chain, chain.feature)
+    if not new_dim:
+        return template.format(c=feature_param)
+    out = f"OUT_{'CHANNELS' if chain.layout == 'image' else 'FEATURES'}_{index}"
+    chain.constants[out] = rng.choice(WIDTH_CHOICES) * (8 if scale == "full" else 1) // 4
+    text = template.format(c=feature_param, out=_init_param(chain, out))
+    chain.feature = out
+    return text
+
+
+def _init_param(chain: _Chain, constant: str) -> str:
+    if constant not in chain.init_params:
+        chain.init_params.append(constant)
+    return constant.lower()
+
+
+def render_problem(chain: _Chain) -> str:
+    """The KernelBench-format source of a composed chain: constants, Model, get_inputs, get_init_inputs."""
+    dims = ["BATCH", "CHANNELS", "HEIGHT", "WIDTH"] if chain.layout == "image" else ["BATCH", "SEQUENCE", "FEATURES"]
+    params = "".join(f", {name.lower()}: int" for name in chain.init_params)
+    init_body = ["super().__init__()", *chain.init_lines]
+    lines = [
+        f'"""Synthesised by kernelpilot train synth: {" -> ".join(chain.ops)}."""',
+        "",
+        "import torch",
+        "import torch.nn as nn",
+        "import torch.nn.functional as F",
+        "",
+        *(f"{name} = {value}" for name, value in chain.constants.items()),
+        "",
+        "",
+        "class Model(nn.Module):",
+        f"    def __init__(self{params}):",
+        *(f"        {line}" for line in init_body),
+        "",
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:",
+        *(f"        {line}" for line in chain.forward_lines),
+        "        return x",
+        "",
+        "",
+        "def get_inputs():",
+        f"    return [torch.randn({', '.join(dims)})]",
+        "",
+        "",
+        "def get_init_inputs():",
+        f"    return [{', '.join(chain.init_params)}]",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- filters
+
+
+@dataclass
+class Verdict:
+    """Whether a task is fit to train on; `reason` names the first filter it failed."""
+
+    kept: bool
+    reason: str | None = None  # one of FILTERS, or None when kept
+    detail: str = ""
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+
+
+FILTERS = ("invalid", "stochastic-op", "degenerate", "nondeterministic", "compile-mismatch", "runtime", "contaminated")
+
+
+def check_task(code: str, *, device: str = "cpu", compile_backend: str = "inductor",
+               runtime_range_ms: tuple[float, float] = (0.05, 50.0), atol: float = 1e-3, rtol: float = 1e-3) -> Verdict:
+    """Run a problem's source on `device`: eager and torch.compile agree, deterministic, not degenerate, timed in range.
+
+    Timing and the runtime range apply on a CUDA device only; on the CPU the times stay None.
+    """
+    import torch
+
+    from kernelpilot.errors import ProblemError
+    from kernelpilot.problem import load_problem
+
+    stochastic = stochastic_names(code)
+    if stochastic:
+        return Verdict(False, "stochastic-op", f"uses {', '.join(stochastic)}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "task.py"
+        path.write_text(code, encoding="utf-8")
+        try:
+            problem = load_problem(path)
+        except ProblemError as err:
+            return Verdict(False, "invalid", err.message)
+        torch.manual_seed(0)
+        model = problem.make_model(device)
+        inputs = problem.make_inputs(device, seed=0)
+        with torch.no_grad():
+            try:
+                outputs = [model(*inputs) for _ in range(2)]
+            except Exception as err:  # noqa: BLE001 - a problem that fails to run is invalid, whatever the error
+                return Verdict(False, "invalid", f"forward raised {type(err).__name__}: {err}")
+            degenerate = degenerate_reason(outputs[0])
+            if degenerate:
+                return Verdict(False, "degenerate", degenerate)
+            if not torch.equal(outputs[0], outputs[1]):
+                return Verdict(False, "nondeterministic", "two runs on the same inputs differ")
+            compiled = torch.compile(model, backend=compile_backend)
+            try:
+                compiled_out = compiled(*inputs)
+            except Exception as err:  # noqa: BLE001 - torch.compile failing on a task drops it like a mismatch
+                return Verdict(False, "compile-mismatch", f"torch.compile raised {type(err).__name__}")
+            if not torch.allclose(compiled_out, outputs[0], atol=atol, rtol=rtol):
+                return Verdict(False, "compile-mismatch", "torch.compile's output differs from eager")
+            if not str(device).startswith("cuda"):
+                return Verdict(True)
+            eager_ms, compile_ms = cuda_median_ms(model, inputs), cuda_median_ms(compiled, inputs)
+    low, high = runtime_range_ms
+    if not low <= eager_ms <= high:
+        return Verdict(False, "runtime", f"eager {eager_ms:.3g} ms is outside [{low}, {high}] ms", eager_ms, compile_ms)
+    return Verdict(True, eager_ms=eager_ms, compile_ms=compile_ms)
+
+
+def stochastic_names(code: str) -> list[str]:
+    """The stochastic functions or modules the model's forward pass may use (nn.Dropout, F.rrelu, torch.rand_like...).
+
+    `__init__` and `get_inputs` are left out: random weights and inputs are drawn under a seed by design.
+    """
+    tree = ast.parse(code)
+    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    methods = [item for item in (model.body if model else [])
+               if isinstance(item, ast.FunctionDef) and item.name != "__init__"]
+    found = set()
+    for method in methods:
+        for node in ast.walk(method):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            if any(marker in name.lower() for marker in STOCHASTIC_MARKERS):
+                found.add(name)
+    return sorted(found)
+
+
+def degenerate_reason(output: Any) -> str | None:
+    """Why an output is useless to check a kernel against (NaN/Inf, all zeros, constant), or None."""
+    import torch
+
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point():
+        return "the output is not a floating-point tensor"
+    if not torch.isfinite(output).all():
+        return "the output has NaN or Inf"
+    if not output.any():
+        return "the output is all zeros"
+    if output.numel() > 1 and (output == output.flatten()[0]).all():
+        return "the output is constant"
+    return None
+
+
+def cuda_median_ms(fn: Callable, inputs: list, runs: int = 20) -> float:
+    """The median time of `fn(*inputs)` in ms, by CUDA events, after warm-up."""
+    import torch
+
+    for _ in range(3):
+        fn(*inputs)
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+# ------------------------------------------------------------------------------------------ decontaminate
+
+
+@dataclass
+class Dropped:
+    """A task dropped by decontamination: which benchmark file it matched and how."""
+
+    task_id: str
+    benchmark_file: str
+    why: str  # "same operator sequence" or "AST similarity 0.93"
+
+
+def op_sequence(code: str) -> list[str]:
+    """The operators a problem's forward applies, in evaluation order, spelled alike whatever the source's style.
+
+    `self.conv(x)` resolves through `__init__` to its class; `nn.ReLU`, `F.relu` and `torch.relu` all read "relu";
+    binary operators read as their names ("add", "mult").
+    """
+    tree = ast.parse(code)
+    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    if model is None:
+        return []
+    attributes: dict[str, str] = {}
+    forward = None
+    for item in model.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            for node in ast.walk(item):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                    for target in node.targets:
+                        if isinstance(target, ast.Attribute):
+                            attributes[target.attr] = _callee(node.value.func)
+        elif isinstance(item, ast.FunctionDef) and item.name == "forward":
+            forward = item
+    return _OpCollector(attributes).collect(forward) if forward else []
+
+
+class _OpCollector(ast.NodeVisitor):
+    def __init__(self, attributes: dict[str, str]):
+        self.attributes = attributes
+        self.ops: list[str] = []
+
+    def collect(self, node: ast.AST) -> list[str]:
+        self.visit(node)
+        return self.ops
+
+    def visit_Call(self, node: ast.Call) -> None:  # noqa: N802 - ast's naming
+        self.generic_visit(node)  # arguments first: that is the order they run in
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            self.ops.append(self.attributes.get(func.attr, func.attr))
+        else:
+            self.ops.append(_callee(func))
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:  # noqa: N802 - ast's naming
+        self.generic_visit(node)
+        self.ops.append(type(node.op).__name__.lower())
+
+
+def _callee(func: ast.AST) -> str:
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "call"
+    return name.lower().replace("_", "")
+
+
+def ast_tokens(code: str) -> list[str]:
+    """The source's syntax as node-type names plus called attribute names: identifiers and numbers erased."""
+    tokens = []
+    for node in ast.walk(ast.parse(code)):
+        tokens.append(type(node).__name__)
+        if isinstance(node, ast.Attribute):
+            tokens.append(node.attr.lower())
+    return tokens
+
+
+def decontaminate(tasks: list[Task], benchmark_dir: Path, *, similarity: float = 0.9) -> tuple[list[Task], list[Dropped]]:
+    """The tasks far enough from every .py problem under `benchmark_dir`, and the dropped ones with the reason."""
+    benchmark = []
+    for path in sorted(Path(benchmark_dir).rglob("*.py")):
+        try:
+            code = path.read_text(encoding="utf-8")
+            benchmark.append((path, op_sequence(code), ast_tokens(code)))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue  # not a problem file we can compare against
+    kept, dropped = [], []
+    for task in tasks:
+        match = _closest_match(task, benchmark, similarity)
+        if match is None:
+            kept.append(task)
+        else:
+            dropped.append(Dropped(task.task_id, str(match[0]), match[1]))
+    return kept, dropped
+
+
+def _closest_match(task: Task, benchmark: list, similarity: float) -> tuple[Path, str] | None:
+    ops, tokens = op_sequence(task.code), ast_tokens(task.code)
+    for path, bench_ops, bench_tokens in benchmark:
+        if ops and ops == bench_ops:
+            return path, "same operator sequence"
+        ratio = difflib.SequenceMatcher(None, tokens, bench_tokens, autojunk=False).ratio()
+        if ratio >= similarity:
+            return path, f"AST similarity {ratio:.2f}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class SynthReport:
+    """A synthesis run: tasks composed, kept, and how many each filter dropped."""
+
+    composed: int
+    kept: list[Task]
+    dropped_by_filter: dict[str, int]
+    contaminated: list[Dropped]
+    skipped_operators: dict[str, str]
+    seconds: float
+
+
+def synthesize(count: int, *, seed: int = 0, scale: str = "full", device: str = "cpu",
+               compile_backend: str = "inductor", benchmark_dir: Path | None = None,
+               runtime_range_ms: tuple[float, float] = (0.05, 50.0), similarity: float = 0.9,
+               on_task: Callable[[Task, Verdict], None] | None = None) -> SynthReport:
+    """Crawl, compose `count` candidates, filter them by running them, decontaminate against `benchmark_dir`."""
+    started = time.monotonic()
+    crawl = crawl_operators()
+    composed = compose_tasks(crawl.operators, count, seed=seed, scale=scale)
+    dropped = dict.fromkeys(FILTERS, 0)
+    passed = []
+    for task in composed:
+        verdict = check_task(task.code, device=device, compile_backend=compile_backend,
+                             runtime_range_ms=runtime_range_ms)
+        task.eager_ms, task.compile_ms = verdict.eager_ms, verdict.compile_ms
+        if on_task is not None:
+            on_task(task, verdict)
+        if verdict.kept:
+            passed.append(task)
+        else:
+            dropped[verdict.reason] += 1
+    contaminated: list[Dropped] = []
+    if benchmark_dir is not None:
+        passed, contaminated = decontaminate(passed, benchmark_dir, similarity=similarity)
+        dropped["contaminated"] = len(contaminated)
+    return SynthReport(len(composed), passed, dropped, contaminated, crawl.skipped, time.monotonic() - started)
+
+
+# ------------------------------------------------------------------------------------------------ dataset
+
+DATASET_FILE = "tasks.jsonl"
+CARD_TEMPLATE = """\
+# kernelpilot synthesised kernel tasks
+
+KernelBench-format problems (`class Model`, `get_inputs()`, `get_init_inputs()`) composed by `kernelpilot train synth`
+from {operator_count} seed operators crawled from torch.nn and torch.nn.functional (torch {torch_version}), 1-5
+operators each, filtered by running them on `{device}`.
+
+- composed: {composed}; kept: {kept} (seed {seed}, sizes "{scale}")
+- dropped per filter: {dropped}
+- decontaminated against: {benchmark}
+
+Fields: `task_id`, `code` (the problem source), `ops` (operator names in order), `layout` (image NCHW or rows B x S x F),
+`shapes` (the module constants), `eager_ms` and `compile_ms` (median CUDA-event times; null when filtered on a CPU).
+
+Load it with `datasets.load_dataset("json", data_files="{data_file}")`{parquet_note}.
+"""
+
+
+def write_dataset(report: SynthReport, out_dir: Path, *, settings: dict[str, Any]) -> list[Path]:
+    """Write the kept tasks as JSONL (and parquet when pyarrow is installed), the run report and a dataset card."""
+    import torch
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [dataclasses.asdict(task) for task in report.kept]
+    jsonl = out_dir / DATASET_FILE
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    written = [jsonl]
+    parquet = _write_parquet(rows, out_dir / "tasks.parquet")
+    if parquet is not None:
+        written.append(parquet)
+    summary = {key: value for key, value in dataclasses.asdict(report).items() if key != "kept"}
+    (out_dir / "report.json").write_text(json.dumps({**summary, "settings": settings}, indent=2), encoding="utf-8")
+    card = CARD_TEMPLATE.format(
+        operator_count=settings.get("operator_count", "?"), torch_version=torch.__version__,
+        device=settings.get("device"), composed=report.composed, kept=len(report.kept), seed=settings.get("seed"),
+        scale=settings.get("scale"), dropped=", ".join(f"{k} {v}" for k, v in report.dropped_by_filter.items()),
+        benchmark=settings.get("benchmark_dir") or "nothing", data_file=DATASET_FILE,
+        parquet_note=" or from tasks.parquet" if parquet is not None else "",
+    )
+    (out_dir / "README.md").write_text(card, encoding="utf-8")
+    return [*written, out_dir / "report.json", out_dir / "README.md"]
+
+
+def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None  # JSONL alone is a complete dataset; parquet is a convenience
+    # shapes differ in keys per layout: stored as JSON text so every row has one schema.
+    table = pa.Table.from_pylist([{**row, "shapes": json.dumps(row["shapes"])} for row in rows])
+    pq.write_table(table, path)
+    return path
+
+
+def read_tasks(path: Path) -> list[Task]:
+    """The tasks of a dataset written by `write_dataset` (its folder or its JSONL file)."""
+    path = Path(path)
+    jsonl = path / DATASET_FILE if path.is_dir() else path
+    if not jsonl.is_file():
+        from kernelpilot.errors import KernelpilotError
+
+        raise KernelpilotError(f"No task dataset at {jsonl}.", hint="Make one with `kernelpilot train synth --out DIR`.")
+    return [Task(**json.loads(line)) for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
