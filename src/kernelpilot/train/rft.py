@@ -1,0 +1,215 @@
+"""Rejection fine-tuning: keep the agent's good trajectories, make them chat-format SFT data, train with TRL's SFTTrainer.
+
+A trajectory is an agent session transcript (agent/session.py). It is kept only when the judge verified a candidate
+in it (an `eval` record with reward >= 1; what the model claimed in Finish counts for nothing), none of its tool
+calls was rejected, it never repeats one action in a loop, and its conversation fits the context budget.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernelpilot.errors import KernelpilotError
+
+RFT_FILTERS = ("no-positive-outcome", "invalid-tool-call", "repeated-action", "over-long")
+TRAIN_HINT = "Install the training extras: pip install 'kernelpilot[train]'."
+
+
+class MissingTrainingDependency(KernelpilotError):
+    """A training engine (trl, transformers, datasets, peft) is not installed."""
+
+
+@dataclass
+class Trajectory:
+    """One session transcript, read for training: its conversation, tool records and the judge's best reward."""
+
+    path: Path
+    messages: list[dict[str, Any]]
+    tool_records: list[dict[str, Any]]
+    best_reward: int
+
+
+@dataclass
+class FilterLimits:
+    """Thresholds of the RFT filters."""
+
+    min_reward: int = 1
+    max_repeats: int = 3  # the same call this many times in a row is a loop
+    max_tokens: int = 32768
+
+
+def load_trajectory(path: Path) -> Trajectory:
+    """A transcript as a trajectory; its reward is the best the judge gave any candidate in it (-1 if none)."""
+    from kernelpilot.agent.session import read_records, rebuild_messages
+
+    records = read_records(Path(path))
+    rewards = [record["eval"].get("reward", -1) for record in records if record["type"] == "eval"]
+    tools = [record for record in records if record["type"] == "tool"]
+    return Trajectory(Path(path), rebuild_messages(records), tools, max(rewards, default=-1))
+
+
+def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None:
+    """The first RFT filter a trajectory fails, or None when it is kept."""
+    from kernelpilot.agent.model import count_tokens
+
+    if trajectory.best_reward < limits.min_reward:
+        return "no-positive-outcome"
+    if any(_rejected_call(record) for record in trajectory.tool_records):
+        return "invalid-tool-call"
+    if longest_repeat(trajectory.tool_records) >= limits.max_repeats:
+        return "repeated-action"
+    if count_tokens(trajectory.messages) > limits.max_tokens:
+        return "over-long"
+    return None
+
+
+def _rejected_call(record: dict[str, Any]) -> bool:
+    # The loop answers a call a tool refused (unknown tool, bad arguments, bad path) with "Error: ..." (loop.run_tool).
+    return str(record["message"].get("content", "")).startswith("Error:")
+
+
+def longest_repeat(tool_records: list[dict[str, Any]]) -> int:
+    """The longest run of consecutive identical calls (same tool, same arguments)."""
+    longest, run, previous = 0, 0, None
+    for record in tool_records:
+        action = (record.get("name"), json.dumps(record.get("arguments"), sort_keys=True))
+        run = run + 1 if action == previous else 1
+        longest, previous = max(longest, run), action
+    return longest
+
+
+def filter_trajectories(trajectories: Iterable[Trajectory], limits: FilterLimits) -> tuple[list[Trajectory], dict[str, int]]:
+    """The kept trajectories, and how many each filter dropped (each dropped one counts under its first failure)."""
+    kept, dropped = [], dict.fromkeys(RFT_FILTERS, 0)
+    for trajectory in trajectories:
+        reason = rejection_reason(trajectory, limits)
+        if reason is None:
+            kept.append(trajectory)
+        else:
+            dropped[reason] += 1
+    return kept, dropped
+
+
+def sft_example(trajectory: Trajectory, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat-format SFT row: the messages (tool-call arguments as objects, as chat templates expect) and tools."""
+    return {"messages": [_chat_message(message) for message in trajectory.messages], "tools": tools}
+
+
+def _chat_message(message: dict[str, Any]) -> dict[str, Any]:
+    converted = {"role": message["role"], "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        converted["tool_calls"] = [
+            {"type": "function", "function": {"name": call["function"]["name"],
+                                              "arguments": _arguments(call["function"].get("arguments"))}}
+            for call in message["tool_calls"]
+        ]
+    return converted
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        parsed = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+@dataclass
+class RftDataReport:
+    """What `build_sft_dataset` read, dropped per filter, and wrote."""
+
+    read: int
+    kept: int
+    dropped_by_filter: dict[str, int]
+    output: Path
+
+
+def build_sft_dataset(transcripts: Iterable[Path], output: Path, limits: FilterLimits | None = None) -> RftDataReport:
+    """Filter transcripts and write the kept ones as SFT JSONL (one chat per line) to `output`."""
+    from kernelpilot.agent.tools import default_tools, tool_schemas
+
+    paths = list(transcripts)
+    kept, dropped = filter_trajectories((load_trajectory(path) for path in paths), limits or FilterLimits())
+    schemas = tool_schemas(default_tools())
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    with Path(output).open("w", encoding="utf-8") as handle:
+        for trajectory in kept:
+            handle.write(json.dumps(sft_example(trajectory, schemas)) + "\n")
+    return RftDataReport(len(paths), len(kept), dropped, Path(output))
+
+
+def find_transcripts(root: Path) -> list[Path]:
+    """Every session transcript under `root` (rollout folders hold one workspace per task)."""
+    from kernelpilot.agent.session import SESSIONS_DIR
+
+    return sorted(Path(root).rglob(f"{SESSIONS_DIR}/*.jsonl"))
+
+
+# ------------------------------------------------------------------------------------------------- train
+
+
+@dataclass
+class SftSettings:
+    """What `run_sft` trains: the base model (a local path or hub id), the data, and TRL's main knobs."""
+
+    model: str
+    data: Path
+    output_dir: Path
+    epochs: float = 1.0
+    max_steps: int = -1
+    learning_rate: float = 1e-5
+    batch_size: int = 1
+    max_length: int = 8192
+    lora_rank: int = 0  # 0: full fine-tuning; > 0: LoRA adapters of this rank through peft
+
+
+def require_training_engine(*modules: str) -> None:
+    """Raise one sentence and a hint when a training engine is not installed."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingTrainingDependency(f"Training needs {', '.join(missing)}, which is not installed.", hint=TRAIN_HINT)
+
+
+def run_sft(settings: SftSettings, tokenizer: Any = None, model: Any = None) -> dict[str, Any]:
+    """Fine-tune on the SFT JSONL with TRL's SFTTrainer; returns the train metrics. Saves to `output_dir`.
+
+    `model` and `tokenizer` default to loading `settings.model`; pass objects to train one built in memory.
+    """
+    require_training_engine("trl", "datasets", "transformers", *(["peft"] if settings.lora_rank else []))
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    dataset = load_dataset("json", data_files=str(settings.data), split="train")
+    config = SFTConfig(
+        output_dir=str(settings.output_dir), num_train_epochs=settings.epochs, max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate, per_device_train_batch_size=settings.batch_size,
+        max_length=settings.max_length, logging_steps=1, save_strategy="no", report_to=[], bf16=bf16_supported(),
+    )
+    trainer = SFTTrainer(model=model or settings.model, args=config, train_dataset=dataset,
+                         processing_class=tokenizer, peft_config=_lora_config(settings.lora_rank))
+    metrics = trainer.train().metrics
+    trainer.save_model(str(settings.output_dir))
+    return metrics
+
+
+def bf16_supported() -> bool:
+    """Train in bf16 where the GPU supports it; TRL's bf16 default refuses to start on a CPU."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def _lora_config(rank: int) -> Any:
+    if rank <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
