@@ -23,6 +23,7 @@ from kernelpilot.results import to_dict
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kernelpilot.agent import Model, Tool, ToolContext
     from kernelpilot.workspace import Workspace
 
 EXIT_INTERRUPTED = 130
@@ -54,6 +55,20 @@ class OptimizeResult:
         }
 
 
+@dataclass
+class AgentRun:
+    """A run ready to start: the problem and its workspace, the model, the tools and their context, the session."""
+
+    problem_path: Path
+    workspace: Workspace
+    model: Model
+    tools: list[Tool]
+    ctx: ToolContext
+    settings: Settings
+    session: Session
+    messages: list[dict[str, Any]]  # the conversation to continue: a new task, or a resumed session's messages
+
+
 def optimize(
     problem_path: Path,
     settings: Settings,
@@ -63,8 +78,19 @@ def optimize(
     on_turn: Callable[[RunState, str], None] | None = None,
 ) -> OptimizeResult:
     """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate."""
-    from kernelpilot.agent import ToolContext
     from kernelpilot.agent.loop import run_agent
+
+    with prepared_run(problem_path, settings, resume=resume, session_id=session_id) as run:
+        summary = run_agent(run.messages, run.model, run.tools, run.ctx, settings, run.session, on_turn)
+    return finish_run(run, summary)
+
+
+@contextmanager
+def prepared_run(
+    problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None
+) -> Iterator[AgentRun]:
+    """Assemble a run (new, or resuming a session of the workspace); the judge's worker closes on exit."""
+    from kernelpilot.agent import ToolContext
     from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.tools import default_tools
     from kernelpilot.harness.judge import Judge
@@ -81,9 +107,14 @@ def optimize(
             messages = session.messages
         else:
             session, messages = _new_session(problem, ws, settings, model.name, judge)
-        summary = run_agent(messages, model, default_tools(), ctx, settings, session, on_turn)
-    written = write_outputs(ws, problem_path, settings.output) if summary.status != "interrupted" else []
-    return OptimizeResult(problem_path, ws.root, model.name, summary, written)
+        yield AgentRun(Path(problem_path), ws, model, default_tools(), ctx, settings, session, messages)
+
+
+def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
+    """Write out the best verified candidate (not after an interruption, which a resume continues) and report."""
+    interrupted = summary.status == "interrupted"
+    written = [] if interrupted else write_outputs(run.workspace, run.problem_path, run.settings.output)
+    return OptimizeResult(run.problem_path, run.workspace.root, run.model.name, summary, written)
 
 
 def _new_session(problem: Any, ws: Workspace, settings: Settings, model_name: str, judge: Any) -> tuple[Session, list]:
