@@ -317,124 +317,11 @@ def test_known_facts_read_the_caches_with_the_benches_own_key(workspace, tmp_pat
 
 # ------------------------------------------------------------------------------------------- on a GPU
 
-SOFTMAX_CU = r"""
-// Softmax over long rows: one block per row. Pass 1 reads the row once with float4 loads and keeps an online
-// (max, sum of exp) pair per thread, merged across the block; pass 2 reads the row again and writes exp(x - max) / sum.
-#include <cstdint>
-#include <cfloat>
-
-#include "kp_cuda.h"
-
-namespace {
-
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ void merge(float& m, float& s, float other_m, float other_s) {
-  const float new_m = fmaxf(m, other_m);
-  // exp(-inf - -inf) would be NaN: an empty partial (m = -inf, s = 0) contributes nothing.
-  const float scaled_s = (m == -INFINITY ? 0.f : s * __expf(m - new_m));
-  const float scaled_o = (other_m == -INFINITY ? 0.f : other_s * __expf(other_m - new_m));
-  m = new_m;
-  s = scaled_s + scaled_o;
-}
-
-__device__ __forceinline__ void add(float& m, float& s, float x) {
-  if (x > m) {
-    s = (m == -INFINITY ? 0.f : s * __expf(m - x)) + 1.f;
-    m = x;
-  } else {
-    s += __expf(x - m);
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) softmax_rows(const float* __restrict__ x, float* __restrict__ y,
-                                                         int64_t cols, bool vectorized) {
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
-  float* out = y + static_cast<int64_t>(blockIdx.x) * cols;
-  float m = -INFINITY, s = 0.f;
-  const int64_t vec_cols = vectorized ? cols / 4 : 0;
-  const float4* row4 = reinterpret_cast<const float4*>(row);
-  for (int64_t i = threadIdx.x; i < vec_cols; i += kThreads) {
-    const float4 v = row4[i];
-    add(m, s, v.x); add(m, s, v.y); add(m, s, v.z); add(m, s, v.w);
-  }
-  for (int64_t i = vec_cols * 4 + threadIdx.x; i < cols; i += kThreads) add(m, s, row[i]);
-
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float om = __shfl_xor_sync(0xffffffff, m, offset);
-    const float os = __shfl_xor_sync(0xffffffff, s, offset);
-    merge(m, s, om, os);
-  }
-  __shared__ float warp_m[kWarps], warp_s[kWarps];
-  __shared__ float row_m, row_inv_s;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) { warp_m[warp] = m; warp_s[warp] = s; }
-  __syncthreads();
-  if (warp == 0) {
-    m = warp_m[lane];  // kWarps == 32: one partial per lane
-    s = warp_s[lane];
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffff, m, offset);
-      const float os = __shfl_xor_sync(0xffffffff, s, offset);
-      merge(m, s, om, os);
-    }
-    if (lane == 0) { row_m = m; row_inv_s = 1.f / s; }
-  }
-  __syncthreads();
-  const float max_value = row_m, inv_sum = row_inv_s;
-
-  float4* out4 = reinterpret_cast<float4*>(out);
-  for (int64_t i = threadIdx.x; i < vec_cols; i += kThreads) {
-    float4 v = row4[i];
-    v.x = __expf(v.x - max_value) * inv_sum;
-    v.y = __expf(v.y - max_value) * inv_sum;
-    v.z = __expf(v.z - max_value) * inv_sum;
-    v.w = __expf(v.w - max_value) * inv_sum;
-    out4[i] = v;
-  }
-  for (int64_t i = vec_cols * 4 + threadIdx.x; i < cols; i += kThreads) out[i] = __expf(row[i] - max_value) * inv_sum;
-}
-
-}  // namespace
-
-void kp_softmax_rows_launch(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return;
-  const bool vectorized = kp::is_aligned(x, 16) && kp::is_aligned(y, 16) && cols % 4 == 0;
-  softmax_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, y, cols, vectorized);
-  KP_CHECK_LAUNCH();
-}
-"""
-
-SOFTMAX_BINDING = r"""
-#include <torch/types.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
-#include "kp_registry.h"
-
-void kp_softmax_rows_launch(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream);
-
-namespace {
-
-torch::Tensor softmax_rows(const torch::Tensor& x) {
-  TORCH_CHECK(x.is_cuda(), "softmax_rows: x must be a CUDA tensor");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "softmax_rows: x must be float32");
-  TORCH_CHECK(x.is_contiguous() && x.dim() >= 1, "softmax_rows: x must be contiguous with at least one dimension");
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  torch::Tensor y = torch::empty_like(x);
-  const int64_t cols = x.size(-1);
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  kp_softmax_rows_launch(x.data_ptr<float>(), y.data_ptr<float>(), rows, cols, c10::cuda::getCurrentCUDAStream().stream());
-  return y;
-}
-
-void register_softmax_rows(pybind11::module_& m) { m.def("softmax_rows", &softmax_rows, "softmax over the last dim"); }
-
-}  // namespace
-
-KP_REGISTER(register_softmax_rows);
-"""
+# The candidate kernel: a thread-block cluster per row reads it from HBM once (sources in tests/data, so nvcc can
+# compile them as they are); rows that do not fit the cluster take a two-pass fallback in the same file.
+SOFTMAX_SOURCES = Path(__file__).with_name("data") / "softmax_cluster"
+SOFTMAX_CU = (SOFTMAX_SOURCES / "softmax_rows.cu").read_text()
+SOFTMAX_BINDING = (SOFTMAX_SOURCES / "softmax_rows_binding.cpp").read_text()
 
 SOFTMAX_MODEL_NEW = """
 from pathlib import Path
@@ -469,14 +356,16 @@ def test_scripted_online_softmax_run_ends_verified_and_faster(tmp_path):
               call("Write", "mn", path="model_new.py", content=SOFTMAX_MODEL_NEW)),
         reply(call("Compile", "c")),
         reply(call("Profile", "p")),
-        reply(call("Finish", "f", summary="online softmax, two passes")),
+        reply(call("Finish", "f", summary="softmax reading each row from HBM once, a cluster per row")),
     ])
     with Judge(cache_dir=tmp_path / "cache") as judge:
         summary, session = run(ws, model, Settings(), judge)
     compile_output = next(r for r in records_of(session, "tool") if r["name"] == "Compile")
     assert summary.best is not None, compile_output["message"]["content"]
     assert summary.status == "finished"
-    assert summary.best.reward >= 1, summary.best.message
     bench = summary.best.bench
-    print(f"softmax_long_rows: reward {summary.best.reward}, candidate {bench.candidate.median_ms:.3f} ms, "
-          f"{bench.speedup_vs_eager:.2f}x vs eager, {bench.speedup_vs_compile}x vs compile")
+    speedup = lambda value: "n/a" if value is None else f"{value:.2f}x"  # noqa: E731 - None: that baseline failed
+    figures = (f"candidate {bench.candidate.median_ms:.3f} ms, {speedup(bench.speedup_vs_eager)} vs eager, "
+               f"{speedup(bench.speedup_vs_compile)} vs compile" if bench is not None and bench.ok else "not timed")
+    print(f"softmax_long_rows: reward {summary.best.reward}, {figures}")
+    assert summary.best.reward == 3, f"{summary.best.message} ({figures})"
