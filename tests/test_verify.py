@@ -495,6 +495,42 @@ def test_bf16_rounded_output_of_an_fp32_problem_is_a_precision_warning(relu_prob
     assert "rounded to bf16" in result.guards[0].message and "warnings: precision-drop" in result.message
 
 
+def test_precision_check_pairs_each_fp32_output_with_its_own_fp64_reference(tmp_path):
+    # A bf16 output between fp32 ones has no precision check; the outputs after it must still be matched with
+    # their own fp64 values, not their neighbour's (here (2, 3) against (3, 5) would not even broadcast).
+    problem = write_problem(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+        class Model(nn.Module):
+            def forward(self, x, h, y):
+                return torch.relu(x), torch.relu(h), torch.relu(y)
+
+        def get_inputs():
+            return [torch.randn(4, 8), torch.randn(3, 5, dtype=torch.bfloat16), torch.randn(2, 3)]
+
+        def get_init_inputs():
+            return []
+        """,
+    )
+
+    class HonestMixedRelu(nn.Module):
+        def forward(self, x, h, y):
+            out_h, bf16_array = torch.empty_like(h), ctypes.c_uint16 * h.numel()
+            # A set sign bit is a negative bf16.
+            bf16_array.from_address(out_h.data_ptr())[:] = [
+                0 if bits & 0x8000 else bits for bits in bf16_array.from_address(h.data_ptr())
+            ]
+            return raw_relu(x, torch.empty_like(x)), out_h, raw_relu(y, torch.empty_like(y))
+
+    result = verify(problem, HonestMixedRelu)
+
+    assert result.ok, result.message
+    assert result.guards == []
+
+
 def test_precision_guard_is_quiet_for_fp32_accurate_results():
     exact = torch.randn(1000, dtype=torch.float64)
     reference = exact.float()

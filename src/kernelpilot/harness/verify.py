@@ -447,12 +447,14 @@ class _Verification:
 
     def _check_precision(self, inputs: list, actual: Any, expected: Any) -> None:
         """Warn when fp32 outputs look computed in half precision, judged against a float64 reference."""
-        pairs = [
-            (out, ref)
-            for (_, out), (_, ref) in zip(tensor_leaves(actual, "out"), tensor_leaves(expected, "out"))
+        # Each fp32 output keeps its leaf index, which finds its own value among the fp64 reference's outputs.
+        leaf_pairs = zip(tensor_leaves(actual, "out"), tensor_leaves(expected, "out"))
+        checked = [
+            (index, out, ref)
+            for index, ((_, out), (_, ref)) in enumerate(leaf_pairs)
             if ref.dtype == torch.float32 and out.dtype == torch.float32 and ref.numel() > 0
         ]
-        if not pairs:
+        if not checked:
             return
         size = sum(t.nbytes for _, t in tensor_leaves(inputs, "in")) + sum(
             t.nbytes for t in self.reference.state_dict().values()
@@ -467,8 +469,9 @@ class _Verification:
         except Exception as exc:  # noqa: BLE001 - some models have no float64 path; the check is optional
             self.notes.append(f"precision check skipped: the reference does not run in float64 ({describe_exception(exc)})")
             return
-        for (out, ref), (_, ref64) in zip(pairs, tensor_leaves(exact, "out")):
-            self._record(guards.find_precision_drop(out, ref, ref64))
+        exact_leaves = [leaf for _, leaf in tensor_leaves(exact, "out")]
+        for index, out, ref in checked:
+            self._record(guards.find_precision_drop(out, ref, exact_leaves[index]))
 
     def _check_functions(self, when: str) -> None:
         self._record(guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when=when))
