@@ -1,0 +1,187 @@
+"""RL warm-up: single-turn GRPO on TRL, rewarded by the harness; and the reward function verl calls on a cluster.
+
+A prompt is a task (a problem's source) and the instructions to answer with the candidate's files in a fenced
+format; a completion is parsed into those files, written into a fresh workspace of the task and judged. The reward
+is the harness milestone reward (-1 broken or wrong, 1 correct, 2 beats eager, 3 beats eager and compile), computed
+by `Judge` worker processes, each step with its own timeout, one judge per device, several completions at once.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernelpilot.results import EvalResult
+
+FILE_BLOCK = re.compile(r"^### (?P<path>[\w./-]+)\s*\n```[\w+]*\n(?P<body>.*?)\n```", re.MULTILINE | re.DOTALL)
+EDITABLE_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
+UNPARSABLE_REWARD = -1.0
+SYSTEM_PROMPT = """\
+You write fast, correct CUDA kernels for PyTorch models. Answer with the complete files of your candidate, each as
+a level-3 heading with its path followed by one fenced block: `### model_new.py` (class ModelNew with the same
+constructor and outputs as Model, calling your kernels through `import kp_kernels`) and `### kernels/<name>.cu` for
+each kernel source. Nothing else is read."""
+
+
+def warmup_prompt(task_code: str) -> list[dict[str, str]]:
+    """The chat prompt of a single-turn warm-up episode for a task."""
+    user = f"Write a faster ModelNew for this problem.\n\n```python\n{task_code}\n```"
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def parse_completion(text: str) -> dict[str, str]:
+    """The candidate files of a completion: model_new.py and kernels/* sources; anything else is ignored."""
+    files = {}
+    for match in FILE_BLOCK.finditer(text):
+        path = match["path"]
+        if path == "model_new.py" or (path.startswith("kernels/") and path.endswith(EDITABLE_SUFFIXES)
+                                      and ".." not in path):
+            files[path] = match["body"] + "\n"
+    return files
+
+
+def completion_text(completion: Any) -> str:
+    """A TRL completion as text: a plain string, or the assistant messages of a conversational completion."""
+    if isinstance(completion, str):
+        return completion
+    return "\n".join(str(message.get("content") or "") for message in completion if isinstance(message, dict))
+
+
+def judge_completion(task_code: str, completion: str, evaluate: Callable[[Path], EvalResult]) -> float:
+    """The milestone reward of one completion: its files in a fresh workspace of the task, judged by `evaluate`."""
+    from kernelpilot.agent.session import candidate_files
+    from kernelpilot.harness.reward import reward_of
+    from kernelpilot.workspace import PROTECTED_FILES, init_workspace
+
+    files = {path: body for path, body in parse_completion(completion).items() if path not in PROTECTED_FILES}
+    if "model_new.py" not in files:
+        return UNPARSABLE_REWARD
+    with tempfile.TemporaryDirectory(prefix="kp-grpo-") as folder:
+        problem = Path(folder) / "task.py"
+        problem.write_text(task_code, encoding="utf-8")
+        ws, _ = init_workspace(problem, Path(folder) / "ws")
+        for scaffolded in list(candidate_files(ws.root)):  # the candidate is the completion's files and nothing else
+            (ws.root / scaffolded).unlink()
+        for relative, body in files.items():
+            (ws.root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (ws.root / relative).write_text(body, encoding="utf-8")
+        return float(reward_of(evaluate(ws.root)))
+
+
+class HarnessReward:
+    """A TRL reward function: the milestone reward of each completion, judged in parallel by a pool of judges.
+
+    TRL calls it with the prompts, the completions and the dataset's other columns (here `task_code`) as lists.
+    `make_evaluate` builds one evaluate callable per device; completions go to whichever device is free.
+    """
+
+    __name__ = "harness_reward"  # TRL names logged reward columns after the function
+
+    def __init__(self, make_evaluate: Callable[[str], Callable[[Path], EvalResult]], devices: Sequence[str]):
+        self._free: list[Callable[[Path], EvalResult]] = [make_evaluate(device) for device in devices]
+        self._lock = threading.Condition()
+        self._pool = ThreadPoolExecutor(max_workers=len(devices), thread_name_prefix="kp-reward")
+
+    def __call__(self, prompts: list, completions: list, task_code: list[str], **_: Any) -> list[float]:
+        texts = [completion_text(completion) for completion in completions]
+        return list(self._pool.map(self._score, task_code, texts))
+
+    def _score(self, code: str, text: str) -> float:
+        with self._lock:
+            self._lock.wait_for(lambda: self._free)
+            evaluate = self._free.pop()
+        try:
+            return judge_completion(code, text, evaluate)
+        finally:
+            with self._lock:
+                self._free.append(evaluate)
+                self._lock.notify()
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def judge_evaluator(device: str, trials: int = 3) -> Callable[[Path], EvalResult]:
+    """An evaluate callable backed by a `Judge` worker on `device` (its timeouts bound every step)."""
+    from kernelpilot.harness.judge import Judge
+
+    judge = Judge(device)
+    return lambda ws_root: judge.evaluate(ws_root, trials=trials)
+
+
+# ---------------------------------------------------------------------------------------------- verl
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """verl's custom reward function: `ground_truth` carries the task's source; the judge runs on this node's GPU."""
+    return judge_completion(ground_truth, solution_str, _node_evaluator())
+
+
+_node_judge: list[Callable[[Path], EvalResult]] = []
+
+
+def _node_evaluator() -> Callable[[Path], EvalResult]:
+    # verl calls the reward function many times per process: one warm judge per process, not one per call.
+    if not _node_judge:
+        _node_judge.append(judge_evaluator("cuda"))
+    return _node_judge[0]
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+
+@dataclass
+class GrpoSettings:
+    """What `run_grpo` trains: the policy (local path or hub id), the task dataset, and TRL's main knobs."""
+
+    model: str
+    tasks: Path  # a synth dataset folder or its tasks.jsonl
+    output_dir: Path
+    max_steps: int = 100
+    learning_rate: float = 1e-6
+    num_generations: int = 4
+    batch_size: int = 4
+    max_completion_length: int = 4096
+    devices: tuple[str, ...] = ("cuda",)
+
+
+def grpo_dataset(tasks_path: Path) -> Any:
+    """The warm-up prompts of a synth dataset as a `datasets.Dataset` with columns prompt and task_code."""
+    from datasets import Dataset
+
+    from kernelpilot.train.synth import read_tasks
+
+    tasks = read_tasks(tasks_path)
+    return Dataset.from_list([{"prompt": warmup_prompt(task.code), "task_code": task.code} for task in tasks])
+
+
+def run_grpo(settings: GrpoSettings, reward: Callable | None = None, tokenizer: Any = None,
+             model: Any = None) -> list[dict[str, Any]]:
+    """GRPO warm-up with TRL's GRPOTrainer; returns the logged history (rewards, losses). Saves to `output_dir`."""
+    from kernelpilot.train.rft import bf16_supported, require_training_engine
+
+    require_training_engine("trl", "datasets", "transformers")
+    from trl import GRPOConfig, GRPOTrainer
+
+    reward_fn = reward or HarnessReward(judge_evaluator, settings.devices)
+    config = GRPOConfig(
+        output_dir=str(settings.output_dir), max_steps=settings.max_steps, learning_rate=settings.learning_rate,
+        num_generations=settings.num_generations, per_device_train_batch_size=settings.batch_size,
+        max_completion_length=settings.max_completion_length, logging_steps=1, save_strategy="no", report_to=[],
+        bf16=bf16_supported(),
+    )
+    trainer = GRPOTrainer(model=model or settings.model, reward_funcs=[reward_fn], args=config,
+                          train_dataset=grpo_dataset(settings.tasks), processing_class=tokenizer)
+    try:
+        trainer.train()
+    finally:
+        if isinstance(reward_fn, HarnessReward):
+            reward_fn.close()
+    trainer.save_model(str(settings.output_dir))
+    return trainer.state.log_history

@@ -1,0 +1,81 @@
+"""The RL warm-up's reward plumbing: completions parsed into candidate files, judged, and fed to TRL's GRPOTrainer."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelpilot.results import EvalResult, VerifyResult
+from kernelpilot.train.rl import GrpoSettings, HarnessReward, parse_completion, run_grpo
+from kernelpilot.train.synth import SynthReport, Task, write_dataset
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TASK = (EXAMPLES / "silu_scale_shift.py").read_text()
+
+
+def completion(model_new: str, extra: str = "") -> str:
+    return f"Here is my kernel.\n\n### model_new.py\n```python\n{model_new}\n```\n{extra}"
+
+
+CORRECT = """import torch
+from model import Model as ModelNew
+"""
+WRONG = """import torch
+from model import Model
+
+
+class ModelNew(Model):
+    def forward(self, *args):
+        return super().forward(*args) + 1.0
+"""
+
+
+def test_parse_completion_keeps_only_candidate_files():
+    text = completion(CORRECT, "### kernels/silu.cu\n```cuda\n__global__ void k() {}\n```\n"
+                               "### setup.py\n```python\nimport os\n```\n### ../evil.cu\n```cuda\nx\n```\n")
+    assert set(parse_completion(text)) == {"model_new.py", "kernels/silu.cu"}
+
+
+def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order():
+    busy, peak, lock = set(), [0], threading.Lock()
+
+    def make_evaluate(device):
+        def evaluate(ws_root):
+            with lock:
+                assert device not in busy  # one completion per device at a time
+                busy.add(device)
+                peak[0] = max(peak[0], len(busy))
+            time.sleep(0.05)
+            with lock:
+                busy.discard(device)
+            correct = "+ 1.0" not in (Path(ws_root) / "model_new.py").read_text()
+            return EvalResult("p", str(ws_root), verify=VerifyResult(ok=correct), reward=1 if correct else -1)
+        return evaluate
+
+    reward = HarnessReward(make_evaluate, ["cuda:0", "cuda:1"])
+    texts = [completion(CORRECT), completion(WRONG), "no files", completion(CORRECT)]
+    assert reward(prompts=[None] * 4, completions=texts, task_code=[TASK] * 4) == [1.0, -1.0, -1.0, 1.0]
+    assert peak[0] == 2
+    reward.close()
+
+
+def test_a_tiny_grpo_run_reads_tasks_and_logs_rewards(tmp_path, monkeypatch):
+    pytest.importorskip("trl", reason="trl is not installed (pip install 'kernelpilot[train]')")
+    from test_train_rft import tiny_model_and_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tasks = [Task(f"t{i}", TASK, ["nn.SiLU"], "rows", {}) for i in range(2)]
+    write_dataset(SynthReport(2, tasks, {}, [], {}, 0.0), tmp_path / "tasks", settings={})
+    model, tokenizer = tiny_model_and_tokenizer()
+    calls = []
+
+    def reward(prompts, completions, task_code, **_):
+        calls.append(len(completions))
+        return [float(len(text) % 3) for text in completions]  # varied, so the advantages are not all zero
+
+    settings = GrpoSettings(model="tiny", tasks=tmp_path / "tasks", output_dir=tmp_path / "out", max_steps=2,
+                            num_generations=2, batch_size=2, max_completion_length=8)
+    history = run_grpo(settings, reward=reward, tokenizer=tokenizer, model=model)
+    assert calls and all(n == 2 for n in calls)
+    assert any("reward" in entry for entry in history)
