@@ -1,0 +1,141 @@
+"""`train run --config train.toml`: chain the stages, each writing a checkpoint folder; a finished stage is skipped.
+
+A stage is finished when its folder holds `STAGE_DONE` (written last, after its outputs), so a run killed halfway
+through a stage redoes that stage and nothing before it. Stages run in a fixed order; the TOML's tables say which
+run and with what settings: [synth], [warmup], [rft], and the top-level `run_dir` and `model`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernelpilot.errors import KernelpilotError
+
+STAGE_DONE = "STAGE_DONE.json"
+STAGE_ORDER = ("synth", "warmup", "rft")
+
+
+class PipelineConfigError(KernelpilotError):
+    """The pipeline's TOML cannot be read or names an unknown stage."""
+
+
+@dataclass
+class StageContext:
+    """What a stage gets: its settings table, its output folder, the run folder and the model so far."""
+
+    settings: dict[str, Any]
+    out_dir: Path
+    run_dir: Path
+    model: str
+
+
+@dataclass
+class StageOutcome:
+    """A stage that ran or was skipped, and the model path later stages train from."""
+
+    name: str
+    skipped: bool
+    out_dir: Path
+    model: str
+
+
+Stage = Callable[[StageContext], str]  # runs the stage; returns the model the next stage starts from
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The pipeline TOML; one sentence when it is missing, malformed or names a stage we do not know."""
+    try:
+        config = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise PipelineConfigError(f"Cannot read {path} ({err.strerror}).", hint="Pass --config train.toml.") from None
+    except tomllib.TOMLDecodeError as err:
+        raise PipelineConfigError(f"{path} is not valid TOML ({err}).", hint="See docs/TRAINING.md.") from None
+    unknown = [key for key, value in config.items() if isinstance(value, dict) and key not in STAGE_ORDER]
+    if unknown:
+        raise PipelineConfigError(f"{path} has unknown stage table(s): {', '.join(unknown)}.",
+                                  hint=f"Stages are {', '.join(STAGE_ORDER)}.")
+    return config
+
+
+def run_pipeline(config: dict[str, Any], stages: dict[str, Stage], *, base_dir: Path = Path("."),
+                 on_stage: Callable[[StageOutcome], None] | None = None) -> list[StageOutcome]:
+    """Run each configured stage in order, skipping those already done; returns what happened to each."""
+    run_dir = base_dir / config.get("run_dir", "kp-train")
+    model = str(config.get("model", ""))
+    outcomes = []
+    for name in STAGE_ORDER:
+        if name not in config:
+            continue
+        out_dir = run_dir / name
+        done = out_dir / STAGE_DONE
+        if done.is_file():
+            model = json.loads(done.read_text(encoding="utf-8"))["model"]
+            outcome = StageOutcome(name, True, out_dir, model)
+        else:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            started = time.monotonic()
+            model = stages[name](StageContext(config[name], out_dir, run_dir, model))
+            done.write_text(json.dumps({"model": model, "seconds": round(time.monotonic() - started, 1)}),
+                            encoding="utf-8")
+            outcome = StageOutcome(name, False, out_dir, model)
+        outcomes.append(outcome)
+        if on_stage is not None:
+            on_stage(outcome)
+    return outcomes
+
+
+# ------------------------------------------------------------------------------------------ the stages
+
+
+def synth_stage(ctx: StageContext) -> str:
+    """Synthesise and filter tasks into `out_dir`; the model is unchanged."""
+    from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
+
+    settings = ctx.settings
+    report = synthesize(
+        int(settings.get("count", 100)), seed=int(settings.get("seed", 0)), scale=settings.get("scale", "full"),
+        device=settings.get("device", "cuda"), compile_backend=settings.get("compile_backend", "inductor"),
+        benchmark_dir=Path(settings["benchmark_dir"]) if settings.get("benchmark_dir") else None,
+    )
+    write_dataset(report, ctx.out_dir, settings={**settings, "operator_count": len(crawl_operators().operators)})
+    return ctx.model
+
+
+def warmup_stage(ctx: StageContext) -> str:
+    """GRPO warm-up on the synth stage's tasks; the next stages start from its checkpoint."""
+    from kernelpilot.train.rl import GrpoSettings, run_grpo
+
+    settings = ctx.settings
+    run_grpo(GrpoSettings(
+        model=ctx.model, tasks=ctx.run_dir / "synth", output_dir=ctx.out_dir,
+        max_steps=int(settings.get("max_steps", 100)), num_generations=int(settings.get("num_generations", 4)),
+        batch_size=int(settings.get("batch_size", 4)), learning_rate=float(settings.get("learning_rate", 1e-6)),
+        max_completion_length=int(settings.get("max_completion_length", 4096)),
+        devices=tuple(settings.get("devices", ["cuda"])),
+    ))
+    return str(ctx.out_dir)
+
+
+def rft_stage(ctx: StageContext) -> str:
+    """Rejection fine-tuning on the transcripts under the stage's `transcripts` folder."""
+    from kernelpilot.train.rft import FilterLimits, SftSettings, build_sft_dataset, find_transcripts, run_sft
+
+    settings = ctx.settings
+    transcripts = find_transcripts(Path(settings.get("transcripts", ctx.run_dir / "rollout")))
+    data = build_sft_dataset(transcripts, ctx.out_dir / "sft.jsonl",
+                             FilterLimits(max_tokens=int(settings.get("max_tokens", 32768))))
+    if data.kept == 0:
+        raise KernelpilotError("No trajectory passed the RFT filters, so there is nothing to fine-tune on.",
+                               hint=f"Dropped per filter: {data.dropped_by_filter}.")
+    run_sft(SftSettings(model=ctx.model, data=data.output, output_dir=ctx.out_dir / "model",
+                        epochs=float(settings.get("epochs", 1)), lora_rank=int(settings.get("lora_rank", 0))))
+    return str(ctx.out_dir / "model")
+
+
+STAGES: dict[str, Stage] = {"synth": synth_stage, "warmup": warmup_stage, "rft": rft_stage}
