@@ -24,7 +24,14 @@ from kernelpilot.lockfile import (
 )
 from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, TrialResult, VerifyResult
 from kernelpilot.vcs import VcsError, accept
-from kernelpilot.workspace import EXAMPLE_KERNELS, MANIFEST_PATH, PROTECTED_FILES, Workspace, init_workspace
+from kernelpilot.workspace import (
+    EXAMPLE_KERNELS,
+    GITIGNORE_PATH,
+    MANIFEST_PATH,
+    PROTECTED_FILES,
+    Workspace,
+    init_workspace,
+)
 
 PROBLEM = """
 import torch
@@ -223,8 +230,8 @@ def test_accept_commits_exactly_the_workspace_files_with_the_numbers_and_leaves_
 
     info = accept(ws, verified_result(ws))
 
-    names = {*PROTECTED_FILES, MANIFEST_PATH, LOCK_NAME, "model_new.py", "kernels/affine.cu", "kernels/affine.cuh",
-             "kernels/affine_binding.cpp"}  # fmt: skip
+    names = {*PROTECTED_FILES, MANIFEST_PATH, GITIGNORE_PATH, LOCK_NAME, "model_new.py", "kernels/affine.cu",
+             "kernels/affine.cuh", "kernels/affine_binding.cpp"}  # fmt: skip
     assert committed_files(repo) == {f"kp-affine/{name}" for name in names}
     assert set(info.files) == committed_files(repo) and info.sha == repo.head.commit.hexsha
     assert info.subject == f"kernelpilot: accept kp-affine: 0.25 ms, 2.00x vs eager, 1.60x vs compile on {GPU}"

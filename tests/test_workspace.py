@@ -23,6 +23,7 @@ from kernelpilot.resources import data_dir
 from kernelpilot.workspace import (
     EXAMPLE_KERNELS,
     EXTENSION_NAME,
+    GITIGNORE_PATH,
     MANIFEST_PATH,
     PROTECTED_FILES,
     check_protected,
@@ -181,7 +182,7 @@ def workspace(tmp_path: Path, problem_file: Path):
 def test_scaffold_of_each_example(tmp_path: Path, problem_path: Path):
     ws, created = init_workspace(problem_path, tmp_path / "ws")
 
-    expected = {*PROTECTED_FILES, "model_new.py", *EXAMPLE_KERNELS, MANIFEST_PATH}
+    expected = {*PROTECTED_FILES, "model_new.py", *EXAMPLE_KERNELS, MANIFEST_PATH, GITIGNORE_PATH}
     assert set(created) == expected
     assert all((ws.root / name).is_file() for name in expected)
     assert ws.model_path.read_bytes() == problem_path.read_bytes()
@@ -218,6 +219,22 @@ def test_skill_and_templates_are_copied_verbatim(workspace):
     for name in [*PROTECTED_FILES[1:], *EXAMPLE_KERNELS]:
         if name != "SKILL.md":
             assert (workspace.root / name).read_bytes() == (data_dir("templates") / name).read_bytes(), name
+
+
+def test_gitignore_keeps_build_and_bookkeeping_but_not_the_manifest_out_of_git(workspace, tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    subprocess.run(["git", "init", "-q", str(workspace.root)], check=True)
+    made = ["build/kp_module.o", "__pycache__/model_new.cpython-311.pyc", ".kernelpilot/sessions/s.jsonl",
+            ".kernelpilot/best/model_new.py"]  # fmt: skip
+    for name in made:
+        (workspace.root / name).parent.mkdir(parents=True, exist_ok=True)
+        (workspace.root / name).write_text("")
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=workspace.root,
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    untracked = {line[3:] for line in status.splitlines()}
+    assert MANIFEST_PATH in untracked and GITIGNORE_PATH in untracked and "kernels/kp_module.cpp" in untracked
+    assert not untracked & set(made)
 
 
 def test_manifest_records_problem_and_protected_hashes(workspace, problem_file: Path):
@@ -331,16 +348,16 @@ def test_reinit_never_overwrites_user_files_and_restores_missing_protected(works
     user_kernel = workspace.kernels_dir / "fused.cu"
     user_kernel.write_text("// my kernel\n")
     workspace.model_new_path.write_text("# my ModelNew\n")
-    for name in EXAMPLE_KERNELS:
+    for name in [*EXAMPLE_KERNELS, GITIGNORE_PATH]:
         (workspace.root / name).unlink()
     (workspace.root / "benchmark.py").unlink()
 
     ws, created = init_workspace(problem_file, workspace.root)
 
-    assert created == ["benchmark.py"]
+    assert created == ["benchmark.py"], "files the user deleted on purpose stay deleted"
     assert user_kernel.read_text() == "// my kernel\n"
     assert ws.model_new_path.read_text() == "# my ModelNew\n"
-    assert not any((ws.root / name).exists() for name in EXAMPLE_KERNELS)
+    assert not any((ws.root / name).exists() for name in [*EXAMPLE_KERNELS, GITIGNORE_PATH])
     assert tampered_files(ws) == []
 
 

@@ -26,7 +26,7 @@ from kernelpilot.lockfile import (
     write_lock,
 )
 from kernelpilot.results import EvalResult
-from kernelpilot.workspace import MANIFEST_PATH, PROTECTED_FILES, Workspace, open_workspace
+from kernelpilot.workspace import GITIGNORE_PATH, MANIFEST_PATH, PROTECTED_FILES, Workspace, open_workspace
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -129,12 +129,15 @@ def ensure_committable(repo: git.Repo) -> None:
 def workspace_paths(repo: git.Repo, ws: Workspace) -> list[str]:
     """Repository-relative paths an accept commits: what a clone needs to rebuild and re-check the candidate.
 
-    That is the protected files and the manifest (committed once, unchanged afterwards), the candidate's files,
-    the lock file, and kernel files git tracks that were deleted (so a clone does not build a removed kernel).
+    That is the protected files and the manifest (committed once, unchanged afterwards), the workspace's
+    .gitignore when it has one (so a clone's builds stay out of git too), the candidate's files, the lock file,
+    and kernel files git tracks that were deleted (so a clone does not build a removed kernel).
     """
     root = Path(repo.working_tree_dir).resolve()
     prefix = ws.root.relative_to(root)
     names = {*PROTECTED_FILES, MANIFEST_PATH, LOCK_NAME, *candidate_files(ws)}
+    if (ws.root / GITIGNORE_PATH).is_file():
+        names.add(GITIGNORE_PATH)
     paths = {(prefix / name).as_posix() for name in names}
     deleted = repo.git.ls_files("--deleted", "--", (prefix / "kernels").as_posix()).splitlines()
     return sorted(paths | set(deleted))

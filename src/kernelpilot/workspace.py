@@ -41,6 +41,9 @@ MODEL_NEW_TEMPLATE = "model_new.py.j2"
 # Starter files the user edits or deletes: written only into a new workspace, so that a re-run of
 # `init` never brings back an example the user removed on purpose.
 EXAMPLE_KERNELS = ("kernels/example_scale_shift.cu", "kernels/example_scale_shift_binding.cpp")
+# Keeps build/ and .kernelpilot/ (all but the manifest) out of git; like the examples, the user's to change.
+GITIGNORE_PATH = ".gitignore"
+GITIGNORE_TEMPLATE = "gitignore"  # no dot in templates/, where git would apply it to kernelpilot's own checkout
 _INIT_HINT = "Run `kernelpilot init PROBLEM.py` to create a workspace, then pass the folder it made."
 
 
@@ -223,6 +226,8 @@ def _scaffold(ws: Workspace, problem_path: Path, problem_id: str, model_new_sour
         created.append("model_new.py")
     if is_new:
         created += _copy_templates(EXAMPLE_KERNELS, ws.root)
+        shutil.copyfile(data_dir("templates") / GITIGNORE_TEMPLATE, ws.root / GITIGNORE_PATH)
+        created.append(GITIGNORE_PATH)
     if _write_manifest(ws, problem_id):
         created.append(MANIFEST_PATH)
     return created
