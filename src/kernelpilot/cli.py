@@ -253,6 +253,78 @@ def watch(
     watch_workspace(workspace, console, device=device, trials=trials, bench=not no_bench)
 
 
+train_app = _App(name="train", help="Train a model on kernel tasks: synthesis, RFT, GRPO warm-up (TRL; verl on clusters).",
+                 no_args_is_help=True)
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("synth")
+def train_synth(
+    out: Path = typer.Option(Path("kp-tasks"), "--out", help="Dataset folder: tasks.jsonl, tasks.parquet, README.md."),
+    count: int = typer.Option(100, "--count", min=1, help="Problems to compose before filtering."),
+    seed: int = typer.Option(0, "--seed", help="Composition seed (same seed, same problems)."),
+    scale: str = typer.Option("full", "--scale", help="Problem sizes: full (GPU) or small (CPU checks)."),
+    device: str = typer.Option("cuda", "--device", help="Where the filters run: cuda (times them) or cpu."),
+    benchmark: Optional[Path] = typer.Option(None, "--decontaminate", help="A benchmark folder of problems to stay away from."),
+) -> None:
+    """Compose KernelBench-format tasks from torch.nn operators and keep those the execution filters pass."""
+    from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
+
+    report = synthesize(count, seed=seed, scale=scale, device=device, benchmark_dir=benchmark)
+    settings = {"seed": seed, "scale": scale, "device": device, "benchmark_dir": str(benchmark) if benchmark else None,
+                "operator_count": len(crawl_operators().operators)}
+    write_dataset(report, out, settings=settings)
+    console.print(f"kept {len(report.kept)} of {report.composed} tasks in {out}; dropped: {report.dropped_by_filter}")
+
+
+@train_app.command("rft")
+def train_rft(
+    transcripts: Path = typer.Argument(..., help="A folder with agent session transcripts (rollout workspaces)."),
+    model: str = typer.Option(..., "--model", help="Base model: a local checkpoint folder or hub id."),
+    out: Path = typer.Option(Path("kp-rft"), "--out", help="Where sft.jsonl and the fine-tuned model go."),
+    epochs: float = typer.Option(1.0, "--epochs", help="Training epochs."),
+    lora_rank: int = typer.Option(0, "--lora-rank", min=0, help="LoRA rank through peft (0: full fine-tuning)."),
+) -> None:
+    """Rejection fine-tuning: keep judge-verified trajectories, then train on them with TRL's SFTTrainer."""
+    from kernelpilot.train.rft import SftSettings, build_sft_dataset, find_transcripts, run_sft
+
+    data = build_sft_dataset(find_transcripts(transcripts), out / "sft.jsonl")
+    console.print(f"kept {data.kept} of {data.read} trajectories; dropped: {data.dropped_by_filter}")
+    if data.kept:
+        run_sft(SftSettings(model=model, data=data.output, output_dir=out / "model", epochs=epochs, lora_rank=lora_rank))
+
+
+@train_app.command("ppo")
+def train_ppo(
+    tasks: Path = typer.Argument(..., help="A dataset folder from `kernelpilot train synth`."),
+    model: str = typer.Option(..., "--model", help="Policy: a local checkpoint folder or hub id."),
+    out: Path = typer.Option(Path("kp-warmup"), "--out", help="Checkpoint folder (or verl config folder)."),
+    max_steps: int = typer.Option(100, "--max-steps", min=1, help="Optimizer steps."),
+    engine: str = typer.Option("trl", "--engine", help="trl (one node, GRPO warm-up) or verl (write a cluster config)."),
+) -> None:
+    """Single-turn RL warm-up rewarded by the harness: GRPO on TRL, or a verl configuration for a cluster."""
+    if engine == "verl":
+        from kernelpilot.train.verl_config import VerlSettings, launch_command, write_verl_config
+
+        paths = write_verl_config(VerlSettings(model=model, tasks=tasks, output_dir=out))
+        console.print(f"wrote {paths['config']}; launch with: {launch_command(paths['config'])}", highlight=False)
+        return
+    from kernelpilot.train.rl import GrpoSettings, run_grpo
+
+    run_grpo(GrpoSettings(model=model, tasks=tasks, output_dir=out, max_steps=max_steps))
+
+
+@train_app.command("run")
+def train_run(
+    config: Path = typer.Option(Path("train.toml"), "--config", help="Pipeline config: [synth], [warmup], [rft] tables."),
+) -> None:
+    """Run the configured stages in order; a stage whose checkpoint is complete is skipped."""
+    from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
+
+    run_pipeline(load_config(config), STAGES, on_stage=lambda outcome: console.print(
+        f"{outcome.name}: {'skipped (done)' if outcome.skipped else 'done'} -> {outcome.out_dir}", highlight=False))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
