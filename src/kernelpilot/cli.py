@@ -134,20 +134,48 @@ def optimize(
     session: Optional[str] = typer.Option(None, "--session", help="Session id to resume (implies --resume)."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON (no live progress)."),
+    tui: bool = typer.Option(False, "--tui", help="Watch and steer the run in a terminal UI (same as `kernelpilot tui`)."),
 ) -> None:
     """Let a model write, verify and time CUDA kernels for PROBLEM; keep the best verified candidate."""
-    from kernelpilot.agent.optimize import live_progress, optimize as run_optimize, render_result
+    from kernelpilot.agent.optimize import EXIT_INTERRUPTED, live_progress, optimize as run_optimize, render_result
     from kernelpilot.config import load_settings
 
     settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
                                   target_speedup=target, workspace=workspace, output=output, device=device))
-    with live_progress(err_console, settings.max_turns, enabled=not as_json) as on_turn:
-        result = run_optimize(problem, settings, resume=resume, session_id=session, on_turn=on_turn)
+    if tui:
+        from kernelpilot.tui.app import run_tui
+
+        result = run_tui(problem, settings, resume=resume, session_id=session)
+        if result is None:
+            err_console.print("Closed before the first turn; the session is saved, and --resume starts it.")
+            raise typer.Exit(EXIT_INTERRUPTED)
+    else:
+        with live_progress(err_console, settings.max_turns, enabled=not as_json) as on_turn:
+            result = run_optimize(problem, settings, resume=resume, session_id=session, on_turn=on_turn)
     if as_json:
         _print_json(result.to_json())
     else:
         render_result(console, result)
     raise typer.Exit(result.exit_code)
+
+
+@app.command("tui")
+def tui_(
+    problem: Path = typer.Argument(..., help="A KernelBench-format file: Model, get_inputs(), get_init_inputs()."),
+    model: Optional[str] = typer.Option(None, "--model", help="litellm model, e.g. openai/gpt-5 (default: KERNELPILOT_MODEL, else the built-in policy)."),
+    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key (default: KERNELPILOT_API_KEY or the provider's usual variable)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Most model turns (default 40, at most 200)."),
+    target: Optional[float] = typer.Option(None, "--target", help="Speedup vs torch.compile that counts as done (default 1.05)."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", help="Workspace folder (default: ./kp-<problem name>)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Where the best model_new.py goes (default: beside PROBLEM); its kernels/ go beside it."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the workspace's newest session (or the one --session names)."),
+    session: Optional[str] = typer.Option(None, "--session", help="Session id to resume (implies --resume)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+) -> None:
+    """`optimize --tui`: watch the agent work on PROBLEM live; pause, resume, stop it and accept the best as a commit."""
+    optimize(problem, model=model, api_base=api_base, api_key=api_key, max_turns=max_turns, target=target,
+             workspace=workspace, output=output, resume=resume, session=session, device=device, as_json=False, tui=True)
 
 
 @app.command()

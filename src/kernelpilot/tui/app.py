@@ -1,0 +1,299 @@
+"""The kernelpilot TUI: an agent run on a Textual worker thread, its session shown live, and keys to steer it.
+
+The worker assembles the run exactly as `optimize` does (`prepared_run`), replays the session's records so far,
+then runs the loop with a ReportingSession: every record is written to the transcript file first (closing the app
+loses nothing and `--resume` continues) and then posted to the app, whose handlers fill the panels on the UI
+thread. Pause and stop act between turns through RunControl; accept commits the best verified candidate with
+`vcs.accept` once the run is over and that candidate is back in the workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Footer
+
+from kernelpilot.agent.session import read_records
+from kernelpilot.errors import KernelpilotError
+from kernelpilot.results import EvalResult, from_dict
+from kernelpilot.tui.control import Record, ReportingSession, RunControl
+from kernelpilot.tui.diff_view import DiffView
+from kernelpilot.tui.profile import ProfilePanel
+from kernelpilot.tui.status import RunStatus
+from kernelpilot.tui.todos import TodoPanel
+from kernelpilot.tui.transcript import Transcript
+
+if TYPE_CHECKING:
+    from kernelpilot.agent.optimize import AgentRun, OptimizeResult
+    from kernelpilot.config import Settings
+    from kernelpilot.vcs import CommitInfo
+    from kernelpilot.workspace import Workspace
+
+OpenRun = Callable[[], AbstractContextManager["AgentRun"]]
+ACTIVE_PHASES = ("starting", "running", "pausing", "paused", "stopping", "quitting")
+
+
+class RunStarted(Message):
+    """The run is assembled; `history` is its session's records so far (a resumed session's whole past)."""
+
+    def __init__(self, run: AgentRun, history: list[Record]):
+        super().__init__()
+        self.run, self.history = run, history
+
+
+class RecordWritten(Message):
+    """The loop wrote one session record."""
+
+    def __init__(self, record: Record):
+        super().__init__()
+        self.record = record
+
+
+class ControlChanged(Message):
+    """The loop started or stopped waiting between turns."""
+
+
+class RunOver(Message):
+    """The worker is done: the run's outcome, an error that stopped it, or neither when it never began."""
+
+    def __init__(self, outcome: OptimizeResult | None, error: KernelpilotError | None):
+        super().__init__()
+        self.outcome, self.error = outcome, error
+
+
+class AcceptDone(Message):
+    """`vcs.accept` committed the best candidate, or refused with a KernelpilotError."""
+
+    def __init__(self, commit: CommitInfo | None, error: KernelpilotError | None):
+        super().__init__()
+        self.commit, self.error = commit, error
+
+
+class KernelpilotApp(App[None]):
+    """Transcript on the left; plan, latest edit and profiles on the right; run state on top; keys in the footer."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "kernelpilot"
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("p", "pause", "Pause"),
+        Binding("r", "resume", "Resume"),
+        Binding("s", "stop", "Stop"),
+        Binding("a", "accept", "Accept best"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    phase: reactive[str] = reactive("starting")
+    turn: reactive[int] = reactive(0)
+    max_turns: reactive[int] = reactive(0)
+    best: reactive[EvalResult | None] = reactive(None)
+    run_title: reactive[str] = reactive("")
+
+    def __init__(self, open_run: OpenRun):
+        super().__init__()
+        self._open_run = open_run
+        self.control = RunControl(on_change=lambda: self.post_message(ControlChanged()))
+        self.workspace: Workspace | None = None
+        # Set by the worker thread before it posts RunOver, so they are there even if the app closed first.
+        self.outcome: OptimizeResult | None = None
+        self.error: KernelpilotError | None = None
+        self._quitting = False
+
+    def compose(self) -> ComposeResult:
+        yield RunStatus(id="status").data_bind(
+            KernelpilotApp.phase, KernelpilotApp.turn, KernelpilotApp.max_turns, KernelpilotApp.best,
+            KernelpilotApp.run_title,
+        )  # fmt: skip
+        with Horizontal(id="main"):
+            yield Transcript(id="transcript")
+            with Vertical(id="side"):
+                yield TodoPanel(id="todos")
+                yield DiffView(id="diff")
+                yield ProfilePanel(id="profile")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for selector, title in (("#transcript", "transcript"), ("#todos", "plan"), ("#diff", "latest edit"),
+                                ("#profile", "profile")):  # fmt: skip
+            self.query_one(selector).border_title = title
+        self.run_worker(self._drive_run, thread=True, name="agent", group="agent")
+
+    def on_unmount(self) -> None:
+        # However the app closes, a paused or running loop must end at its next turn boundary, not wait forever.
+        self.control.stop("interrupted")
+
+    # -- the worker thread
+
+    def _drive_run(self) -> None:
+        from kernelpilot.agent.loop import run_agent
+        from kernelpilot.agent.optimize import finish_run
+
+        try:
+            with self._open_run() as run:
+                self.post_message(RunStarted(run, read_records(run.session.path)))
+                if self.control.stop_status is not None:
+                    return  # closed before the first turn: the session is saved, nothing ran
+                session = ReportingSession(run.session, lambda record: self.post_message(RecordWritten(record)))
+                summary = run_agent(run.messages, run.model, run.tools, run.ctx, run.settings, session,
+                                    self.control.between_turns)  # fmt: skip
+            self.outcome = finish_run(run, summary)
+        except KernelpilotError as err:
+            self.error = err
+        finally:
+            self.post_message(RunOver(self.outcome, self.error))
+
+    # -- events from the worker
+
+    def on_run_started(self, message: RunStarted) -> None:
+        run = message.run
+        self.workspace = run.workspace
+        self.max_turns = run.settings.max_turns
+        self.run_title = f"{run.problem_path.name} · {run.model.name} · session {run.session.id}"
+        for record in message.history:
+            self._show_record(record)
+        self._sync_phase()
+
+    def on_record_written(self, message: RecordWritten) -> None:
+        self._show_record(message.record)
+
+    def on_control_changed(self, _: ControlChanged) -> None:
+        self._sync_phase()
+
+    def on_run_over(self, message: RunOver) -> None:
+        transcript = self.query_one(Transcript)
+        if message.error is not None:
+            self.phase = "failed"
+            transcript.add_line(_sentence(message.error), "refused")
+        else:
+            self.phase = "ended"
+            transcript.add_line(_outcome_text(message.outcome), "header")
+        # An error while assembling the run (bad problem file, no model) leaves nothing to watch: run_tui reports it.
+        if self._quitting or (message.error is not None and self.workspace is None):
+            self.exit()
+
+    def _show_record(self, record: Record) -> None:
+        """Put one session record into the transcript and into the panel it concerns."""
+        self.query_one(Transcript).add_record(record)
+        kind, data = record["type"], record.get("data") or {}
+        if kind == "tool" and "diff" in data:
+            self.query_one(DiffView).show_edit(data["path"], data["diff"])
+        if kind == "tool" and "todos" in data:
+            self.query_one(TodoPanel).todos = data["todos"]
+        elif kind == "step":
+            self.turn = record["turn"]
+            self.query_one(TodoPanel).todos = record.get("todos") or []
+        elif kind == "resume":
+            self.turn = record.get("turn") or 0
+        elif kind == "eval":
+            result = from_dict(EvalResult, record["eval"])
+            self.query_one(ProfilePanel).add_result(record.get("turn") or self.turn, result)
+            if record.get("improved"):
+                self.best = result
+
+    # -- keys
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Show Pause while running and Resume while paused; grey Stop out once the run is over."""
+        if action == "pause":
+            return self.phase in ("starting", "running")
+        if action == "resume":
+            return self.phase in ("pausing", "paused")
+        if action == "stop":
+            return True if self.phase in ACTIVE_PHASES else None
+        return True
+
+    def watch_phase(self) -> None:
+        self.refresh_bindings()
+
+    def action_pause(self) -> None:
+        self.control.pause()
+        self._sync_phase()
+
+    def action_resume(self) -> None:
+        self.control.resume()
+        self._sync_phase()
+
+    def action_stop(self) -> None:
+        self.control.stop()
+        self._sync_phase()
+
+    async def action_quit(self) -> None:
+        """Leave once the current turn is saved (the session stays resumable); a second press leaves at once."""
+        if self.phase not in ACTIVE_PHASES or self._quitting:
+            self.exit()
+            return
+        self._quitting = True
+        self.control.stop("interrupted")
+        self._sync_phase()
+        self.notify("Quitting after the current turn, so the session stays resumable; press q again to leave now.")
+
+    def action_accept(self) -> None:
+        if self.phase in ACTIVE_PHASES:
+            self._report_accept("The run is still going; stop it (s) first, so the best candidate is back in the "
+                                "workspace to commit.", refused=True)  # fmt: skip
+        elif self.best is None or self.workspace is None:
+            self._report_accept("No candidate was verified correct, so there is nothing to accept.", refused=True)
+        else:
+            self.run_worker(partial(self._accept, self.workspace, self.best), thread=True, name="accept",
+                            group="accept", exclusive=True)  # fmt: skip
+
+    def _accept(self, workspace: Workspace, best: EvalResult) -> None:
+        from kernelpilot.vcs import accept
+
+        try:
+            self.post_message(AcceptDone(accept(workspace, best), None))
+        except KernelpilotError as err:
+            self.post_message(AcceptDone(None, err))
+
+    def on_accept_done(self, message: AcceptDone) -> None:
+        if message.commit is not None:
+            self._report_accept(f"committed {message.commit.short_sha} {message.commit.subject}", refused=False)
+        else:
+            self._report_accept(_sentence(message.error), refused=True)
+
+    def _report_accept(self, text: str, *, refused: bool) -> None:
+        self.query_one(Transcript).add_line(text, "refused" if refused else "accepted")
+        self.notify(text, severity="error" if refused else "information")
+
+    def _sync_phase(self) -> None:
+        if self.phase in ("ended", "failed"):
+            return
+        self.phase = "quitting" if self._quitting else self.control.phase
+
+
+def _sentence(error: KernelpilotError | None) -> str:
+    if error is None:
+        return ""
+    return f"{error.message} {error.hint}" if error.hint else error.message
+
+
+def _outcome_text(outcome: OptimizeResult | None) -> str:
+    if outcome is None:
+        return "Closed before the first turn; the session is saved and --resume starts it."
+    written = ", ".join(str(path) for path in outcome.written)
+    where = f"; wrote {written}" if written else ""
+    return f"Run {outcome.summary.status} after {outcome.summary.turns} turns{where}. Press a to accept the best."
+
+
+def run_tui(
+    problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None
+) -> OptimizeResult | None:
+    """Run (or resume) the agent on a problem inside the TUI; the outcome, or None if it closed before a turn ran.
+
+    A KernelpilotError that stopped the run (a bad problem file, no model) is raised once the app has closed.
+    """
+    from kernelpilot.agent.optimize import prepared_run
+
+    app = KernelpilotApp(partial(prepared_run, problem_path, settings, resume=resume, session_id=session_id))
+    app.run()
+    if app.error is not None:
+        raise app.error
+    return app.outcome

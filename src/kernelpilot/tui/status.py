@@ -1,0 +1,42 @@
+"""The status line: what is running (problem, model, session), the turn, the run's phase and the best so far."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from kernelpilot.results import EvalResult
+
+PHASE_STYLES = {"running": "bold green", "pausing": "yellow", "paused": "bold yellow", "stopping": "yellow",
+                "quitting": "yellow", "ended": "bold cyan", "failed": "bold red", "starting": "dim"}  # fmt: skip
+
+
+class RunStatus(Static):
+    """One line, redrawn whenever the app's run state (bound reactives) changes."""
+
+    run_title: reactive[str] = reactive("")
+    phase: reactive[str] = reactive("starting")
+    turn: reactive[int] = reactive(0)
+    max_turns: reactive[int] = reactive(0)
+    best: reactive[EvalResult | None] = reactive(None)
+
+    def render(self) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f" {self.phase} ", style=f"reverse {PHASE_STYLES.get(self.phase, '')}")
+        text.append(f"  turn {self.turn}/{self.max_turns}  ·  best: {best_text(self.best)}  ·  ")
+        text.append(self.run_title, style="dim")
+        return text
+
+
+def best_text(best: EvalResult | None) -> str:
+    """The best verified candidate in a few words."""
+    if best is None:
+        return "nothing verified yet"
+    bench = best.bench
+    if bench is None or not bench.ok or bench.candidate is None:
+        return f"correct, not timed (reward {best.reward})"
+    versus = "no compile baseline"
+    if bench.speedup_vs_compile is not None:
+        versus = f"{bench.speedup_vs_compile:.2f}x vs compile"
+    return f"{bench.candidate.median_ms:.4g} ms, {versus} (reward {best.reward})"

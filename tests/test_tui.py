@@ -1,0 +1,281 @@
+"""The TUI through Textual's pilot: a scripted model's run on a real workspace fills the transcript, plan and diff
+panels; the pause, resume and stop keys really hold and end the loop; accept commits through vcs.accept in a real
+git repository (and says why not outside one); the profile panel shows judged results and the per-kernel diff."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import git
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import Collapsible, DataTable, Sparkline, Static
+
+from kernelpilot.agent import ModelReply, RunEnded, ToolCall, ToolContext
+from kernelpilot.agent.model import ScriptedModel
+from kernelpilot.agent.optimize import AgentRun
+from kernelpilot.agent.session import Session, read_records
+from kernelpilot.agent.tools import default_tools
+from kernelpilot.config import Settings
+from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, TrialResult, VerifyResult, to_dict
+from kernelpilot.tui.app import KernelpilotApp, RecordWritten
+from kernelpilot.tui.diff_view import DiffView
+from kernelpilot.tui.profile import ProfilePanel
+from kernelpilot.tui.todos import TodoPanel
+from kernelpilot.tui.transcript import Transcript
+from kernelpilot.workspace import init_workspace
+
+PROBLEM = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(16, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+CANDIDATE = """from torch import nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x + x
+"""
+
+PLAN = [{"content": "write a fused kernel", "status": "in_progress"}, {"content": "profile it", "status": "pending"}]
+WAIT_S = 15.0
+
+
+def call(name: str, **arguments) -> ModelReply:
+    return ModelReply(f"next: {name}", [ToolCall(id=f"call-{name}", name=name, arguments=arguments)])
+
+
+def plan_write_finish() -> list[ModelReply]:
+    return [call("TodoWrite", todos=PLAN), call("Write", path="model_new.py", content=CANDIDATE),
+            call("Finish", summary="wrote a candidate")]  # fmt: skip
+
+
+class GatedModel:
+    """The scripted model, answering only when the test lets it: each query takes one permit."""
+
+    def __init__(self, replies: list[ModelReply]):
+        self.name = "gated"
+        self.permits = threading.Semaphore(0)
+        self.queries = 0
+        self._script = ScriptedModel(replies)
+
+    def query(self, messages, tools) -> ModelReply:
+        self.queries += 1
+        if not self.permits.acquire(timeout=WAIT_S):
+            raise RunEnded("test-gave-no-permit")
+        return self._script.query(messages, tools)
+
+
+@pytest.fixture(autouse=True)
+def isolated_git(tmp_path, monkeypatch):
+    """Git sees neither the user's nor the system's configuration, nor a repository above the temp folder."""
+    (tmp_path / "gitconfig").write_text("[user]\n\tname = Ada Lovelace\n\temail = ada@example.com\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+
+
+@pytest.fixture
+def problem(tmp_path) -> Path:
+    path = tmp_path / "project" / "double.py"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(PROBLEM))
+    return path
+
+
+def scripted_run(problem_path: Path, model, max_turns: int = 10):
+    """An OpenRun as `prepared_run` gives, with a scripted model and no judge (the file tools need none)."""
+
+    @contextmanager
+    def open_run():
+        ws, _ = init_workspace(problem_path, problem_path.parent / "kp-double")
+        settings = Settings(max_turns=max_turns)
+        session = Session.create(ws.root, problem=str(problem_path), model=model.name)
+        messages = [{"role": "system", "content": "You write CUDA kernels."},
+                    {"role": "user", "content": "Make Model faster.\n" + PROBLEM}]  # fmt: skip
+        for message in messages:
+            session.append("message", turn=0, message=message)
+        ctx = ToolContext(workspace=ws, judge=None, state={"settings": settings})
+        yield AgentRun(problem_path, ws, model, default_tools(), ctx, settings, session, messages)
+
+    return open_run
+
+
+async def wait_for(pilot, condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+def timing(median_ms: float) -> Timing:
+    return Timing(median_ms=median_ms, p10_ms=median_ms * 0.98, p90_ms=median_ms * 1.02, mean_ms=median_ms, runs=50)
+
+
+def judged(problem_id: str, workspace: str, candidate_ms: float, kernels: dict[str, float]) -> EvalResult:
+    """A correct, timed result as the judge reports it (eager 0.5 ms, torch.compile 0.4 ms)."""
+    return EvalResult(
+        problem_id=problem_id,
+        workspace=workspace,
+        verify=VerifyResult(ok=True, trials=[TrialResult(seed=seed, ok=True) for seed in (0, 1, 2)]),
+        bench=BenchResult(
+            ok=True,
+            gpu="NVIDIA H100 80GB HBM3",
+            candidate=timing(candidate_ms),
+            eager=timing(0.5),
+            compiled=timing(0.4),
+            speedup_vs_eager=0.5 / candidate_ms,
+            speedup_vs_compile=0.4 / candidate_ms,
+            sol_candidate=0.6,
+            kernels=[KernelTime(name, ms, 1) for name, ms in kernels.items()],
+        ),
+        reward=3,
+    )
+
+
+def lines(app: App) -> list[str]:
+    """The transcript's one-line entries (not the bodies of tool outputs), oldest first."""
+    transcript = app.query_one(Transcript)
+    return [str(line.content) for line in transcript.query(Static) if line.parent is transcript]
+
+
+@pytest.mark.asyncio
+async def test_run_fills_transcript_plan_and_diff(problem):
+    app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish())))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ended", "the run to end")
+        assert app.outcome.summary.status == "finished" and app.turn == 3
+
+        assert app.query_one(TodoPanel).todos == PLAN
+        plan_text = str(app.query_one(TodoPanel).content)
+        assert "write a fused kernel" in plan_text and "profile it" in plan_text
+
+        diff_view = app.query_one(DiffView)
+        assert diff_view.path == "model_new.py"
+        assert "+        return x + x" in diff_view.diff
+
+        titles = [str(block.title) for block in app.query_one(Transcript).query(Collapsible)]
+        assert any(title.startswith("→ Write") for title in titles)
+        assert any(title.startswith("→ TodoWrite") for title in titles)
+        assert "next: Finish" in lines(app)
+        assert "run ended: finished" in lines(app)
+
+    # Everything shown came from the transcript file, which a resume reads.
+    records = read_records(next((problem.parent / "kp-double/.kernelpilot/sessions").glob("*.jsonl")))
+    assert [record["type"] for record in records][-1] == "end"
+
+
+@pytest.mark.asyncio
+async def test_pause_resume_and_stop_keys_drive_the_loop(problem):
+    model = GatedModel([call("TodoWrite", todos=PLAN)] * 3)
+    app = KernelpilotApp(scripted_run(problem, model))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: model.queries == 1, "the first query")
+        await pilot.press("p")
+        assert app.phase == "pausing"  # the turn under way finishes first
+
+        model.permits.release(2)  # one answer for this turn, one the loop must not take while paused
+        await wait_for(pilot, lambda: app.phase == "paused", "the loop to block between turns")
+        assert app.control.loop_waiting
+        await pilot.pause(0.3)
+        assert model.queries == 1 and app.turn == 1
+
+        await pilot.press("a")
+        assert "stop it (s) first" in lines(app)[-1]
+
+        await pilot.press("r")
+        await wait_for(pilot, lambda: model.queries == 3, "turn 2 and the start of turn 3")
+        assert app.phase == "running" and app.turn == 2
+
+        await pilot.press("s")
+        assert app.phase == "stopping"
+        model.permits.release()
+        await wait_for(pilot, lambda: app.phase == "ended", "the stop to end the run")
+        assert app.outcome.summary.status == "stopped" and app.outcome.summary.turns == 3
+
+
+@pytest.mark.asyncio
+async def test_accept_commits_the_best_in_a_repository(problem):
+    repo = git.Repo.init(problem.parent, initial_branch="main")
+    (problem.parent / "README.md").write_text("# project\n")
+    repo.index.add(["README.md"])
+    repo.index.commit("start")
+    app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish())))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ended", "the run to end")
+        ws = app.workspace
+        # The eval record the loop writes when the judge verifies a new best (the judge needs a GPU).
+        result = judged(ws.problem_id, str(ws.root), 0.25, {"twice": 0.25})
+        app.post_message(RecordWritten({"type": "eval", "turn": 2, "improved": True, "eval": to_dict(result)}))
+        await wait_for(pilot, lambda: app.best is not None, "the best to be recorded")
+        assert app.query_one("#attempts", DataTable).row_count == 1
+
+        await pilot.press("a")
+        await wait_for(pilot, lambda: lines(app)[-1].startswith("committed"), "the commit")
+        head = repo.head.commit
+        assert lines(app)[-1] == f"committed {head.hexsha[:7]} {head.summary}"
+
+    committed = set(head.stats.files)
+    assert "kp-double/model_new.py" in committed and "kp-double/kernelpilot.lock.json" in committed
+    assert "README.md" not in committed
+
+
+@pytest.mark.asyncio
+async def test_accept_outside_a_repository_says_why(problem):
+    app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish())))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ended", "the run to end")
+        ws = app.workspace
+        app.best = judged(ws.problem_id, str(ws.root), 0.25, {"twice": 0.25})
+        await pilot.press("a")
+        await wait_for(pilot, lambda: "not inside a git repository" in lines(app)[-1], "the refusal")
+        assert "--no-commit" in lines(app)[-1]
+
+
+class ProfileOnly(App):
+    def compose(self) -> ComposeResult:
+        yield ProfilePanel()
+
+
+@pytest.mark.asyncio
+async def test_profile_panel_rows_sparkline_and_kernel_diff():
+    app = ProfileOnly()
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(ProfilePanel)
+        panel.add_result(2, judged("p", "ws", 0.5, {"fused": 0.4, "reduce": 0.1}))
+        panel.add_result(3, EvalResult("p", "ws", verify=VerifyResult(ok=False), error_kind="mismatch"))
+        panel.add_result(5, judged("p", "ws", 0.25, {"fused": 0.2, "reduce": 0.05}))
+        await pilot.pause()
+
+        attempts = app.query_one("#attempts", DataTable)
+        assert [str(cell) for cell in attempts.get_row_at(0)] == ["2", "yes", "0.5", "1.00x", "0.80x", "60.0", "3"]
+        assert [str(cell) for cell in attempts.get_row_at(1)][:3] == ["3", "no (mismatch)", "–"]
+        assert app.query_one(Sparkline).data == [0.8, 0.0, 1.6]
+
+        assert "turn 2 → turn 5" in str(app.query_one("#diff-title", Static).content)
+        comparison = app.query_one("#kernel-diff", DataTable)
+        rows = [comparison.get_row_at(index) for index in range(comparison.row_count)]
+        rows = {str(row[0]): [str(cell) for cell in row[1:]] for row in rows}
+        assert rows["kernel fused ms"] == ["0.4", "0.2", "-50.0%"]
+        assert rows["speedup vs compile"] == ["0.80x", "1.60x", "+100.0%"]
