@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import git
 import pytest
 from openai_server import ScriptedOpenAIServer
 from typer.testing import CliRunner
@@ -125,6 +126,69 @@ def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path
     [transcript] = (tmp_path / "ws" / ".kernelpilot" / "sessions").glob("*.jsonl")
     replay = invoke("replay", transcript)
     assert replay.exit_code == 0 and "turn 5" in replay.stdout and "new best" in replay.stdout
+
+
+def make_repo(path: Path, monkeypatch) -> git.Repo:
+    """A repository with an identity, seeing neither the user's global nor the system git configuration."""
+    (path.parent / "gitconfig").write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(path.parent / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = git.Repo.init(path, initial_branch="main")
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Ada Lovelace")
+        config.set_value("user", "email", "ada@example.com")
+    return repo
+
+
+@pytest.mark.cuda_build
+def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    repo = make_repo(tmp_path / "project", monkeypatch)
+    problem = write_problem(tmp_path / "project" / "problems")
+    common = ["--workspace", tmp_path / "project" / "kp-double", "--device", "cpu", "--json", "--commit"]
+    with ScriptedOpenAIServer() as server:
+        server.reply_tool_calls([("Bash", {"command": "rm " + " ".join(EXAMPLE_KERNELS)})])
+        server.reply_tool_calls([("Write", {"path": "kernels/twice_binding.cpp", "content": CPU_BINDING}),
+                                 ("Write", {"path": "model_new.py", "content": KERNEL_CANDIDATE})])
+        server.reply_tool_calls([("Profile", {})])
+        server.reply_tool_calls([("Finish", {"summary": "twice"})])
+        committed = invoke("optimize", problem, *model_flags(server), *common)
+
+        # The user leaves the branch while a resumed run goes on: git refuses at the end, after the full report.
+        server.reply_tool_calls([("Bash", {"command": "git checkout -q --detach"})])
+        server.reply_tool_calls([("Finish", {"summary": "twice, again"})])
+        refused = invoke("optimize", problem, *model_flags(server), *common, "--resume")
+
+    assert committed.exit_code == 0, committed.output
+    report = json.loads(committed.stdout)
+    head = repo.commit("main")
+    assert report["commit"]["sha"] == head.hexsha and report["commit_refused"] is None
+    files = set(head.stats.files)
+    for name in ("kernelpilot.lock.json", "model_new.py", "kernels/twice_binding.cpp", ".kernelpilot/manifest.json"):
+        assert f"kp-double/{name}" in files, name
+    assert not any(name.startswith("problems/") for name in files), "the copy beside the problem is the user's"
+    assert "kp-double/.kernelpilot/sessions" not in str(files)
+
+    assert refused.exit_code == 2
+    report = json.loads(refused.stdout)
+    assert report["best"]["verify"]["ok"] and report["commit"] is None
+    assert report["commit_refused"].startswith("HEAD is detached")
+    error_lines = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "Traceback" not in refused.output
+    assert "kernelpilot accept" in refused.output
+    assert repo.commit("main") == head, "nothing more was committed"
+
+
+def test_optimize_commit_outside_a_repository_refuses_before_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # whatever holds tmp_path is not searched
+    problem = write_problem(tmp_path)
+    with ScriptedOpenAIServer() as server:
+        outcome = invoke("optimize", problem, *model_flags(server), "--workspace", tmp_path / "ws", "--device", "cpu",
+                         "--commit")  # fmt: skip
+    assert outcome.exit_code == 2 and "Traceback" not in outcome.output
+    assert "is not inside a git repository" in outcome.output and "without --commit" in outcome.output
+    assert server.requests == [], "the model was never asked"
 
 
 def test_server_down_is_one_sentence_and_a_nonzero_exit(tmp_path):

@@ -135,6 +135,7 @@ def optimize(
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON (no live progress)."),
     tui: bool = typer.Option(False, "--tui", help="Watch and steer the run in a terminal UI (same as `kernelpilot tui`)."),
+    commit: bool = typer.Option(False, "--commit", help="Commit the best verified candidate as `kernelpilot accept` does: the workspace's kernels, model_new.py and kernelpilot.lock.json (the copy beside PROBLEM is not committed). Git must be on a branch."),
 ) -> None:
     """Let a model write, verify and time CUDA kernels for PROBLEM; keep the best verified candidate."""
     from kernelpilot.agent.optimize import EXIT_INTERRUPTED, live_progress, optimize as run_optimize, render_result
@@ -142,6 +143,9 @@ def optimize(
 
     settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
                                   target_speedup=target, workspace=workspace, output=output, device=device))
+    if tui and commit:
+        raise KernelpilotError("--commit does not apply to --tui, which commits with its own accept key.",
+                               hint="Press a in the TUI once the run is over, or run without --tui.")
     if tui:
         from kernelpilot.tui.app import run_tui
 
@@ -151,11 +155,13 @@ def optimize(
             raise typer.Exit(EXIT_INTERRUPTED)
     else:
         with live_progress(err_console, settings.max_turns, enabled=not as_json) as on_turn:
-            result = run_optimize(problem, settings, resume=resume, session_id=session, on_turn=on_turn)
+            result = run_optimize(problem, settings, resume=resume, session_id=session, on_turn=on_turn, commit=commit)
     if as_json:
         _print_json(result.to_json())
     else:
         render_result(console, result)
+    if result.commit_refusal is not None:
+        raise result.commit_refusal  # after the outcome, which it must not hide
     raise typer.Exit(result.exit_code)
 
 

@@ -3,6 +3,10 @@
 It wires the pieces (workspace, judge, model, tools, session, prompts) around `run_agent`, then writes the best
 verified candidate back into the workspace and beside the problem (model_new.py and its kernels/), and renders
 the outcome. Nothing verified means nothing is written beside the problem, and the report says so.
+
+With `commit`, the best candidate is committed from the workspace, as `kernelpilot accept` would: the lock file
+lives there and `kernelpilot check` rebuilds from there. Git's refusal after a run is kept on the result, so the
+caller shows the run's outcome first and the refusal last.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.agent.loop import RunSummary
 from kernelpilot.agent.session import RunState, Session, candidate_files, restore_best
 from kernelpilot.config import Settings
+from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import to_dict
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelpilot.agent import Model, Tool, ToolContext
+    from kernelpilot.vcs import CommitInfo
     from kernelpilot.workspace import Workspace
 
 EXIT_INTERRUPTED = 130
@@ -38,6 +44,8 @@ class OptimizeResult:
     model: str
     summary: RunSummary
     written: list[Path] = field(default_factory=list)
+    commit: CommitInfo | None = None  # what --commit committed
+    commit_refusal: KernelpilotError | None = None  # why --commit committed nothing; the caller reports it last
 
     @property
     def exit_code(self) -> int:
@@ -51,6 +59,8 @@ class OptimizeResult:
             "workspace": str(self.workspace),
             "model": self.model,
             "written": [str(path) for path in self.written],
+            "commit": dataclasses.asdict(self.commit) if self.commit is not None else None,
+            "commit_refused": self.commit_refusal.message if self.commit_refusal is not None else None,
             **to_dict(self.summary),
         }
 
@@ -76,13 +86,23 @@ def optimize(
     resume: bool = False,
     session_id: str | None = None,
     on_turn: Callable[[RunState, str], None] | None = None,
+    commit: bool = False,
 ) -> OptimizeResult:
-    """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate."""
+    """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate.
+
+    With `commit`, git must be ready to commit in the workspace before the run starts (VcsError otherwise), and
+    the best verified candidate is committed afterwards (`commit_best`).
+    """
     from kernelpilot.agent.loop import run_agent
 
     with prepared_run(problem_path, settings, resume=resume, session_id=session_id) as run:
+        if commit:
+            require_committable(run.workspace)  # before the run's minutes, not after
         summary = run_agent(run.messages, run.model, run.tools, run.ctx, settings, run.session, on_turn)
-    return finish_run(run, summary)
+    result = finish_run(run, summary)
+    if commit:
+        commit_best(result)
+    return result
 
 
 @contextmanager
@@ -115,6 +135,31 @@ def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
     interrupted = summary.status == "interrupted"
     written = [] if interrupted else write_outputs(run.workspace, run.problem_path, run.settings.output)
     return OptimizeResult(run.problem_path, run.workspace.root, run.model.name, summary, written)
+
+
+def require_committable(ws: Workspace) -> None:
+    """VcsError, with a hint for `optimize --commit`, unless git can commit in the workspace's repository now."""
+    from kernelpilot.vcs import VcsError, check_ready_to_commit
+
+    try:
+        check_ready_to_commit(ws.root)
+    except VcsError as err:
+        raise VcsError(err.message, hint="Fix that first, or run optimize without --commit.") from None
+
+
+def commit_best(result: OptimizeResult) -> None:
+    """Commit the run's best verified candidate, which `finish_run` put back into the workspace, with its lock
+    file (`kernelpilot.vcs.accept`); keep git's refusal on the result instead of raising it, so nothing is lost.
+    """
+    from kernelpilot.vcs import accept
+
+    if result.summary.best is None or result.summary.status == "interrupted":
+        return
+    try:
+        result.commit = accept(result.workspace, result.summary.best)
+    except KernelpilotError as err:  # VcsError from git; LockFileError for a result a lock file cannot record
+        later = f"The best candidate is in {result.workspace}; `kernelpilot accept {result.workspace}` commits it."
+        result.commit_refusal = type(err)(err.message, hint=later)
 
 
 def _new_session(problem: Any, ws: Workspace, settings: Settings, model_name: str, judge: Any) -> tuple[Session, list]:
@@ -196,6 +241,10 @@ def render_result(console: Console, result: OptimizeResult) -> None:
         console.print("Wrote " + ", ".join(escape(str(path)) for path in result.written), highlight=False)
     else:
         console.print("No candidate was verified correct, so nothing was written beside the problem.")
+    if result.commit is not None:
+        from kernelpilot.vcs import render_commit
+
+        render_commit(console, result.commit)
 
 
 def summary_rows(summary: RunSummary) -> Iterator[tuple[str, str]]:
