@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.results import EvalResult, VerifyResult
-from kernelpilot.train.rl import GrpoSettings, HarnessReward, parse_completion, run_grpo
+from kernelpilot.train.rl import GrpoSettings, HarnessReward, judge_completion, parse_completion, run_grpo
 from kernelpilot.train.synth import SynthReport, Task, write_dataset
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -18,10 +18,10 @@ def completion(model_new: str, extra: str = "") -> str:
     return f"Here is my kernel.\n\n### model_new.py\n```python\n{model_new}\n```\n{extra}"
 
 
-CORRECT = """import torch
+TORCH_COPY = """import torch
 from model import Model as ModelNew
 """
-WRONG = """import torch
+OFF_BY_ONE = """import torch
 from model import Model
 
 
@@ -32,9 +32,28 @@ class ModelNew(Model):
 
 
 def test_parse_completion_keeps_only_candidate_files():
-    text = completion(CORRECT, "### kernels/silu.cu\n```cuda\n__global__ void k() {}\n```\n"
+    text = completion(TORCH_COPY, "### kernels/silu.cu\n```cuda\n__global__ void k() {}\n```\n"
                                "### setup.py\n```python\nimport os\n```\n### ../evil.cu\n```cuda\nx\n```\n")
     assert set(parse_completion(text)) == {"model_new.py", "kernels/silu.cu"}
+
+
+SMALL_TASK = TASK.replace("ROWS = 16384", "ROWS = 64").replace("COLUMNS = 16384", "COLUMNS = 128")
+
+
+@pytest.mark.cuda_build
+def test_the_real_judge_rewards_a_torch_copy_with_minus_one(tmp_path):
+    # Through the real CPU judge (one g++ build of the protected kp_module.cpp): a completion that just reuses the
+    # reference's torch ops is caught by the verifier's torch-compute guard, so its reward is -1, not 1.
+    from kernelpilot.harness.judge import Judge
+
+    results = []
+    with Judge("cpu", arch="9.0") as judge:
+        def evaluate(root):
+            results.append(judge.evaluate(root, trials=1, bench=False))
+            return results[-1]
+
+        assert judge_completion(SMALL_TASK, completion(TORCH_COPY), evaluate) == -1.0
+    assert results[0].build.ok and results[0].error_kind == "guard"
 
 
 def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order():
@@ -54,7 +73,7 @@ def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order()
         return evaluate
 
     reward = HarnessReward(make_evaluate, ["cuda:0", "cuda:1"])
-    texts = [completion(CORRECT), completion(WRONG), "no files", completion(CORRECT)]
+    texts = [completion(TORCH_COPY), completion(OFF_BY_ONE), "no files", completion(TORCH_COPY)]
     assert reward(prompts=[None] * 4, completions=texts, task_code=[TASK] * 4) == [1.0, -1.0, -1.0, 1.0]
     assert peak[0] == 2
     reward.close()

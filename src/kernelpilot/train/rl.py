@@ -29,10 +29,20 @@ constructor and outputs as Model, calling your kernels through `import kp_kernel
 each kernel source. Nothing else is read."""
 
 
+AGENT_SYSTEM_PROMPT = "You write fast, correct CUDA kernels for PyTorch models, working in a task workspace through tools."
+
+
 def warmup_prompt(task_code: str) -> list[dict[str, str]]:
     """The chat prompt of a single-turn warm-up episode for a task."""
     user = f"Write a faster ModelNew for this problem.\n\n```python\n{task_code}\n```"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def agentic_prompt(task_code: str) -> list[dict[str, str]]:
+    """The chat prompt of a multi-turn episode: the task; the tools (given by the engine) do the rest."""
+    user = (f"Make this PyTorch problem faster with CUDA kernels in the workspace: write kernels/ and model_new.py, "
+            f"Compile, Verify, then Profile to be judged; Finish when done.\n\n```python\n{task_code}\n```")
+    return [{"role": "system", "content": AGENT_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
 def parse_completion(text: str) -> dict[str, str]:
@@ -119,7 +129,15 @@ def judge_evaluator(device: str, trials: int = 3) -> Callable[[Path], EvalResult
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """verl's custom reward function: `ground_truth` carries the task's source; the judge runs on this node's GPU."""
+    """verl's custom reward function. `ground_truth` carries the task's source.
+
+    A multi-turn episode was judged by its own tools: verl passes their rewards (the best verdict so far, see
+    verl_tools.py) as `extra_info["tool_rewards"]`, and the last is the episode's. A single-turn completion is judged
+    here, on this node's GPU.
+    """
+    tool_rewards = list((extra_info or {}).get("tool_rewards") or [])
+    if tool_rewards:
+        return float(tool_rewards[-1])
     return judge_completion(ground_truth, solution_str, _node_evaluator())
 
 

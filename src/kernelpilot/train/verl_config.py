@@ -1,15 +1,15 @@
-"""Write a verl configuration for cluster RL: our reward function and our task data.
+"""Write a verl configuration for cluster RL: our reward function, our task data, and our tools for multi-turn runs.
 
 verl (Ray) runs PPO/GRPO across nodes; kernelpilot supplies what is specific to kernels: the reward function
-(`kernelpilot.train.rl.compute_score`, the harness milestone reward) and the task prompts as parquet in verl's data
-format. Single-turn only for now: multi-turn episodes need an adapter from our tools to verl's BaseTool, which is
-not written yet (docs/TRAINING.md).
+(`kernelpilot.train.rl.compute_score`, the harness milestone reward), the task prompts as parquet in verl's data
+format, and, for agentic (multi-turn) runs, a tool config naming `verl_tools.KernelpilotTool` once per agent tool,
+with each task's source passed to the tools through `extra_info.tools_kwargs`. Written against verl 0.9's
+ppo_trainer config (`python -m verl.trainer.main_ppo`).
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,8 @@ from typing import Any
 import kernelpilot.train.rl as rl
 
 DATA_SOURCE = "kernelpilot-synth"
+TOOL_CLASS = "kernelpilot.train.verl_tools.KernelpilotTool"
+TOOL_AGENT_LOOP = "tool_agent"  # verl's multi-turn agent loop; single-turn rows use its default loop
 
 
 @dataclass
@@ -28,45 +30,72 @@ class VerlSettings:
     output_dir: Path
     algorithm: str = "grpo"  # verl's adv_estimator: grpo (no critic) or gae (PPO with a critic)
     critic_model: str | None = None
+    multi_turn: bool = False  # agentic episodes through our tools, rewarded by the judge's best verdict
+    max_assistant_turns: int = 20
     nnodes: int = 1
     gpus_per_node: int = 8
     rollout_engine: str = "vllm"
     epochs: int = 1
 
 
-def verl_data_rows(tasks_path: Path) -> list[dict[str, Any]]:
+def tool_names() -> list[str]:
+    """The agent's tool names, in the order the model sees them."""
+    from kernelpilot.agent.tools import default_tools
+
+    return [tool.name for tool in default_tools()]
+
+
+def verl_data_rows(tasks_path: Path, multi_turn: bool) -> list[dict[str, Any]]:
     """The tasks in verl's RL data format: prompt messages, a data source, and the task source as ground truth."""
     from kernelpilot.train.synth import read_tasks
 
-    return [
-        {"data_source": DATA_SOURCE, "prompt": rl.warmup_prompt(task.code),
-         "reward_model": {"style": "rule", "ground_truth": task.code},
-         "extra_info": {"task_id": task.task_id, "ops": task.ops}}
-        for task in read_tasks(tasks_path)
-    ]
+    rows = []
+    for task in read_tasks(tasks_path):
+        row = {"data_source": DATA_SOURCE, "reward_model": {"style": "rule", "ground_truth": task.code},
+               "extra_info": {"task_id": task.task_id, "ops": task.ops}}
+        if multi_turn:
+            row["prompt"] = rl.agentic_prompt(task.code)
+            row["agent_name"] = TOOL_AGENT_LOOP
+            row["extra_info"]["tools_kwargs"] = {name: {"create_kwargs": {"task_code": task.code}}
+                                                 for name in tool_names()}
+        else:
+            row["prompt"] = rl.warmup_prompt(task.code)
+        rows.append(row)
+    return rows
 
 
-def trainer_config(settings: VerlSettings, train_file: Path) -> dict[str, Any]:
+def tool_config() -> dict[str, Any]:
+    """verl's tool config: our adapter class once per agent tool, with that tool's OpenAI-format schema."""
+    from kernelpilot.agent.tools import default_tools, tool_schemas
+
+    return {"tools": [{"class_name": TOOL_CLASS, "config": {"type": "native"}, "tool_schema": schema}
+                      for schema in tool_schemas(default_tools())]}
+
+
+def trainer_config(settings: VerlSettings, train_file: Path, tool_config_path: Path | None) -> dict[str, Any]:
     """The overrides of verl's ppo_trainer config (main_ppo) for a kernelpilot run."""
-    critic = {"model": {"path": settings.critic_model or settings.model}} if settings.algorithm == "gae" else {}
-    return {
+    rollout: dict[str, Any] = {"name": settings.rollout_engine}
+    if tool_config_path is not None:
+        rollout["multi_turn"] = {"enable": True, "max_assistant_turns": settings.max_assistant_turns,
+                                 "tool_config_path": str(tool_config_path)}
+        rollout["agent"] = {"default_agent_loop": TOOL_AGENT_LOOP}
+    config = {
         "algorithm": {"adv_estimator": settings.algorithm},
         "data": {"train_files": str(train_file), "val_files": str(train_file), "prompt_key": "prompt",
                  "return_raw_chat": True},
-        "actor_rollout_ref": {
-            "model": {"path": settings.model},
-            "rollout": {"name": settings.rollout_engine},
-        },
-        **({"critic": critic} if critic else {}),
+        "actor_rollout_ref": {"model": {"path": settings.model}, "rollout": rollout},
         "custom_reward_function": {"path": inspect.getfile(rl), "name": rl.compute_score.__name__},
         "trainer": {"nnodes": settings.nnodes, "n_gpus_per_node": settings.gpus_per_node,
                     "total_epochs": settings.epochs, "default_local_dir": str(settings.output_dir),
                     "project_name": "kernelpilot", "logger": ["console"]},
     }
+    if settings.algorithm == "gae":
+        config["critic"] = {"model": {"path": settings.critic_model or settings.model}}
+    return config
 
 
 def write_verl_config(settings: VerlSettings) -> dict[str, Path]:
-    """Write train.parquet and verl.yaml under `output_dir`; returns their paths by name."""
+    """Write train.parquet, verl.yaml and (multi-turn) tools.yaml under `output_dir`; returns their paths by name."""
     import yaml
 
     from kernelpilot.train.rft import require_training_engine
@@ -77,14 +106,14 @@ def write_verl_config(settings: VerlSettings) -> dict[str, Path]:
 
     out = Path(settings.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = verl_data_rows(settings.tasks)
-    train_file = out / "train.parquet"
-    pq.write_table(pa.Table.from_pylist([{**row, "extra_info": json.dumps(row["extra_info"])} for row in rows]),
-                   train_file)
-    config_path = out / "verl.yaml"
-    config_path.write_text(yaml.safe_dump(trainer_config(settings, train_file), sort_keys=False),
-                           encoding="utf-8")
-    return {"data": train_file, "config": config_path}
+    paths = {"data": out / "train.parquet", "config": out / "verl.yaml"}
+    pq.write_table(pa.Table.from_pylist(verl_data_rows(settings.tasks, settings.multi_turn)), paths["data"])
+    if settings.multi_turn:
+        paths["tools"] = out / "tools.yaml"
+        paths["tools"].write_text(yaml.safe_dump(tool_config(), sort_keys=False), encoding="utf-8")
+    config = trainer_config(settings, paths["data"], paths.get("tools"))
+    paths["config"].write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return paths
 
 
 def launch_command(config_path: Path) -> str:
