@@ -1,0 +1,106 @@
+"""`train rollout`: the agent over a synth dataset's tasks against a policy endpoint, one judge per device at once.
+
+Each task becomes a problem file and a workspace under the output folder and runs through `agent.optimize` exactly
+as `kernelpilot optimize` would (a vLLM server of the checkpoint is `--model openai/<name> --api-base URL`). The
+transcript in each workspace holds every turn with its judge results and rewards; `rollouts.jsonl` lists one line
+per task. A task whose workspace already holds a finished session is skipped, so a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelpilot.config import Settings
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+
+
+@dataclass
+class Rollout:
+    """One task's episode: where its transcript is, how it ended, and the judge's best reward in it."""
+
+    task_id: str
+    workspace: str
+    session: str | None
+    status: str
+    reward: int
+    turns: int
+    skipped: bool = False
+
+
+def run_rollouts(tasks_path: Path, out_dir: Path, settings: Settings, devices: Sequence[str],
+                 on_rollout: Callable[[Rollout], None] | None = None) -> list[Rollout]:
+    """Run the agent on every task, `len(devices)` at a time (each on its own device); returns them in task order."""
+    from kernelpilot.train.synth import read_tasks
+
+    tasks = read_tasks(tasks_path)
+    out_dir = Path(out_dir)
+    (out_dir / "tasks").mkdir(parents=True, exist_ok=True)
+    pending: queue.Queue = queue.Queue()
+    for index, task in enumerate(tasks):
+        problem = out_dir / "tasks" / f"{task.task_id}.py"
+        problem.write_text(task.code, encoding="utf-8")
+        pending.put((index, task.task_id, problem))
+    results: list[Rollout | None] = [None] * len(tasks)
+    lock = threading.Lock()
+
+    def worker(device: str) -> None:
+        while True:
+            try:
+                index, task_id, problem = pending.get_nowait()
+            except queue.Empty:
+                return
+            rollout = rollout_task(task_id, problem, out_dir / "workspaces" / task_id,
+                                   dataclasses.replace(settings, device=device))
+            with lock:
+                results[index] = rollout
+                _append_line(out_dir / ROLLOUTS_FILE, rollout)
+                if on_rollout is not None:
+                    on_rollout(rollout)
+
+    threads = [threading.Thread(target=worker, args=(device,), name=f"kp-rollout-{device}") for device in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [rollout for rollout in results if rollout is not None]
+
+
+def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Settings) -> Rollout:
+    """One episode of the agent on one task, or the record of the finished one already in `workspace`."""
+    from kernelpilot.agent.optimize import optimize
+    from kernelpilot.agent.session import SESSIONS_DIR
+
+    finished = finished_session(workspace)
+    if finished is not None:
+        return dataclasses.replace(finished, task_id=task_id, skipped=True)
+    # The best candidate stays in the workspace: output inside it means nothing is copied elsewhere.
+    run_settings = dataclasses.replace(settings, workspace=workspace, output=workspace / "model_new.py")
+    result = optimize(problem, run_settings)
+    best = result.summary.best
+    session = workspace / SESSIONS_DIR / f"{result.summary.session_id}.jsonl"
+    return Rollout(task_id, str(workspace), str(session), result.summary.status,
+                   best.reward if best is not None else -1, result.summary.turns)
+
+
+def finished_session(workspace: Path) -> Rollout | None:
+    """The newest session of `workspace` that ran to an end, as a rollout record; None when there is none."""
+    from kernelpilot.agent.session import list_sessions
+
+    ended = [info for info in list_sessions(workspace) if info.status != "unfinished"]
+    if not ended:
+        return None
+    info = ended[-1]
+    return Rollout("", str(workspace), str(info.path), info.status,
+                   info.reward if info.reward is not None else -1, info.turns)
+
+
+def _append_line(path: Path, rollout: Rollout) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(dataclasses.asdict(rollout)) + "\n")
