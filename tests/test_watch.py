@@ -261,6 +261,9 @@ def test_diff_compares_times_speedups_correctness_and_each_kernel():
     faster = {change.metric: change for change in diff_results(after, before)}
     assert faster["candidate ms"].improved is True and faster["speedup vs eager"].improved is True
 
+    labels = [changes[metric].label for metric in ("candidate ms", "speedup vs compile", "reward", "correct")]
+    assert labels == ["+100.0%", "-50.0%", "worse", ""], "the words the terminal view and the TUI both show"
+
 
 def test_the_terminal_view_prints_the_result_and_its_diff():
     console = Console(record=True, width=120)

@@ -198,6 +198,14 @@ class Change:
             return None
         return (self.after < self.before) == self.lower_is_better
 
+    @property
+    def label(self) -> str:
+        """The change in words: "+12.0%" for times and speedups, "better" or "worse" otherwise, "" when unchanged."""
+        if self.improved is None:
+            return ""
+        relative = self.relative
+        return f"{relative:+.1%}" if relative is not None else ("better" if self.improved else "worse")
+
 
 def diff_results(previous: EvalResult | None, current: EvalResult) -> list[Change]:
     """The metrics of `current` next to those of `previous`: correctness, reward, times, speedups, each kernel."""
@@ -332,12 +340,13 @@ def _diff_table(changes: list[Change]) -> Table:
     for column, justify in (("", "left"), ("before", "right"), ("now", "right"), ("change", "right")):
         table.add_column(column, justify=justify)
     for change in changes:
-        table.add_row(escape(change.metric), _value(change.before, change.unit), _value(change.after, change.unit),
-                      _change_text(change))  # fmt: skip
+        table.add_row(escape(change.metric), format_value(change.before, change.unit),
+                      format_value(change.after, change.unit), _change_text(change))  # fmt: skip
     return table
 
 
-def _value(value: float | None, unit: str) -> str:
+def format_value(value: float | None, unit: str) -> str:
+    """A metric's value as the terminal view and the TUI show it: ms and speedups rounded, "–" when there is none."""
     if value is None:
         return "–"
     if unit == "yes/no":
@@ -353,6 +362,4 @@ def _change_text(change: Change) -> str:
     if change.improved is None:
         return ""
     colour = "green" if change.improved else "red"
-    relative = change.relative
-    text = f"{relative:+.1%}" if relative is not None else ("better" if change.improved else "worse")
-    return f"[{colour}]{text}[/]"
+    return f"[{colour}]{change.label}[/]"

@@ -15,7 +15,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Sparkline, Static
 
 from kernelpilot.results import EvalResult
-from kernelpilot.watch import Change, diff_results
+from kernelpilot.watch import Change, diff_results, format_value
 
 ATTEMPT_COLUMNS = ("turn", "correct", "ms", "vs eager", "vs compile", "% SOL", "reward")
 DIFF_COLUMNS = ("", "before", "now", "change")
@@ -101,22 +101,8 @@ def speedup_vs_compile(attempt: Attempt) -> float:
     return bench.speedup_vs_compile
 
 
-def format_value(value: float | None, unit: str) -> str:
-    if value is None:
-        return "–"
-    if unit == "yes/no":
-        return "yes" if value else "no"
-    if unit == "x":
-        return f"{value:.2f}x"
-    if unit == "ms":
-        return f"{value:.4g}"
-    return f"{value:g}"
-
-
 def change_text(change: Change) -> Text:
     """The relative change of a time or speedup, "better"/"worse" otherwise, nothing when unchanged."""
     if change.improved is None:
         return Text("")
-    relative = change.relative
-    text = f"{relative:+.1%}" if relative is not None else ("better" if change.improved else "worse")
-    return Text(text, style="green" if change.improved else "red")
+    return Text(change.label, style="green" if change.improved else "red")
