@@ -1,10 +1,12 @@
 """`train run`: stages chained with a checkpoint folder each; a finished stage is skipped; verl's config is written."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kernelpilot.errors import KernelpilotError
 from kernelpilot.train.pipeline import STAGE_DONE, STAGES, PipelineConfigError, load_config, run_pipeline
 from kernelpilot.train.verl_config import VerlSettings, write_verl_config
 
@@ -53,3 +55,31 @@ def test_verl_config_names_our_reward_function_and_data(tmp_path):
     assert config["custom_reward_function"]["name"] == "compute_score"
     assert Path(config["custom_reward_function"]["path"]).name == "rl.py"
     assert config["data"]["train_files"] == str(paths["data"]) and paths["data"].is_file()
+
+
+def test_the_agentic_stage_writes_verls_config_and_says_how_to_launch_it(tmp_path):
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'kernelpilot[train]')")
+    if importlib.util.find_spec("verl") is not None:
+        pytest.skip("verl is installed here: the stage would launch a real run")
+    (tmp_path / "train.toml").write_text(CONFIG + "\n[agentic]\ngpus_per_node = 2\n")
+    with pytest.raises(KernelpilotError, match="verl, which is not installed") as raised:
+        run_pipeline(load_config(tmp_path / "train.toml"), STAGES, base_dir=tmp_path)
+    assert "verl.trainer.main_ppo" in raised.value.hint
+    assert (tmp_path / "run" / "agentic" / "tools.yaml").is_file()
+    assert (tmp_path / "run" / "synth" / STAGE_DONE).is_file() and not (tmp_path / "run" / "agentic" / STAGE_DONE).exists()
+
+
+def test_train_commands_from_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelpilot.cli import app
+
+    runner = CliRunner()
+    synth = runner.invoke(app, ["train", "synth", "--out", str(tmp_path / "tasks"), "--count", "3", "--scale", "small",
+                                "--device", "cpu", "--compile-backend", "aot_eager"])
+    assert synth.exit_code == 0, synth.output
+    assert "of 3 tasks" in synth.output and (tmp_path / "tasks" / "tasks.jsonl").is_file()
+    agentic_on_trl = runner.invoke(app, ["train", "ppo", str(tmp_path / "tasks"), "--model", "m", "--stage", "agentic"])
+    assert agentic_on_trl.exit_code == 2 and "--engine verl" in agentic_on_trl.output
+    missing = runner.invoke(app, ["train", "run", "--config", str(tmp_path / "nope.toml")])
+    assert missing.exit_code == 2 and "Cannot read" in missing.output

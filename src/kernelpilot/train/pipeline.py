@@ -2,7 +2,7 @@
 
 A stage is finished when its folder holds `STAGE_DONE` (written last, after its outputs), so a run killed halfway
 through a stage redoes that stage and nothing before it. Stages run in a fixed order; the TOML's tables say which
-run and with what settings: [synth], [warmup], [rft], and the top-level `run_dir` and `model`.
+run and with what settings: [synth], [warmup], [rollout], [rft], [agentic], and the top-level `run_dir` and `model`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from kernelpilot.errors import KernelpilotError
 
 STAGE_DONE = "STAGE_DONE.json"
-STAGE_ORDER = ("synth", "warmup", "rft")
+STAGE_ORDER = ("synth", "warmup", "rollout", "rft", "agentic")
 
 
 class PipelineConfigError(KernelpilotError):
@@ -122,6 +122,18 @@ def warmup_stage(ctx: StageContext) -> str:
     return str(ctx.out_dir)
 
 
+def rollout_stage(ctx: StageContext) -> str:
+    """The agent over the synth tasks against the policy endpoint the table names (e.g. vLLM serving the warm-up)."""
+    from kernelpilot.config import Settings
+    from kernelpilot.train.rollout import run_rollouts
+
+    settings = ctx.settings
+    agent = Settings(model=settings.get("model"), api_base=settings.get("api_base"), api_key=settings.get("api_key"),
+                     max_turns=int(settings.get("max_turns", 20)))
+    run_rollouts(ctx.run_dir / "synth", ctx.out_dir, agent, devices=settings.get("devices", ["cuda"]))
+    return ctx.model
+
+
 def rft_stage(ctx: StageContext) -> str:
     """Rejection fine-tuning on the transcripts under the stage's `transcripts` folder."""
     from kernelpilot.train.rft import FilterLimits, SftSettings, build_sft_dataset, find_transcripts, run_sft
@@ -138,4 +150,26 @@ def rft_stage(ctx: StageContext) -> str:
     return str(ctx.out_dir / "model")
 
 
-STAGES: dict[str, Stage] = {"synth": synth_stage, "warmup": warmup_stage, "rft": rft_stage}
+def agentic_stage(ctx: StageContext) -> str:
+    """Multi-turn RL on verl: write its configuration, then launch it where verl is installed."""
+    import importlib.util
+    import subprocess
+
+    from kernelpilot.train.verl_config import VerlSettings, launch_command, write_verl_config
+
+    settings = ctx.settings
+    paths = write_verl_config(VerlSettings(
+        model=ctx.model, tasks=ctx.run_dir / "synth", output_dir=ctx.out_dir, multi_turn=True,
+        algorithm=settings.get("algorithm", "grpo"), nnodes=int(settings.get("nnodes", 1)),
+        gpus_per_node=int(settings.get("gpus_per_node", 8)), epochs=int(settings.get("epochs", 1)),
+    ))
+    command = launch_command(paths["config"])
+    if importlib.util.find_spec("verl") is None:
+        raise KernelpilotError(f"The agentic stage runs on verl, which is not installed; its config is in {ctx.out_dir}.",
+                               hint=f"On a machine with verl (pip install verl), run: {command}")
+    subprocess.run(command.split(), check=True)
+    return str(ctx.out_dir)
+
+
+STAGES: dict[str, Stage] = {"synth": synth_stage, "warmup": warmup_stage, "rollout": rollout_stage, "rft": rft_stage,
+                            "agentic": agentic_stage}
