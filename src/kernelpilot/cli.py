@@ -300,11 +300,13 @@ def train_synth(
     scale: str = typer.Option("full", "--scale", help="Problem sizes: full (GPU) or small (CPU checks)."),
     device: str = typer.Option("cuda", "--device", help="Where the filters run: cuda (times them) or cpu."),
     benchmark: Optional[Path] = typer.Option(None, "--decontaminate", help="A benchmark folder of problems to stay away from."),
+    compile_backend: str = typer.Option("inductor", "--compile-backend", help="torch.compile backend the eager-vs-compile filter uses."),
 ) -> None:
     """Compose KernelBench-format tasks from torch.nn operators and keep those the execution filters pass."""
     from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
 
-    report = synthesize(count, seed=seed, scale=scale, device=device, benchmark_dir=benchmark)
+    report = synthesize(count, seed=seed, scale=scale, device=device, compile_backend=compile_backend,
+                        benchmark_dir=benchmark)
     settings = {"seed": seed, "scale": scale, "device": device, "benchmark_dir": str(benchmark) if benchmark else None,
                 "operator_count": len(crawl_operators().operators)}
     write_dataset(report, out, settings=settings)
@@ -328,21 +330,44 @@ def train_rft(
         run_sft(SftSettings(model=model, data=data.output, output_dir=out / "model", epochs=epochs, lora_rank=lora_rank))
 
 
+@train_app.command("rollout")
+def train_rollout(
+    tasks: Path = typer.Argument(..., help="A dataset folder from `kernelpilot train synth`."),
+    model: str = typer.Option(..., "--model", help="The policy, e.g. openai/<name> served by vLLM."),
+    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
+    out: Path = typer.Option(Path("kp-rollouts"), "--out", help="Task files, workspaces with transcripts, rollouts.jsonl."),
+    devices: str = typer.Option("cuda", "--devices", help="Comma-separated devices, one episode on each at a time."),
+    max_turns: int = typer.Option(20, "--max-turns", min=1, help="Most model turns per task."),
+) -> None:
+    """Run the agent over every task against a policy endpoint; rerun to resume."""
+    from kernelpilot.config import Settings
+    from kernelpilot.train.rollout import run_rollouts
+
+    settings = Settings(model=model, api_base=api_base, max_turns=max_turns)
+    run_rollouts(tasks, out, settings, devices.split(","), on_rollout=lambda r: console.print(
+        f"{r.task_id}: {'skipped (done)' if r.skipped else r.status}, reward {r.reward}", highlight=False))
+
+
 @train_app.command("ppo")
 def train_ppo(
     tasks: Path = typer.Argument(..., help="A dataset folder from `kernelpilot train synth`."),
     model: str = typer.Option(..., "--model", help="Policy: a local checkpoint folder or hub id."),
-    out: Path = typer.Option(Path("kp-warmup"), "--out", help="Checkpoint folder (or verl config folder)."),
-    max_steps: int = typer.Option(100, "--max-steps", min=1, help="Optimizer steps."),
-    engine: str = typer.Option("trl", "--engine", help="trl (one node, GRPO warm-up) or verl (write a cluster config)."),
+    out: Path = typer.Option(Path("kp-ppo"), "--out", help="Checkpoint folder (or verl config folder)."),
+    stage: str = typer.Option("warmup", "--stage", help="warmup (single-turn) or agentic (multi-turn, verl only)."),
+    max_steps: int = typer.Option(100, "--max-steps", min=1, help="Optimizer steps (TRL)."),
+    engine: str = typer.Option("trl", "--engine", help="trl (one node, GRPO) or verl (write a cluster config)."),
 ) -> None:
-    """Single-turn RL warm-up rewarded by the harness: GRPO on TRL, or a verl configuration for a cluster."""
+    """RL rewarded by the harness: single-turn GRPO warm-up on TRL, or a verl configuration for a cluster."""
+    if stage not in ("warmup", "agentic"):
+        raise KernelpilotError(f"Unknown --stage {stage}.", hint="Use --stage warmup or --stage agentic.")
     if engine == "verl":
         from kernelpilot.train.verl_config import VerlSettings, launch_command, write_verl_config
 
-        paths = write_verl_config(VerlSettings(model=model, tasks=tasks, output_dir=out))
+        paths = write_verl_config(VerlSettings(model=model, tasks=tasks, output_dir=out, multi_turn=stage == "agentic"))
         console.print(f"wrote {paths['config']}; launch with: {launch_command(paths['config'])}", highlight=False)
         return
+    if stage == "agentic":
+        raise KernelpilotError("Multi-turn (agentic) RL runs on verl, not TRL.", hint="Add --engine verl.")
     from kernelpilot.train.rl import GrpoSettings, run_grpo
 
     run_grpo(GrpoSettings(model=model, tasks=tasks, output_dir=out, max_steps=max_steps))
@@ -350,7 +375,7 @@ def train_ppo(
 
 @train_app.command("run")
 def train_run(
-    config: Path = typer.Option(Path("train.toml"), "--config", help="Pipeline config: [synth], [warmup], [rft] tables."),
+    config: Path = typer.Option(Path("train.toml"), "--config", help="Pipeline config: [synth], [warmup], [rollout], [rft], [agentic] tables."),
 ) -> None:
     """Run the configured stages in order; a stage whose checkpoint is complete is skipped."""
     from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
