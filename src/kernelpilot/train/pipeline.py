@@ -2,7 +2,7 @@
 
 A stage is finished when its folder holds `STAGE_DONE` (written last, after its outputs), so a run killed halfway
 through a stage redoes that stage and nothing before it. Stages run in a fixed order; the TOML's tables say which
-run and with what settings: [synth], [warmup], [rollout], [rft], [agentic], and the top-level `run_dir` and `model`.
+run and with what settings: [synth], [warmup], [rollout], [rft], [critic], [agentic], and the top-level `run_dir` and `model`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from kernelpilot.errors import KernelpilotError
 
 STAGE_DONE = "STAGE_DONE.json"
-STAGE_ORDER = ("synth", "warmup", "rollout", "rft", "agentic")
+STAGE_ORDER = ("synth", "warmup", "rollout", "rft", "critic", "agentic")
 
 
 class PipelineConfigError(KernelpilotError):
@@ -150,6 +150,18 @@ def rft_stage(ctx: StageContext) -> str:
     return str(ctx.out_dir / "model")
 
 
+def critic_stage(ctx: StageContext) -> str:
+    """Pretrain a value model on every rollout transcript; the policy model is unchanged."""
+    from kernelpilot.train.critic import CriticSettings, run_critic
+    from kernelpilot.train.rft import find_transcripts
+
+    settings = ctx.settings
+    transcripts = find_transcripts(Path(settings.get("transcripts", ctx.run_dir / "rollout")))
+    run_critic(CriticSettings(model=settings.get("model", ctx.model), output_dir=ctx.out_dir / "model",
+                              epochs=float(settings.get("epochs", 1))), transcripts)
+    return ctx.model
+
+
 def agentic_stage(ctx: StageContext) -> str:
     """Multi-turn RL on verl: write its configuration, then launch it where verl is installed."""
     import importlib.util
@@ -158,9 +170,11 @@ def agentic_stage(ctx: StageContext) -> str:
     from kernelpilot.train.verl_config import VerlSettings, launch_command, write_verl_config
 
     settings = ctx.settings
+    critic = ctx.run_dir / "critic" / "model"  # the critic stage's value model, when it ran
     paths = write_verl_config(VerlSettings(
         model=ctx.model, tasks=ctx.run_dir / "synth", output_dir=ctx.out_dir, multi_turn=True,
-        algorithm=settings.get("algorithm", "grpo"), nnodes=int(settings.get("nnodes", 1)),
+        algorithm=settings.get("algorithm", "gae" if critic.is_dir() else "grpo"),
+        critic_model=str(critic) if critic.is_dir() else None, nnodes=int(settings.get("nnodes", 1)),
         gpus_per_node=int(settings.get("gpus_per_node", 8)), epochs=int(settings.get("epochs", 1)),
     ))
     command = launch_command(paths["config"])
@@ -172,4 +186,4 @@ def agentic_stage(ctx: StageContext) -> str:
 
 
 STAGES: dict[str, Stage] = {"synth": synth_stage, "warmup": warmup_stage, "rollout": rollout_stage, "rft": rft_stage,
-                            "agentic": agentic_stage}
+                            "critic": critic_stage, "agentic": agentic_stage}
