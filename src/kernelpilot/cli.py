@@ -373,9 +373,24 @@ def train_ppo(
     run_grpo(GrpoSettings(model=model, tasks=tasks, output_dir=out, max_steps=max_steps))
 
 
+@train_app.command("critic")
+def train_critic(
+    transcripts: Path = typer.Argument(..., help="A folder with agent session transcripts (rollout workspaces)."),
+    model: str = typer.Option(..., "--model", help="Base model of the value function: a local checkpoint or hub id."),
+    out: Path = typer.Option(Path("kp-critic"), "--out", help="Where the value model goes."),
+    epochs: float = typer.Option(1.0, "--epochs", help="Training epochs."),
+) -> None:
+    """Pretrain a value model on scored rollouts (the judge's rewards) before agentic PPO."""
+    from kernelpilot.train.critic import CriticSettings, run_critic
+    from kernelpilot.train.rft import find_transcripts
+
+    metrics = run_critic(CriticSettings(model=model, output_dir=out, epochs=epochs), find_transcripts(transcripts))
+    console.print(f"value model in {out}; train loss {metrics.get('train_loss', float('nan')):.4g}", highlight=False)
+
+
 @train_app.command("run")
 def train_run(
-    config: Path = typer.Option(Path("train.toml"), "--config", help="Pipeline config: [synth], [warmup], [rollout], [rft], [agentic] tables."),
+    config: Path = typer.Option(Path("train.toml"), "--config", help="Pipeline config: [synth], [warmup], [rollout], [rft], [critic], [agentic] tables."),
 ) -> None:
     """Run the configured stages in order; a stage whose checkpoint is complete is skipped."""
     from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
