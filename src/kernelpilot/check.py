@@ -110,9 +110,9 @@ def find_lock_files(paths: Sequence[Path]) -> list[Path]:
 
 def check_one(judge: Judge, lock_file: Path, tolerance: float) -> CheckOutcome:
     """Rebuild, verify and time the candidate beside `lock_file`; a user error becomes a failed outcome."""
-    from kernelpilot.workspace import open_workspace
+    from kernelpilot.workspace import display_path, open_workspace
 
-    where = _display_path(lock_file.parent)
+    where = display_path(lock_file.parent)
     try:
         ws = open_workspace(lock_file.parent)
         lock = read_lock(lock_file)
@@ -240,10 +240,3 @@ def _enclosing_lock_file(path: Path) -> Path | None:
 
 def _count(lock_files: list[Path]) -> str:
     return f"{len(lock_files)} accepted kernel{'s' if len(lock_files) != 1 else ''}"
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd())) or "."
-    except ValueError:
-        return str(path)

@@ -145,7 +145,7 @@ def check_protected(ws: Workspace) -> None:
 
 def render_init_summary(console: Console, ws: Workspace, created: list[str]) -> None:
     """Print what `init` wrote and the next step."""
-    where = _display_path(ws.root)
+    where = display_path(ws.root)
     if created:
         console.print(f"[bold green]Workspace ready:[/] {where}", highlight=False)
         for name in created:
@@ -305,7 +305,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _display_path(path: Path) -> str:
+def display_path(path: Path) -> str:
     """`path` relative to the current folder when it is inside it, else absolute."""
     absolute = path.resolve()
     try:

@@ -263,13 +263,14 @@ def summary_rows(summary: RunSummary) -> Iterator[tuple[str, str]]:
         if timing:
             yield f"{label} ms", f"{timing.median_ms:.4g}"
     if bench is not None:
-        yield "speedup vs eager", _ratio_text(bench.speedup_vs_eager)
-        yield "speedup vs compile", _ratio_text(bench.speedup_vs_compile)
+        yield "speedup vs eager", ratio_text(bench.speedup_vs_eager)
+        yield "speedup vs compile", ratio_text(bench.speedup_vs_compile)
         yield "% SOL", f"{bench.sol_candidate * 100:.1f}%" if bench.sol_candidate is not None else "–"
     else:
         yield "best candidate", "correct, not timed"
     yield "reward", str(best.reward)
 
 
-def _ratio_text(ratio: float | None) -> str:
+def ratio_text(ratio: float | None) -> str:
+    """A speedup as the summary tables show it: "1.23x", or "–" when there is none."""
     return f"{ratio:.2f}x" if ratio is not None else "–"

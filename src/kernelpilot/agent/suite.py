@@ -170,12 +170,14 @@ def render_report(console: Console, report: SuiteReport) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from kernelpilot.agent.optimize import ratio_text
+
     table = Table(title="kernelpilot suite", title_justify="left")
     for column in ("problem", "status", "correct", "vs eager", "vs compile", "reward"):
         table.add_column(column, justify="left" if column in ("problem", "status") else "right")
     for o in report.outcomes:
-        table.add_row(escape(o.problem), escape(o.status), "yes" if o.correct else "no", _x(o.speedup_vs_eager),
-                      _x(o.speedup_vs_compile), str(o.reward))
+        table.add_row(escape(o.problem), escape(o.status), "yes" if o.correct else "no", ratio_text(o.speedup_vs_eager),
+                      ratio_text(o.speedup_vs_compile), str(o.reward))
     console.print(table)
     metrics = Table(show_header=False, title="metrics", title_justify="left")
     metrics.add_column(style="bold")
@@ -183,11 +185,8 @@ def render_report(console: Console, report: SuiteReport) -> None:
     metrics.add_row("pass rate", f"{report.pass_rate:.1%}")
     for p in report.fast_p_vs_eager:
         metrics.add_row(f"fast_{p} vs eager / compile", f"{report.fast_p_vs_eager[p]:.1%} / {report.fast_p_vs_compile[p]:.1%}")
-    metrics.add_row("geomean speedup vs eager / compile", f"{_x(report.geomean_speedup_vs_eager)} / {_x(report.geomean_speedup_vs_compile)}")
+    geomeans = ratio_text(report.geomean_speedup_vs_eager), ratio_text(report.geomean_speedup_vs_compile)
+    metrics.add_row("geomean speedup vs eager / compile", " / ".join(geomeans))
     metrics.add_row("mean reward", f"{report.mean_reward:.2f}")
     metrics.add_row("cost", f"${report.cost_usd:.4f}" if report.cost_usd is not None else "unknown")
     console.print(metrics)
-
-
-def _x(ratio: float | None) -> str:
-    return f"{ratio:.2f}x" if ratio is not None else "–"
