@@ -17,7 +17,7 @@ model = "base-model"
 [synth]
 count = 3
 scale = "small"
-device = "cpu"
+devices = ["cpu"]
 compile_backend = "aot_eager"
 """
 
@@ -76,7 +76,7 @@ def test_train_commands_from_the_cli(tmp_path):
 
     runner = CliRunner()
     synth = runner.invoke(app, ["train", "synth", "--out", str(tmp_path / "tasks"), "--count", "3", "--scale", "small",
-                                "--device", "cpu", "--compile-backend", "aot_eager"])
+                                "--devices", "cpu", "--compile-backend", "aot_eager"])
     assert synth.exit_code == 0, synth.output
     assert "of 3 tasks" in synth.output and (tmp_path / "tasks" / "tasks.jsonl").is_file()
     agentic_on_trl = runner.invoke(app, ["train", "ppo", str(tmp_path / "tasks"), "--model", "m", "--stage", "agentic"])

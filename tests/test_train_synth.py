@@ -132,9 +132,9 @@ def test_op_sequence_reads_every_spelling_alike():
 
 
 def test_dataset_round_trip(tmp_path):
-    report = synthesize(4, seed=2, scale="small", device="cpu", compile_backend=BACKEND, benchmark_dir=EXAMPLES)
+    report = synthesize(4, seed=2, scale="small", devices=["cpu"], compile_backend=BACKEND, benchmark_dir=EXAMPLES)
     assert len(report.kept) + sum(report.dropped_by_filter.values()) == report.composed
-    written = write_dataset(report, tmp_path, settings={"seed": 2, "scale": "small", "device": "cpu"})
+    written = write_dataset(report, tmp_path, settings={"seed": 2, "scale": "small", "devices": "cpu"})
     assert (tmp_path / "README.md") in written
     assert [task.code for task in read_tasks(tmp_path)] == [task.code for task in report.kept]
     row = json.loads((tmp_path / "tasks.jsonl").read_text().splitlines()[0])
@@ -143,7 +143,7 @@ def test_dataset_round_trip(tmp_path):
 
 def test_dataset_loads_with_datasets(tmp_path):
     datasets = pytest.importorskip("datasets", reason="datasets is not installed (pip install 'kernelpilot[train]')")
-    report = synthesize(3, seed=4, scale="small", device="cpu", compile_backend=BACKEND)
+    report = synthesize(3, seed=4, scale="small", devices=["cpu"], compile_backend=BACKEND)
     write_dataset(report, tmp_path, settings={})
     loaded = datasets.load_dataset("json", data_files=str(tmp_path / "tasks.jsonl"), split="train")
     assert loaded["code"] == [task.code for task in report.kept]

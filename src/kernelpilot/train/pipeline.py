@@ -100,7 +100,7 @@ def synth_stage(ctx: StageContext) -> str:
     settings = ctx.settings
     report = synthesize(
         int(settings.get("count", 100)), seed=int(settings.get("seed", 0)), scale=settings.get("scale", "full"),
-        device=settings.get("device", "cuda"), compile_backend=settings.get("compile_backend", "inductor"),
+        devices=settings.get("devices", ["cuda"]), compile_backend=settings.get("compile_backend", "inductor"),
         benchmark_dir=Path(settings["benchmark_dir"]) if settings.get("benchmark_dir") else None,
     )
     write_dataset(report, ctx.out_dir, settings={**settings, "operator_count": len(crawl_operators().operators)})

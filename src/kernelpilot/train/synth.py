@@ -18,7 +18,7 @@ import random
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,7 +329,8 @@ class Verdict:
     compile_ms: float | None = None
 
 
-FILTERS = ("invalid", "stochastic-op", "degenerate", "nondeterministic", "compile-mismatch", "runtime", "contaminated")
+FILTERS = ("invalid", "stochastic-op", "degenerate", "nondeterministic", "compile-mismatch", "runtime", "timeout", "crash",
+           "contaminated")
 
 
 def check_task(code: str, *, device: str = "cpu", compile_backend: str = "inductor",
@@ -550,22 +551,26 @@ class SynthReport:
     seconds: float
 
 
-def synthesize(count: int, *, seed: int = 0, scale: str = "full", device: str = "cpu",
+def synthesize(count: int, *, seed: int = 0, scale: str = "full", devices: Sequence[str] = ("cuda",),
                compile_backend: str = "inductor", benchmark_dir: Path | None = None,
                runtime_range_ms: tuple[float, float] = (0.05, 50.0), similarity: float = 0.9,
-               on_task: Callable[[Task, Verdict], None] | None = None) -> SynthReport:
-    """Crawl, compose `count` candidates, filter them by running them, decontaminate against `benchmark_dir`."""
+               timeout_s: float = 300.0, on_task: Callable[[Task, Verdict], None] | None = None) -> SynthReport:
+    """Crawl, compose `count` candidates, filter them in one worker process per device, decontaminate.
+
+    `timeout_s` bounds one task's filters (torch.compile's first call included).
+    """
+    from kernelpilot.train.filter_worker import check_tasks
+
     started = time.monotonic()
     crawl = crawl_operators()
     composed = compose_tasks(crawl.operators, count, seed=seed, scale=scale)
+    options = {"compile_backend": compile_backend, "runtime_range_ms": runtime_range_ms}
+    verdicts = check_tasks([task.code for task in composed], devices, options, timeout_s,
+                           on_verdict=(lambda i, v: on_task(composed[i], v)) if on_task is not None else None)
     dropped = dict.fromkeys(FILTERS, 0)
     passed = []
-    for task in composed:
-        verdict = check_task(task.code, device=device, compile_backend=compile_backend,
-                             runtime_range_ms=runtime_range_ms)
+    for task, verdict in zip(composed, verdicts):
         task.eager_ms, task.compile_ms = verdict.eager_ms, verdict.compile_ms
-        if on_task is not None:
-            on_task(task, verdict)
         if verdict.kept:
             passed.append(task)
         else:
@@ -585,7 +590,7 @@ CARD_TEMPLATE = """\
 
 KernelBench-format problems (`class Model`, `get_inputs()`, `get_init_inputs()`) composed by `kernelpilot train synth`
 from {operator_count} seed operators crawled from torch.nn and torch.nn.functional (torch {torch_version}), 1-5
-operators each, filtered by running them on `{device}`.
+operators each, filtered by running them on `{devices}`.
 
 - composed: {composed}; kept: {kept} (seed {seed}, sizes "{scale}")
 - dropped per filter: {dropped}
@@ -615,7 +620,7 @@ def write_dataset(report: SynthReport, out_dir: Path, *, settings: dict[str, Any
     (out_dir / "report.json").write_text(json.dumps({**summary, "settings": settings}, indent=2), encoding="utf-8")
     card = CARD_TEMPLATE.format(
         operator_count=settings.get("operator_count", "?"), torch_version=torch.__version__,
-        device=settings.get("device"), composed=report.composed, kept=len(report.kept), seed=settings.get("seed"),
+        devices=settings.get("devices"), composed=report.composed, kept=len(report.kept), seed=settings.get("seed"),
         scale=settings.get("scale"), dropped=", ".join(f"{k} {v}" for k, v in report.dropped_by_filter.items()),
         benchmark=settings.get("benchmark_dir") or "nothing", data_file=DATASET_FILE,
         parquet_note=" or from tasks.parquet" if parquet is not None else "",
