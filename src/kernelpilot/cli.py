@@ -298,16 +298,16 @@ def train_synth(
     count: int = typer.Option(100, "--count", min=1, help="Problems to compose before filtering."),
     seed: int = typer.Option(0, "--seed", help="Composition seed (same seed, same problems)."),
     scale: str = typer.Option("full", "--scale", help="Problem sizes: full (GPU) or small (CPU checks)."),
-    device: str = typer.Option("cuda", "--device", help="Where the filters run: cuda (times them) or cpu."),
+    devices: str = typer.Option("cuda", "--devices", help="Comma-separated devices the filters run on, one worker each (cuda times them; cpu does not)."),
     benchmark: Optional[Path] = typer.Option(None, "--decontaminate", help="A benchmark folder of problems to stay away from."),
     compile_backend: str = typer.Option("inductor", "--compile-backend", help="torch.compile backend the eager-vs-compile filter uses."),
 ) -> None:
     """Compose KernelBench-format tasks from torch.nn operators and keep those the execution filters pass."""
     from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
 
-    report = synthesize(count, seed=seed, scale=scale, device=device, compile_backend=compile_backend,
+    report = synthesize(count, seed=seed, scale=scale, devices=devices.split(","), compile_backend=compile_backend,
                         benchmark_dir=benchmark)
-    settings = {"seed": seed, "scale": scale, "device": device, "benchmark_dir": str(benchmark) if benchmark else None,
+    settings = {"seed": seed, "scale": scale, "devices": devices, "benchmark_dir": str(benchmark) if benchmark else None,
                 "operator_count": len(crawl_operators().operators)}
     write_dataset(report, out, settings=settings)
     console.print(f"kept {len(report.kept)} of {report.composed} tasks in {out}; dropped: {report.dropped_by_filter}")
