@@ -1,6 +1,8 @@
 """The TUI through Textual's pilot: a scripted model's run on a real workspace fills the transcript, plan and diff
 panels; the pause, resume and stop keys really hold and end the loop; accept commits through vcs.accept in a real
-git repository (and says why not outside one); the profile panel shows judged results and the per-kernel diff."""
+git repository (and says why not outside one); the profile panel shows judged results and the per-kernel diff;
+watch mode turns saves in a real workspace into profile rows and compile errors into diagnostics, `w` turns it off
+and on, and quitting ends the watcher's thread."""
 
 from __future__ import annotations
 
@@ -21,10 +23,21 @@ from kernelpilot.agent.optimize import AgentRun
 from kernelpilot.agent.session import Session, read_records
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
-from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, TrialResult, VerifyResult, to_dict
+from kernelpilot.results import (
+    BenchResult,
+    BuildResult,
+    Diagnostic,
+    EvalResult,
+    KernelTime,
+    Timing,
+    TrialResult,
+    VerifyResult,
+    to_dict,
+)
 from kernelpilot.tui.app import KernelpilotApp, RecordWritten
 from kernelpilot.tui.diff_view import DiffView
 from kernelpilot.tui.profile import ProfilePanel
+from kernelpilot.tui.status import RunStatus
 from kernelpilot.tui.todos import TodoPanel
 from kernelpilot.tui.transcript import Transcript
 from kernelpilot.workspace import init_workspace
@@ -263,14 +276,14 @@ async def test_profile_panel_rows_sparkline_and_kernel_diff():
     app = ProfileOnly()
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(ProfilePanel)
-        panel.add_result(2, judged("p", "ws", 0.5, {"fused": 0.4, "reduce": 0.1}))
-        panel.add_result(3, EvalResult("p", "ws", verify=VerifyResult(ok=False), error_kind="mismatch"))
-        panel.add_result(5, judged("p", "ws", 0.25, {"fused": 0.2, "reduce": 0.05}))
+        panel.add_result("turn 2", judged("p", "ws", 0.5, {"fused": 0.4, "reduce": 0.1}))
+        panel.add_result("turn 3", EvalResult("p", "ws", verify=VerifyResult(ok=False), error_kind="mismatch"))
+        panel.add_result("turn 5", judged("p", "ws", 0.25, {"fused": 0.2, "reduce": 0.05}))
         await pilot.pause()
 
         attempts = app.query_one("#attempts", DataTable)
-        assert [str(cell) for cell in attempts.get_row_at(0)] == ["2", "yes", "0.5", "1.00x", "0.80x", "60.0", "3"]
-        assert [str(cell) for cell in attempts.get_row_at(1)][:3] == ["3", "no (mismatch)", "–"]
+        assert [str(cell) for cell in attempts.get_row_at(0)] == ["turn 2", "yes", "0.5", "1.00x", "0.80x", "60.0", "3"]
+        assert [str(cell) for cell in attempts.get_row_at(1)][:3] == ["turn 3", "no (mismatch)", "–"]
         assert app.query_one(Sparkline).data == [0.8, 0.0, 1.6]
 
         assert "turn 2 → turn 5" in str(app.query_one("#diff-title", Static).content)
@@ -279,3 +292,133 @@ async def test_profile_panel_rows_sparkline_and_kernel_diff():
         rows = {str(row[0]): [str(cell) for cell in row[1:]] for row in rows}
         assert rows["kernel fused ms"] == ["0.4", "0.2", "-50.0%"]
         assert rows["speedup vs compile"] == ["0.80x", "1.60x", "+100.0%"]
+
+
+# ------------------------------------------------------------------------------------------- watch mode
+
+KERNEL = "__global__ void twice(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n"
+
+
+class ReleasedEvaluations:
+    """The watcher's `evaluate`: hands out the given results in order, each only once the test releases it."""
+
+    def __init__(self, results: list[EvalResult]):
+        self.results = results
+        self.permits = threading.Semaphore(0)
+        self.calls = 0
+
+    def __call__(self, root: Path) -> EvalResult:
+        self.calls += 1
+        if not self.permits.acquire(timeout=WAIT_S):
+            raise RuntimeError("the test released no evaluation")
+        return self.results.pop(0)
+
+
+def build_failure(problem_id: str, workspace: str) -> EvalResult:
+    """A compile error as the judge reports it: nvcc's message parsed into a diagnostic."""
+    diagnostic = Diagnostic("error", 'expected a ";"', file="kernels/twice.cu", line=1, column=42)
+    build = BuildResult(ok=False, workspace=workspace, extension_name="kp_ext", arch="9.0", diagnostics=[diagnostic],
+                        error="the build failed: 1 error.")  # fmt: skip
+    return EvalResult(problem_id, workspace, build=build, error_kind="build", message=build.error)
+
+
+def watch_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "kernelpilot-watch"]
+
+
+@pytest.fixture
+def workspace(problem):
+    ws, _ = init_workspace(problem, problem.parent / "kp-double")
+    return ws
+
+
+def attempt_labels(app: App) -> list[str]:
+    table = app.query_one("#attempts", DataTable)
+    return [str(table.get_row_at(index)[0]) for index in range(table.row_count)]
+
+
+@pytest.mark.asyncio
+async def test_watch_only_a_saved_kernel_becomes_a_profile_row(workspace):
+    root = str(workspace.root)
+    evaluate = ReleasedEvaluations([judged(workspace.problem_id, root, 0.5, {"twice": 0.5}),
+                                    judged(workspace.problem_id, root, 0.25, {"twice": 0.25})])  # fmt: skip
+    app = KernelpilotApp(workspace=workspace, evaluate=evaluate, debounce_s=0.05)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: app.watch_state == "evaluating…", "the first evaluation")
+        assert app.phase == "watch only"
+        evaluate.permits.release()
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+        assert app.watch_state == "watching"
+
+        (workspace.root / "kernels" / "twice.cu").write_text(KERNEL)
+        await wait_for(pilot, lambda: app.watch_state == "evaluating…", "the save to start an evaluation")
+        assert "watch: evaluating…" in str(app.query_one(RunStatus).render())
+        assert "saved kernels/twice.cu: building, verifying, timing…" in lines(app)
+        evaluate.permits.release()
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start", "edit 1"], "the edit's row")
+
+        assert "watch: watching" in str(app.query_one(RunStatus).render())
+        assert "profile start → edit 1" in str(app.query_one("#diff-title", Static).content)
+        comparison = app.query_one("#kernel-diff", DataTable)
+        rows = {str(row[0]): [str(cell) for cell in row[1:]]
+                for row in (comparison.get_row_at(index) for index in range(comparison.row_count))}  # fmt: skip
+        assert rows["kernel twice ms"] == ["0.5", "0.25", "-50.0%"]
+        assert app.best.bench.candidate.median_ms == 0.25  # what accept would commit: the workspace as it is now
+
+
+@pytest.mark.asyncio
+async def test_watch_shows_a_compile_errors_diagnostics(workspace):
+    root = str(workspace.root)
+    evaluate = ReleasedEvaluations([judged(workspace.problem_id, root, 0.5, {"twice": 0.5}),
+                                    build_failure(workspace.problem_id, root)])  # fmt: skip
+    evaluate.permits.release(2)
+    app = KernelpilotApp(workspace=workspace, evaluate=evaluate, debounce_s=0.05)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+        (workspace.root / "kernels" / "twice.cu").write_text(KERNEL.replace(";", "", 1))
+        await wait_for(pilot, lambda: len(attempt_labels(app)) == 2, "the failed edit's row")
+
+        blocks = list(app.query_one(Transcript).query(Collapsible))
+        assert [str(block.title) for block in blocks][-1] == "edit 1: build failed, 1 error"
+        body = str(blocks[-1].query_one(Collapsible.Contents).query_one(Static).content)
+        assert body == 'kernels/twice.cu:1:42: error: expected a ";"'
+        assert str(app.query_one("#attempts", DataTable).get_row_at(1)[1]) == "no (build)"
+
+        await pilot.press("a")
+        assert "latest edit is not verified correct" in lines(app)[-1]
+
+
+@pytest.mark.asyncio
+async def test_w_turns_watching_off_and_on(workspace):
+    root = str(workspace.root)
+    evaluate = ReleasedEvaluations([judged(workspace.problem_id, root, 0.5, {"twice": 0.5}),
+                                    judged(workspace.problem_id, root, 0.4, {"twice": 0.4})])  # fmt: skip
+    evaluate.permits.release(2)
+    app = KernelpilotApp(workspace=workspace, evaluate=evaluate, debounce_s=0.05)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+        first_thread = watch_threads()
+        await pilot.press("w")
+        assert app.watch_state == "off" and not app.watch_bridge.running
+        assert not any(thread.is_alive() for thread in first_thread)
+
+        (workspace.root / "kernels" / "twice.cu").write_text(KERNEL)
+        await pilot.pause(0.3)  # six debounce periods: a watcher still running would have evaluated by now
+        assert evaluate.calls == 1
+
+        await pilot.press("w")
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start", "start"], "watching to start again")
+        assert app.watch_state == "watching"
+
+
+@pytest.mark.asyncio
+async def test_quitting_stops_the_watcher_thread(workspace):
+    evaluate = ReleasedEvaluations([judged(workspace.problem_id, str(workspace.root), 0.5, {"twice": 0.5})])
+    evaluate.permits.release()
+    app = KernelpilotApp(workspace=workspace, evaluate=evaluate, debounce_s=0.05)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+        threads = watch_threads()
+        assert threads and all(thread.is_alive() for thread in threads)
+        await pilot.press("q")
+    assert not any(thread.is_alive() for thread in threads)

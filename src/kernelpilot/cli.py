@@ -280,8 +280,14 @@ def watch(
     trials: int = typer.Option(5, "--trials", min=1, help="Correctness trials per evaluation."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Check correctness only; skip timing."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+    tui: bool = typer.Option(False, "--tui", help="Show each result in the terminal UI: profile rows, diffs, diagnostics."),
 ) -> None:
     """Re-evaluate the workspace on every save of a kernel, binding or model_new.py; show what changed."""
+    if tui:
+        from kernelpilot.tui.app import run_watch_tui
+
+        run_watch_tui(workspace, device=device, trials=trials, bench=not no_bench)
+        return
     from kernelpilot.watch import watch_workspace
 
     watch_workspace(workspace, console, device=device, trials=trials, bench=not no_bench)

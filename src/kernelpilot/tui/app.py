@@ -5,10 +5,16 @@ then runs the loop with a ReportingSession: every record is written to the trans
 loses nothing and `--resume` continues) and then posted to the app, whose handlers fill the panels on the UI
 thread. Pause and stop act between turns through RunControl; accept commits the best verified candidate with
 `vcs.accept` once the run is over and that candidate is back in the workspace.
+
+Once the run is over the worker keeps the run (and its judge) open, and the app watches the workspace: every save
+of a kernel or model_new.py is judged again and shown as an "edit N" attempt, until `w` turns watching off or the
+app closes. `kernelpilot watch DIR --tui` opens the same app with no run, watching only. After an edit, accept
+commits the workspace's files with the latest edit's numbers, so it refuses while the latest edit failed.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
@@ -22,7 +28,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer
 
-from kernelpilot.agent.session import read_records
+from kernelpilot.agent.session import describe_eval, read_records
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict
 from kernelpilot.tui.control import Record, ReportingSession, RunControl
@@ -31,6 +37,8 @@ from kernelpilot.tui.profile import ProfilePanel
 from kernelpilot.tui.status import RunStatus
 from kernelpilot.tui.todos import TodoPanel
 from kernelpilot.tui.transcript import Transcript
+from kernelpilot.tui.watching import WatchBridge, WatchUpdate, diagnostics_text, run_evaluator
+from kernelpilot.watch import DEBOUNCE_SECONDS, Evaluate, WatchEvent
 
 if TYPE_CHECKING:
     from kernelpilot.agent.optimize import AgentRun, OptimizeResult
@@ -63,11 +71,14 @@ class ControlChanged(Message):
 
 
 class RunOver(Message):
-    """The worker is done: the run's outcome, an error that stopped it, or neither when it never began."""
+    """The loop is done: the run's outcome, an error that stopped it, or neither when it never began; `evaluate`
+    judges the workspace with the run's judge, which stays open for watch mode until the app closes."""
 
-    def __init__(self, outcome: OptimizeResult | None, error: KernelpilotError | None):
+    def __init__(
+        self, outcome: OptimizeResult | None, error: KernelpilotError | None, evaluate: Evaluate | None = None
+    ):
         super().__init__()
-        self.outcome, self.error = outcome, error
+        self.outcome, self.error, self.evaluate = outcome, error, evaluate
 
 
 class AcceptDone(Message):
@@ -88,6 +99,7 @@ class KernelpilotApp(App[None]):
         Binding("r", "resume", "Resume"),
         Binding("s", "stop", "Stop"),
         Binding("a", "accept", "Accept best"),
+        Binding("w", "toggle_watch", "Watch"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -96,12 +108,28 @@ class KernelpilotApp(App[None]):
     max_turns: reactive[int] = reactive(0)
     best: reactive[EvalResult | None] = reactive(None)
     run_title: reactive[str] = reactive("")
+    watch_state: reactive[str] = reactive("")
 
-    def __init__(self, open_run: OpenRun):
+    def __init__(
+        self,
+        open_run: OpenRun | None = None,
+        *,
+        workspace: Workspace | None = None,
+        evaluate: Evaluate | None = None,
+        debounce_s: float = DEBOUNCE_SECONDS,
+    ):
+        """Drive the run `open_run` assembles, then watch its workspace; with no run, watch `workspace` only."""
         super().__init__()
         self._open_run = open_run
+        self._debounce_s = debounce_s
+        self.watch_bridge: WatchBridge | None = None
+        self.workspace: Workspace | None = workspace
+        if workspace is not None and evaluate is not None:
+            self.watch_bridge = WatchBridge(self, workspace.root, evaluate, debounce_s=debounce_s)
+        self._edits = 0
+        self.latest_watched: EvalResult | None = None  # what the workspace's files scored when last judged
+        self._app_closed = threading.Event()  # lets the finished run's worker close its judge
         self.control = RunControl(on_change=lambda: self.post_message(ControlChanged()))
-        self.workspace: Workspace | None = None
         # Set by the worker thread before it posts RunOver, so they are there even if the app closed first.
         self.outcome: OptimizeResult | None = None
         self.error: KernelpilotError | None = None
@@ -110,7 +138,7 @@ class KernelpilotApp(App[None]):
     def compose(self) -> ComposeResult:
         yield RunStatus(id="status").data_bind(
             KernelpilotApp.phase, KernelpilotApp.turn, KernelpilotApp.max_turns, KernelpilotApp.best,
-            KernelpilotApp.run_title,
+            KernelpilotApp.run_title, KernelpilotApp.watch_state,
         )  # fmt: skip
         with Horizontal(id="main"):
             yield Transcript(id="transcript")
@@ -124,31 +152,42 @@ class KernelpilotApp(App[None]):
         for selector, title in (("#transcript", "transcript"), ("#todos", "plan"), ("#diff", "latest edit"),
                                 ("#profile", "profile")):  # fmt: skip
             self.query_one(selector).border_title = title
-        self.run_worker(self._drive_run, thread=True, name="agent", group="agent")
+        if self._open_run is not None:
+            self.run_worker(self._drive_run, thread=True, name="agent", group="agent")
+        elif self.watch_bridge is not None:
+            self.phase = "watch only"
+            self.run_title = str(self.watch_bridge.root)
+            self._set_watching(True)
 
     def on_unmount(self) -> None:
         # However the app closes, a paused or running loop must end at its next turn boundary, not wait forever.
         self.control.stop("interrupted")
+        if self.watch_bridge is not None:
+            self.watch_bridge.stop()
+        self._app_closed.set()
 
     # -- the worker thread
 
     def _drive_run(self) -> None:
-        from kernelpilot.agent.loop import run_agent
-        from kernelpilot.agent.optimize import finish_run
-
         try:
             with self._open_run() as run:
                 self.post_message(RunStarted(run, read_records(run.session.path)))
-                if self.control.stop_status is not None:
-                    return  # closed before the first turn: the session is saved, nothing ran
-                session = ReportingSession(run.session, lambda record: self.post_message(RecordWritten(record)))
-                summary = run_agent(run.messages, run.model, run.tools, run.ctx, run.settings, session,
-                                    self.control.between_turns)  # fmt: skip
-            self.outcome = finish_run(run, summary)
+                if self.control.stop_status is None:  # else closed before the first turn: the session is saved
+                    self.outcome = self._run_loop(run)
+                self.post_message(RunOver(self.outcome, None, run_evaluator(run)))
+                self._app_closed.wait()  # the run's judge stays open for watch mode until the app closes
         except KernelpilotError as err:
             self.error = err
-        finally:
-            self.post_message(RunOver(self.outcome, self.error))
+            self.post_message(RunOver(self.outcome, err))
+
+    def _run_loop(self, run: AgentRun) -> OptimizeResult:
+        from kernelpilot.agent.loop import run_agent
+        from kernelpilot.agent.optimize import finish_run
+
+        session = ReportingSession(run.session, lambda record: self.post_message(RecordWritten(record)))
+        summary = run_agent(run.messages, run.model, run.tools, run.ctx, run.settings, session,
+                            self.control.between_turns)  # fmt: skip
+        return finish_run(run, summary)
 
     # -- events from the worker
 
@@ -178,6 +217,9 @@ class KernelpilotApp(App[None]):
         # An error while assembling the run (bad problem file, no model) leaves nothing to watch: run_tui reports it.
         if self._quitting or (message.error is not None and self.workspace is None):
             self.exit()
+        elif message.evaluate is not None and self.workspace is not None:
+            self.watch_bridge = WatchBridge(self, self.workspace.root, message.evaluate, debounce_s=self._debounce_s)
+            self._set_watching(True)
 
     def _show_record(self, record: Record) -> None:
         """Put one session record into the transcript and into the panel it concerns."""
@@ -194,9 +236,64 @@ class KernelpilotApp(App[None]):
             self.turn = record.get("turn") or 0
         elif kind == "eval":
             result = from_dict(EvalResult, record["eval"])
-            self.query_one(ProfilePanel).add_result(record.get("turn") or self.turn, result)
+            self.query_one(ProfilePanel).add_result(f"turn {record.get('turn') or self.turn}", result)
             if record.get("improved"):
                 self.best = result
+
+    # -- watch mode
+
+    def on_watch_update(self, message: WatchUpdate) -> None:
+        if self.watch_bridge is None or not self.watch_bridge.running:
+            return  # posted just before watching was turned off
+        event = message.event
+        transcript = self.query_one(Transcript)
+        if event.kind == "evaluating":
+            self.watch_state = "evaluating…"
+            saved = f"saved {', '.join(event.changed)}" if event.changed else "the workspace as it is"
+            transcript.add_line(f"{saved}: building, verifying, timing…", "watch")
+            return
+        self.watch_state = "watching"
+        if event.kind == "error":
+            transcript.add_line(f"could not evaluate: {event.message}", "refused")
+        elif event.result is not None:
+            self._show_watched(self._watch_label(event), event.result)
+
+    def _watch_label(self, event: WatchEvent) -> str:
+        """"edit N" for the Nth evaluation after saves; "start" for the one that begins watching."""
+        if not event.changed:
+            return "start"
+        self._edits += 1
+        return f"edit {self._edits}"
+
+    def _show_watched(self, label: str, result: EvalResult) -> None:
+        self.query_one(ProfilePanel).add_result(label, result)
+        transcript = self.query_one(Transcript)
+        if result.build is not None and not result.build.ok:
+            errors = len(result.build.errors)
+            title = f"{label}: build failed, {errors} error{'s' if errors != 1 else ''}"
+            transcript.add_output(title, diagnostics_text(result.build), "diagnostics")
+        else:
+            transcript.add_line(f"{label}: {describe_eval(result)}", "eval")
+        self.latest_watched = result
+        if _verified(result):
+            self.best = result  # the workspace holds it now, so it is what accept commits
+
+    def action_toggle_watch(self) -> None:
+        self._set_watching(self.watch_bridge is not None and not self.watch_bridge.running)
+
+    def _set_watching(self, on: bool) -> None:
+        bridge = self.watch_bridge
+        if bridge is None:
+            return
+        transcript = self.query_one(Transcript)
+        if on:
+            bridge.start()
+            self.watch_state = "watching"
+            transcript.add_line(f"watching {bridge.root} (model_new.py and kernels/); w stops", "header")
+        else:
+            bridge.stop()
+            self.watch_state = "off"
+            transcript.add_line("stopped watching; w starts again", "header")
 
     # -- keys
 
@@ -208,6 +305,8 @@ class KernelpilotApp(App[None]):
             return self.phase in ("pausing", "paused")
         if action == "stop":
             return True if self.phase in ACTIVE_PHASES else None
+        if action == "toggle_watch":
+            return True if self.watch_bridge is not None else None
         return True
 
     def watch_phase(self) -> None:
@@ -239,6 +338,9 @@ class KernelpilotApp(App[None]):
         if self.phase in ACTIVE_PHASES:
             self._report_accept("The run is still going; stop it (s) first, so the best candidate is back in the "
                                 "workspace to commit.", refused=True)  # fmt: skip
+        elif self.latest_watched is not None and not _verified(self.latest_watched):
+            self._report_accept("The latest edit is not verified correct, so the workspace has nothing to accept; "
+                                "fix it and save.", refused=True)  # fmt: skip
         elif self.best is None or self.workspace is None:
             self._report_accept("No candidate was verified correct, so there is nothing to accept.", refused=True)
         else:
@@ -269,6 +371,10 @@ class KernelpilotApp(App[None]):
         self.phase = "quitting" if self._quitting else self.control.phase
 
 
+def _verified(result: EvalResult) -> bool:
+    return result.verify is not None and result.verify.ok
+
+
 def _sentence(error: KernelpilotError | None) -> str:
     if error is None:
         return ""
@@ -297,3 +403,14 @@ def run_tui(
     if app.error is not None:
         raise app.error
     return app.outcome
+
+
+def run_watch_tui(root: Path, *, device: str | None = None, trials: int = 5, bench: bool = True) -> None:
+    """`kernelpilot watch DIR --tui`: judge the workspace now and after every save, in the TUI, until it closes."""
+    from kernelpilot.harness.judge import Judge
+    from kernelpilot.workspace import open_workspace
+
+    ws = open_workspace(root)
+    with Judge(device) as judge:
+        app = KernelpilotApp(workspace=ws, evaluate=lambda path: judge.evaluate(path, trials=trials, bench=bench))
+        app.run()

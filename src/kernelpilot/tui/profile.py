@@ -17,15 +17,15 @@ from textual.widgets import DataTable, Sparkline, Static
 from kernelpilot.results import EvalResult
 from kernelpilot.watch import Change, diff_results, format_value
 
-ATTEMPT_COLUMNS = ("turn", "correct", "ms", "vs eager", "vs compile", "% SOL", "reward")
+ATTEMPT_COLUMNS = ("attempt", "correct", "ms", "vs eager", "vs compile", "% SOL", "reward")
 DIFF_COLUMNS = ("", "before", "now", "change")
 
 
 @dataclass
 class Attempt:
-    """One judged candidate and the turn that produced it."""
+    """One judged candidate and what produced it: "turn 3" of the agent, or "edit 2" saved while watching."""
 
-    turn: int
+    label: str
     result: EvalResult
 
     @property
@@ -50,9 +50,9 @@ class ProfilePanel(Vertical):
         self.query_one("#attempts", DataTable).add_columns(*ATTEMPT_COLUMNS)
         self.query_one("#kernel-diff", DataTable).add_columns(*DIFF_COLUMNS)
 
-    def add_result(self, turn: int, result: EvalResult) -> None:
-        """Record the judge's verdict on the candidate of `turn`."""
-        self.attempts = [*self.attempts, Attempt(turn, result)]
+    def add_result(self, label: str, result: EvalResult) -> None:
+        """Record the judge's verdict on the candidate that `label` names ("turn 3", "edit 2")."""
+        self.attempts = [*self.attempts, Attempt(label, result)]
 
     def watch_attempts(self, attempts: list[Attempt]) -> None:
         if not self.is_mounted or not attempts:
@@ -68,8 +68,8 @@ class ProfilePanel(Vertical):
             return
         previous = latest[0] if len(latest) == 2 else None
         current = latest[-1]
-        before = f"turn {previous.turn} → " if previous else ""
-        self.query_one("#diff-title", Static).update(f"profile {before}turn {current.turn}")
+        before = f"{previous.label} → " if previous else ""
+        self.query_one("#diff-title", Static).update(f"profile {before}{current.label}")
         table = self.query_one("#kernel-diff", DataTable)
         table.clear()
         for change in diff_results(previous.result if previous else None, current.result):
@@ -78,12 +78,12 @@ class ProfilePanel(Vertical):
 
 
 def attempt_cells(attempt: Attempt) -> tuple[str, ...]:
-    """turn, correct, ms, vs eager, vs compile, % SOL, reward; "–" where the judge has no figure."""
+    """attempt, correct, ms, vs eager, vs compile, % SOL, reward; "–" where the judge has no figure."""
     result = attempt.result
     correct = result.verify is not None and result.verify.ok
     bench = result.bench if attempt.timed else None
     return (
-        str(attempt.turn),
+        attempt.label,
         "yes" if correct else f"no ({result.error_kind or 'failed'})",
         format_value(bench.candidate.median_ms if bench else None, "ms"),
         format_value(bench.speedup_vs_eager if bench else None, "x"),

@@ -1,4 +1,5 @@
-"""The status line: what is running (problem, model, session), the turn, the run's phase and the best so far."""
+"""The status line: what is running (problem, model, session), the turn, the run's phase, the best so far and
+what watch mode is doing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from textual.widgets import Static
 from kernelpilot.results import EvalResult
 
 PHASE_STYLES = {"running": "bold green", "pausing": "yellow", "paused": "bold yellow", "stopping": "yellow",
-                "quitting": "yellow", "ended": "bold cyan", "failed": "bold red", "starting": "dim"}  # fmt: skip
+                "quitting": "yellow", "ended": "bold cyan", "failed": "bold red", "starting": "dim",
+                "watch only": "bold cyan"}  # fmt: skip
+WATCH_STYLES = {"watching": "green", "evaluating…": "bold yellow", "off": "dim"}
 
 
 class RunStatus(Static):
@@ -20,11 +23,18 @@ class RunStatus(Static):
     turn: reactive[int] = reactive(0)
     max_turns: reactive[int] = reactive(0)
     best: reactive[EvalResult | None] = reactive(None)
+    watch_state: reactive[str] = reactive("")  # "" (watch mode never started) | "watching" | "evaluating…" | "off"
 
     def render(self) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f" {self.phase} ", style=f"reverse {PHASE_STYLES.get(self.phase, '')}")
-        text.append(f"  turn {self.turn}/{self.max_turns}  ·  best: {best_text(self.best)}  ·  ")
+        if self.max_turns:
+            text.append(f"  turn {self.turn}/{self.max_turns}")
+        text.append(f"  ·  best: {best_text(self.best)}  ·  ")
+        if self.watch_state:
+            text.append("watch: ")
+            text.append(self.watch_state, style=WATCH_STYLES.get(self.watch_state, ""))
+            text.append("  ·  ")
         text.append(self.run_title, style="dim")
         return text
 
