@@ -1,9 +1,13 @@
-"""Locate the data folders shipped with kernelpilot: templates/, skills/, prompts/, examples/."""
+"""Locate the data folders shipped with kernelpilot (templates/, skills/, prompts/, examples/) and render from them."""
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import jinja2
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,3 +18,17 @@ def data_dir(name: str) -> Path:
     if in_checkout.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
         return in_checkout
     return Path(str(resources.files(f"kernelpilot._data.{name}")))
+
+
+def template_environment(name: str) -> jinja2.Environment:
+    """Jinja2 over the data folder `name`: a variable a template uses but was not given is an error, and block
+    tags leave no blank lines behind, so a rendered file reads as its template is laid out."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(data_dir(name)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )

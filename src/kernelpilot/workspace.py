@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelpilot.errors import WorkspaceError
-from kernelpilot.resources import data_dir
+from kernelpilot.resources import data_dir, template_environment
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -165,20 +165,11 @@ def render_model_new(problem: Problem, forward_body: str | None = None) -> str:
 
     `forward_body` (indented source lines) replaces the placeholder forward; the built-in policy passes its own.
     """
-    import jinja2
-
     init_parameters = list(problem.init_signature().parameters.values())
     forward_parameters = list(problem.forward_signature().parameters.values())
     init_signature, init_fallbacks = _signature_source("__init__", init_parameters)
     forward_signature, forward_fallbacks = _signature_source("forward", forward_parameters)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(data_dir("templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template(MODEL_NEW_TEMPLATE).render(
+    return template_environment("templates").get_template(MODEL_NEW_TEMPLATE).render(
         problem_name=problem.name,
         init_signature=init_signature,
         init_call=_call_source(init_parameters),

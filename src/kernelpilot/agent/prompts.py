@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.resources import data_dir
+from kernelpilot.resources import data_dir, template_environment
 
 if TYPE_CHECKING:
     from kernelpilot.config import Settings
@@ -35,16 +35,7 @@ class TaskFacts:
 
 def render_prompt(name: str, **variables: Any) -> str:
     """Render prompts/<name>.md; a variable the template uses but was not given is an error."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(data_dir("prompts")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template(f"{name}.md").render(**variables)
+    return template_environment("prompts").get_template(f"{name}.md").render(**variables)
 
 
 def task_messages(problem: Problem, ws: Workspace, settings: Settings, facts: TaskFacts) -> list[dict[str, str]]:

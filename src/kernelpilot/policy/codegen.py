@@ -30,10 +30,9 @@ from kernelpilot.policy.analysis import (
     Source,
     walk,
 )
+from kernelpilot.resources import template_environment
 
 if TYPE_CHECKING:
-    import jinja2
-
     from kernelpilot.problem import Problem
 
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
@@ -268,13 +267,13 @@ def render_kernel(group: Group, config: LaunchConfig) -> GeneratedFile:
         template = "policy/row.cu.j2"
     else:
         raise ValueError(f"group {group.name} is a {group.kind} group, which the policy does not generate")
-    content = _environment().get_template(template).render(**context)
+    content = template_environment("templates").get_template(template).render(**context)
     return GeneratedFile(f"kernels/{kernel_stem(group)}.cu", content)
 
 
 def render_binding(group: Group) -> GeneratedFile:
     """kernels/policy_<group>_binding.cpp: checks, allocation, launcher call, registration."""
-    content = _environment().get_template("policy/binding.cpp.j2").render(
+    content = template_environment("templates").get_template("policy/binding.cpp.j2").render(
         stem=kernel_stem(group),
         description=group.describe(),
         function=function_name(group),
@@ -306,7 +305,7 @@ def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
     else:
         returned_text = f"({', '.join(returned)}{',' if len(returned) == 1 else ''})"
     kernels = "kernel" if len(groups) == 1 else "kernels"
-    body = _environment().get_template("policy/forward.py.j2").render(
+    body = template_environment("templates").get_template("policy/forward.py.j2").render(
         summary=f"{len(groups)} generated {kernels} ({'; '.join(', '.join(dict.fromkeys(g.ops)) for g in groups)})",
         calls=calls,
         returned=returned_text,
@@ -324,20 +323,6 @@ def render_all(problem: Problem, analysis: Analysis, configs: dict[str, LaunchCo
         config = (configs or {}).get(group.name) or launch_candidates(group)[0]
         files += [render_kernel(group, config), render_binding(group)]
     return files + [render_model_new(problem, analysis)]
-
-
-def _environment() -> jinja2.Environment:
-    import jinja2
-
-    from kernelpilot.resources import data_dir
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(data_dir("templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
 
 
 # ---------------------------------------------------------------------------------- kernel contexts
