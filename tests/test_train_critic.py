@@ -1,9 +1,9 @@
 """`train critic`: a value model regressed on the judge's rewards of scored rollouts; verl's critic class loads it."""
 
 import pytest
+from test_train_rft import tiny_model_and_tokenizer, transcripts, write_transcript  # noqa: F401 - fixture
 
 from kernelpilot.train.critic import CriticSettings, run_critic, value_examples
-from test_train_rft import tiny_model_and_tokenizer, transcripts, write_transcript  # noqa: F401 - fixture
 
 
 def test_every_transcript_is_an_example_labelled_with_the_judges_reward(transcripts):  # noqa: F811
@@ -24,8 +24,9 @@ def test_a_tiny_value_model_trains_and_loads_as_a_token_level_critic(transcripts
     config.num_labels, config.problem_type = 1, "regression"
     model = LlamaForSequenceClassification(config)
     paths = [transcripts[name] for name in ("good", "claims_only", "loop")]
-    settings = CriticSettings(model="tiny", output_dir=tmp_path / "critic", max_steps=2, learning_rate=1e-3,
-                              batch_size=3, max_length=2048)
+    settings = CriticSettings(
+        model="tiny", output_dir=tmp_path / "critic", max_steps=2, learning_rate=1e-3, batch_size=3, max_length=2048
+    )
     metrics = run_critic(settings, paths, tokenizer=tokenizer, model=model)
     assert metrics["train_loss"] > 0
     critic = LlamaForTokenClassification.from_pretrained(tmp_path / "critic", num_labels=1)

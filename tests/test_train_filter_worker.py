@@ -1,4 +1,4 @@
-"""Synthesis filters in worker processes: verdicts as in-process, a hang becomes a timeout, a crash only drops its task."""
+"""Synthesis filters in worker processes: verdicts as in-process; a hang or a crash drops only its own task."""
 
 from kernelpilot.train.filter_worker import check_tasks
 from kernelpilot.train.synth import check_task
@@ -28,12 +28,22 @@ def get_init_inputs():
 
 
 def test_hangs_and_crashes_drop_only_their_task():
-    codes = [_problem("return torch.tanh(x)"), _problem("time.sleep(60)\n        return x"),
-             _problem("os._exit(3)"), _problem("return x * 0"), _problem("return torch.sigmoid(x)")]
+    codes = [
+        _problem("return torch.tanh(x)"),
+        _problem("time.sleep(60)\n        return x"),
+        _problem("os._exit(3)"),
+        _problem("return x * 0"),
+        _problem("return torch.sigmoid(x)"),
+    ]
     seen = []
     verdicts = check_tasks(codes, ["cpu", "cpu"], OPTIONS, timeout_s=15, on_verdict=lambda i, v: seen.append(i))
     assert [(v.kept, v.reason) for v in verdicts] == [
-        (True, None), (False, "timeout"), (False, "crash"), (False, "degenerate"), (True, None)]
+        (True, None),
+        (False, "timeout"),
+        (False, "crash"),
+        (False, "degenerate"),
+        (True, None),
+    ]
     assert "exit code 3" in verdicts[2].detail
     assert sorted(seen) == list(range(5))
     assert verdicts[3] == check_task(codes[3], **OPTIONS)

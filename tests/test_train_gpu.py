@@ -10,14 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
+from test_train_rft import tiny_model_and_tokenizer
 
 from kernelpilot.config import Settings
 from kernelpilot.train.critic import CriticSettings, run_critic
-from kernelpilot.train.rft import SftSettings, build_sft_dataset, find_transcripts, run_sft
+from kernelpilot.train.rft import (
+    SftSettings,
+    build_sft_dataset,
+    find_transcripts,
+    run_sft,
+)
 from kernelpilot.train.rl import GrpoSettings, run_grpo
 from kernelpilot.train.rollout import run_rollouts
 from kernelpilot.train.synth import SynthReport, synthesize, write_dataset
-from test_train_rft import tiny_model_and_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -34,8 +39,14 @@ def test_the_pipeline_runs_end_to_end_on_a_gpu(tmp_path, monkeypatch):
     started = time.monotonic()
     report = synthesize(48, seed=0, scale="full", devices=["cuda"], benchmark_dir=EXAMPLES)
     write_dataset(report, tmp_path / "tasks", settings={"seed": 0, "scale": "full", "devices": "cuda"})
-    _log("synth", time.monotonic() - started, composed=report.composed, kept=len(report.kept),
-         dropped=report.dropped_by_filter, eager_ms=[task.eager_ms for task in report.kept[:5]])
+    _log(
+        "synth",
+        time.monotonic() - started,
+        composed=report.composed,
+        kept=len(report.kept),
+        dropped=report.dropped_by_filter,
+        eager_ms=[task.eager_ms for task in report.kept[:5]],
+    )
     assert len(report.kept) >= 20
     assert all(task.eager_ms is not None and task.compile_ms is not None for task in report.kept)
 
@@ -43,8 +54,11 @@ def test_the_pipeline_runs_end_to_end_on_a_gpu(tmp_path, monkeypatch):
     few = SynthReport(3, report.kept[:3], {}, [], {}, 0.0)
     write_dataset(few, tmp_path / "rollout-tasks", settings={})
     rollouts = run_rollouts(tmp_path / "rollout-tasks", tmp_path / "rollouts", Settings(max_turns=8), ["cuda"])
-    _log("rollout (built-in policy)", time.monotonic() - started,
-         episodes=[(r.task_id, r.status, r.reward, r.turns) for r in rollouts])
+    _log(
+        "rollout (built-in policy)",
+        time.monotonic() - started,
+        episodes=[(r.task_id, r.status, r.reward, r.turns) for r in rollouts],
+    )
     assert len(rollouts) == 3 and all(Path(r.session).is_file() for r in rollouts)
 
     started = time.monotonic()
@@ -54,8 +68,18 @@ def test_the_pipeline_runs_end_to_end_on_a_gpu(tmp_path, monkeypatch):
     assert data.kept >= 1, "the built-in policy verified no candidate on three synthesised tasks"
     model, tokenizer = tiny_model_and_tokenizer()
     started = time.monotonic()
-    metrics = run_sft(SftSettings(model="tiny", data=data.output, output_dir=tmp_path / "rft" / "model", epochs=1,
-                                  learning_rate=1e-3, max_length=2048), tokenizer=tokenizer, model=model)
+    metrics = run_sft(
+        SftSettings(
+            model="tiny",
+            data=data.output,
+            output_dir=tmp_path / "rft" / "model",
+            epochs=1,
+            learning_rate=1e-3,
+            max_length=2048,
+        ),
+        tokenizer=tokenizer,
+        model=model,
+    )
     _log("rft sft 1 epoch", time.monotonic() - started, **metrics)
 
     from transformers import LlamaForSequenceClassification
@@ -63,14 +87,29 @@ def test_the_pipeline_runs_end_to_end_on_a_gpu(tmp_path, monkeypatch):
     config = model.config
     config.num_labels, config.problem_type = 1, "regression"
     started = time.monotonic()
-    critic = run_critic(CriticSettings(model="tiny", output_dir=tmp_path / "critic", max_steps=2, max_length=2048),
-                        transcripts, tokenizer=tokenizer, model=LlamaForSequenceClassification(config))
+    critic = run_critic(
+        CriticSettings(model="tiny", output_dir=tmp_path / "critic", max_steps=2, max_length=2048),
+        transcripts,
+        tokenizer=tokenizer,
+        model=LlamaForSequenceClassification(config),
+    )
     _log("critic 2 steps", time.monotonic() - started, **critic)
 
     started = time.monotonic()
-    history = run_grpo(GrpoSettings(model="tiny", tasks=tmp_path / "rollout-tasks", output_dir=tmp_path / "grpo",
-                                    max_steps=2, num_generations=2, batch_size=2, max_completion_length=64,
-                                    learning_rate=1e-3), tokenizer=tokenizer, model=model)
+    history = run_grpo(
+        GrpoSettings(
+            model="tiny",
+            tasks=tmp_path / "rollout-tasks",
+            output_dir=tmp_path / "grpo",
+            max_steps=2,
+            num_generations=2,
+            batch_size=2,
+            max_completion_length=64,
+            learning_rate=1e-3,
+        ),
+        tokenizer=tokenizer,
+        model=model,
+    )
     seconds = time.monotonic() - started
     steps = [entry for entry in history if "loss" in entry]
     _log("grpo 2 steps (harness reward)", seconds, seconds_per_step=seconds / 2, steps=steps)

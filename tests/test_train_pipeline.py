@@ -7,7 +7,13 @@ import pytest
 import yaml
 
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.train.pipeline import STAGE_DONE, STAGES, PipelineConfigError, load_config, run_pipeline
+from kernelpilot.train.pipeline import (
+    STAGE_DONE,
+    STAGES,
+    PipelineConfigError,
+    load_config,
+    run_pipeline,
+)
 from kernelpilot.train.verl_config import VerlSettings, write_verl_config
 
 CONFIG = """
@@ -66,7 +72,9 @@ def test_the_agentic_stage_writes_verls_config_and_says_how_to_launch_it(tmp_pat
         run_pipeline(load_config(tmp_path / "train.toml"), STAGES, base_dir=tmp_path)
     assert "verl.trainer.main_ppo" in raised.value.hint
     assert (tmp_path / "run" / "agentic" / "tools.yaml").is_file()
-    assert (tmp_path / "run" / "synth" / STAGE_DONE).is_file() and not (tmp_path / "run" / "agentic" / STAGE_DONE).exists()
+    assert (tmp_path / "run" / "synth" / STAGE_DONE).is_file() and not (
+        tmp_path / "run" / "agentic" / STAGE_DONE
+    ).exists()
 
 
 def test_train_commands_from_the_cli(tmp_path):
@@ -75,8 +83,23 @@ def test_train_commands_from_the_cli(tmp_path):
     from kernelpilot.cli import app
 
     runner = CliRunner()
-    synth = runner.invoke(app, ["train", "synth", "--out", str(tmp_path / "tasks"), "--count", "3", "--scale", "small",
-                                "--devices", "cpu", "--compile-backend", "aot_eager"])
+    synth = runner.invoke(
+        app,
+        [
+            "train",
+            "synth",
+            "--out",
+            str(tmp_path / "tasks"),
+            "--count",
+            "3",
+            "--scale",
+            "small",
+            "--devices",
+            "cpu",
+            "--compile-backend",
+            "aot_eager",
+        ],
+    )
     assert synth.exit_code == 0, synth.output
     assert "of 3 tasks" in synth.output and (tmp_path / "tasks" / "tasks.jsonl").is_file()
     agentic_on_trl = runner.invoke(app, ["train", "ppo", str(tmp_path / "tasks"), "--model", "m", "--stage", "agentic"])

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.results import EvalResult, VerifyResult
-from kernelpilot.train.rl import GrpoSettings, HarnessReward, judge_completion, parse_completion, run_grpo
+from kernelpilot.train.rl import (
+    GrpoSettings,
+    HarnessReward,
+    judge_completion,
+    parse_completion,
+    run_grpo,
+)
 from kernelpilot.train.synth import SynthReport, Task, write_dataset
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -32,8 +38,11 @@ class ModelNew(Model):
 
 
 def test_parse_completion_keeps_only_candidate_files():
-    text = completion(TORCH_COPY, "### kernels/silu.cu\n```cuda\n__global__ void k() {}\n```\n"
-                               "### setup.py\n```python\nimport os\n```\n### ../evil.cu\n```cuda\nx\n```\n")
+    text = completion(
+        TORCH_COPY,
+        "### kernels/silu.cu\n```cuda\n__global__ void k() {}\n```\n"
+        "### setup.py\n```python\nimport os\n```\n### ../evil.cu\n```cuda\nx\n```\n",
+    )
     assert set(parse_completion(text)) == {"model_new.py", "kernels/silu.cu"}
 
 
@@ -48,6 +57,7 @@ def test_the_real_judge_rewards_a_torch_copy_with_minus_one(tmp_path):
 
     results = []
     with Judge("cpu", arch="9.0") as judge:
+
         def evaluate(root):
             results.append(judge.evaluate(root, trials=1, bench=False))
             return results[-1]
@@ -70,6 +80,7 @@ def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order()
                 busy.discard(device)
             correct = "+ 1.0" not in (Path(ws_root) / "model_new.py").read_text()
             return EvalResult("p", str(ws_root), verify=VerifyResult(ok=correct), reward=1 if correct else -1)
+
         return evaluate
 
     reward = HarnessReward(make_evaluate, ["cuda:0", "cuda:1"])
@@ -93,8 +104,15 @@ def test_a_tiny_grpo_run_reads_tasks_and_logs_rewards(tmp_path, monkeypatch):
         calls.append(len(completions))
         return [float(len(text) % 3) for text in completions]  # varied, so the advantages are not all zero
 
-    settings = GrpoSettings(model="tiny", tasks=tmp_path / "tasks", output_dir=tmp_path / "out", max_steps=2,
-                            num_generations=2, batch_size=2, max_completion_length=8)
+    settings = GrpoSettings(
+        model="tiny",
+        tasks=tmp_path / "tasks",
+        output_dir=tmp_path / "out",
+        max_steps=2,
+        num_generations=2,
+        batch_size=2,
+        max_completion_length=8,
+    )
     history = run_grpo(settings, reward=reward, tokenizer=tokenizer, model=model)
     assert calls and all(n == 2 for n in calls)
     assert any("reward" in entry for entry in history)

@@ -55,8 +55,15 @@ def get_init_inputs():
 def test_crawl_keeps_every_family_and_no_stochastic_operator(crawl):
     names = [op.name for op in crawl.operators]
     assert len(names) >= 40
-    assert {op.family for op in crawl.operators} >= {"activation", "softmax", "norm", "pooling", "linear", "conv",
-                                                     "reduction"}
+    assert {op.family for op in crawl.operators} >= {
+        "activation",
+        "softmax",
+        "norm",
+        "pooling",
+        "linear",
+        "conv",
+        "reduction",
+    }
     assert {"nn.GELU", "F.silu", "nn.LayerNorm", "nn.Conv2d", "nn.MaxPool2d", "F.softmax", "torch.sum"} <= set(names)
     assert not [name for name in names if "dropout" in name.lower() or "rrelu" in name.lower()]
     assert "stochastic" in crawl.skipped["nn.RReLU"]
@@ -65,7 +72,9 @@ def test_crawl_keeps_every_family_and_no_stochastic_operator(crawl):
 
 def test_composition_is_deterministic_and_loadable(crawl, tmp_path):
     tasks = compose_tasks(crawl.operators, 12, seed=3, scale="small")
-    assert [task.code for task in tasks] == [task.code for task in compose_tasks(crawl.operators, 12, seed=3, scale="small")]
+    assert [task.code for task in tasks] == [
+        task.code for task in compose_tasks(crawl.operators, 12, seed=3, scale="small")
+    ]
     assert len({task.task_id for task in tasks}) == 12
     for task in tasks:
         assert 1 <= len(task.ops) <= 5
@@ -82,11 +91,14 @@ def test_composed_tasks_pass_the_filters(crawl):
     assert all(verdict.eager_ms is None for verdict in verdicts)  # no timing without a GPU
 
 
-@pytest.mark.parametrize(("forward", "reason"), [
-    ("return x * 0", "all zeros"),
-    ("return torch.ones_like(x) * 3", "constant"),
-    ("return torch.log(x - 100)", "NaN or Inf"),
-])
+@pytest.mark.parametrize(
+    ("forward", "reason"),
+    [
+        ("return x * 0", "all zeros"),
+        ("return torch.ones_like(x) * 3", "constant"),
+        ("return torch.log(x - 100)", "NaN or Inf"),
+    ],
+)
 def test_degenerate_outputs_are_dropped(forward, reason):
     verdict = check_task(_problem(forward), compile_backend=BACKEND)
     assert (verdict.kept, verdict.reason) == (False, "degenerate")
@@ -117,8 +129,10 @@ def test_decontamination_drops_a_copy_of_a_benchmark_problem(crawl, tmp_path):
     shutil.copy(EXAMPLES / "layernorm.py", benchmark)
     shutil.copy(EXAMPLES / "conv2d_relu_bias.py", benchmark)
     renamed = (EXAMPLES / "conv2d_relu_bias.py").read_text().replace("self.conv", "self.c0").replace("BATCH", "B")
-    copies = [Task("copy", (EXAMPLES / "layernorm.py").read_text(), [], "rows", {}),
-              Task("renamed", renamed, [], "image", {})]
+    copies = [
+        Task("copy", (EXAMPLES / "layernorm.py").read_text(), [], "rows", {}),
+        Task("renamed", renamed, [], "image", {}),
+    ]
     fresh = compose_tasks(crawl.operators, 5, seed=11, scale="small")
     kept, dropped = decontaminate(copies + fresh, benchmark)
     assert {d.task_id for d in dropped} == {"copy", "renamed"}
@@ -148,5 +162,6 @@ def test_dataset_loads_with_datasets(tmp_path):
     loaded = datasets.load_dataset("json", data_files=str(tmp_path / "tasks.jsonl"), split="train")
     assert loaded["code"] == [task.code for task in report.kept]
     if (tmp_path / "tasks.parquet").exists():
-        assert datasets.load_dataset("parquet", data_files=str(tmp_path / "tasks.parquet"), split="train")["ops"] == \
-            [task.ops for task in report.kept]
+        assert datasets.load_dataset("parquet", data_files=str(tmp_path / "tasks.parquet"), split="train")["ops"] == [
+            task.ops for task in report.kept
+        ]

@@ -10,7 +10,12 @@ import yaml
 from kernelpilot.train.agent_env import TrajectoryWorkspaces
 from kernelpilot.train.rl import compute_score
 from kernelpilot.train.synth import SynthReport, Task, write_dataset
-from kernelpilot.train.verl_config import TOOL_CLASS, VerlSettings, tool_names, write_verl_config
+from kernelpilot.train.verl_config import (
+    TOOL_CLASS,
+    VerlSettings,
+    tool_names,
+    write_verl_config,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TASK = (EXAMPLES / "rmsnorm.py").read_text()
@@ -38,8 +43,9 @@ def test_multi_turn_reward_is_the_tools_last_verdict():
 
 @pytest.fixture
 def tasks(tmp_path):
-    write_dataset(SynthReport(1, [Task("t0", TASK, ["nn.RMSNorm"], "rows", {})], {}, [], {}, 0.0), tmp_path / "tasks",
-                  settings={})
+    write_dataset(
+        SynthReport(1, [Task("t0", TASK, ["nn.RMSNorm"], "rows", {})], {}, [], {}, 0.0), tmp_path / "tasks", settings={}
+    )
     return tmp_path / "tasks"
 
 
@@ -75,7 +81,9 @@ def _verl_package() -> Path:
 def test_every_key_we_set_exists_in_verls_trainer_config(tasks, tmp_path, multi_turn):
     pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'kernelpilot[train]')")
     schema = yaml.safe_load((_verl_package() / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text())
-    settings = VerlSettings(model="m", tasks=tasks, output_dir=tmp_path / "verl", multi_turn=multi_turn, algorithm="gae")
+    settings = VerlSettings(
+        model="m", tasks=tasks, output_dir=tmp_path / "verl", multi_turn=multi_turn, algorithm="gae"
+    )
     config = yaml.safe_load(write_verl_config(settings)["config"].read_text())
     for path in _leaf_paths(config):
         node = schema

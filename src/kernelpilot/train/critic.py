@@ -39,19 +39,26 @@ def value_examples(transcripts: Iterable[Path]) -> list[dict[str, Any]]:
     return examples
 
 
-def run_critic(settings: CriticSettings, transcripts: Iterable[Path], tokenizer: Any = None,
-               model: Any = None) -> dict[str, Any]:
-    """Train the value model on the transcripts; returns the train metrics. Saves model and tokenizer to `output_dir`."""
+def run_critic(
+    settings: CriticSettings, transcripts: Iterable[Path], tokenizer: Any = None, model: Any = None
+) -> dict[str, Any]:
+    """Train the value model on the transcripts; returns the metrics. Saves model and tokenizer to `output_dir`."""
     from kernelpilot.train.rft import bf16_supported, require_training_engine
 
     require_training_engine("transformers", "datasets")
     from datasets import Dataset
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
 
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(settings.model)
-    model = model or AutoModelForSequenceClassification.from_pretrained(settings.model, num_labels=1,
-                                                                        problem_type="regression")
+    model = model or AutoModelForSequenceClassification.from_pretrained(
+        settings.model, num_labels=1, problem_type="regression"
+    )
     if model.config.pad_token_id is None:  # the head reads the last non-pad token, so padding must be known
         model.config.pad_token_id = tokenizer.pad_token_id
 
@@ -63,9 +70,15 @@ def run_critic(settings: CriticSettings, transcripts: Iterable[Path], tokenizer:
     dataset = Dataset.from_list(value_examples(transcripts))
     dataset = dataset.map(encode, remove_columns=dataset.column_names)
     args = TrainingArguments(
-        output_dir=str(settings.output_dir), num_train_epochs=settings.epochs, max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate, per_device_train_batch_size=settings.batch_size, logging_steps=1,
-        save_strategy="no", report_to=[], bf16=bf16_supported(),
+        output_dir=str(settings.output_dir),
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=bf16_supported(),
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=DataCollatorWithPadding(tokenizer))
     metrics = trainer.train().metrics

@@ -69,8 +69,13 @@ class FilterWorker:
         self._process = None
 
 
-def check_tasks(codes: Iterable[str], devices: Sequence[str], options: dict[str, Any], timeout_s: float,
-                on_verdict: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
+def check_tasks(
+    codes: Iterable[str],
+    devices: Sequence[str],
+    options: dict[str, Any],
+    timeout_s: float,
+    on_verdict: Callable[[int, Verdict], None] | None = None,
+) -> list[Verdict]:
     """The verdicts of `codes`, in order, checked on all `devices` at once (one worker process each)."""
     codes = list(codes)
     free = [FilterWorker(device, options, timeout_s) for device in devices]

@@ -2,18 +2,20 @@
 
 A stage is finished when its folder holds `STAGE_DONE` (written last, after its outputs), so a run killed halfway
 through a stage redoes that stage and nothing before it. Stages run in a fixed order; the TOML's tables say which
-run and with what settings: [synth], [warmup], [rollout], [rft], [critic], [agentic], and the top-level `run_dir` and `model`.
+run and with what settings: [synth], [warmup], [rollout], [rft], [critic], [agentic], and the top-level
+`run_dir` and `model`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from kernelpilot.errors import KernelpilotError
 
@@ -58,13 +60,19 @@ def load_config(path: Path) -> dict[str, Any]:
         raise PipelineConfigError(f"{path} is not valid TOML ({err}).", hint="See docs/TRAINING.md.") from None
     unknown = [key for key, value in config.items() if isinstance(value, dict) and key not in STAGE_ORDER]
     if unknown:
-        raise PipelineConfigError(f"{path} has unknown stage table(s): {', '.join(unknown)}.",
-                                  hint=f"Stages are {', '.join(STAGE_ORDER)}.")
+        raise PipelineConfigError(
+            f"{path} has unknown stage table(s): {', '.join(unknown)}.", hint=f"Stages are {', '.join(STAGE_ORDER)}."
+        )
     return config
 
 
-def run_pipeline(config: dict[str, Any], stages: dict[str, Stage], *, base_dir: Path = Path("."),
-                 on_stage: Callable[[StageOutcome], None] | None = None) -> list[StageOutcome]:
+def run_pipeline(
+    config: dict[str, Any],
+    stages: dict[str, Stage],
+    *,
+    base_dir: Path = Path("."),
+    on_stage: Callable[[StageOutcome], None] | None = None,
+) -> list[StageOutcome]:
     """Run each configured stage in order, skipping those already done; returns what happened to each."""
     run_dir = base_dir / config.get("run_dir", "kp-train")
     model = str(config.get("model", ""))
@@ -81,8 +89,9 @@ def run_pipeline(config: dict[str, Any], stages: dict[str, Stage], *, base_dir: 
             out_dir.mkdir(parents=True, exist_ok=True)
             started = time.monotonic()
             model = stages[name](StageContext(config[name], out_dir, run_dir, model))
-            done.write_text(json.dumps({"model": model, "seconds": round(time.monotonic() - started, 1)}),
-                            encoding="utf-8")
+            done.write_text(
+                json.dumps({"model": model, "seconds": round(time.monotonic() - started, 1)}), encoding="utf-8"
+            )
             outcome = StageOutcome(name, False, out_dir, model)
         outcomes.append(outcome)
         if on_stage is not None:
@@ -99,8 +108,11 @@ def synth_stage(ctx: StageContext) -> str:
 
     settings = ctx.settings
     report = synthesize(
-        int(settings.get("count", 100)), seed=int(settings.get("seed", 0)), scale=settings.get("scale", "full"),
-        devices=settings.get("devices", ["cuda"]), compile_backend=settings.get("compile_backend", "inductor"),
+        int(settings.get("count", 100)),
+        seed=int(settings.get("seed", 0)),
+        scale=settings.get("scale", "full"),
+        devices=settings.get("devices", ["cuda"]),
+        compile_backend=settings.get("compile_backend", "inductor"),
         benchmark_dir=Path(settings["benchmark_dir"]) if settings.get("benchmark_dir") else None,
     )
     write_dataset(report, ctx.out_dir, settings={**settings, "operator_count": len(crawl_operators().operators)})
@@ -112,13 +124,19 @@ def warmup_stage(ctx: StageContext) -> str:
     from kernelpilot.train.rl import GrpoSettings, run_grpo
 
     settings = ctx.settings
-    run_grpo(GrpoSettings(
-        model=ctx.model, tasks=ctx.run_dir / "synth", output_dir=ctx.out_dir,
-        max_steps=int(settings.get("max_steps", 100)), num_generations=int(settings.get("num_generations", 4)),
-        batch_size=int(settings.get("batch_size", 4)), learning_rate=float(settings.get("learning_rate", 1e-6)),
-        max_completion_length=int(settings.get("max_completion_length", 4096)),
-        devices=tuple(settings.get("devices", ["cuda"])),
-    ))
+    run_grpo(
+        GrpoSettings(
+            model=ctx.model,
+            tasks=ctx.run_dir / "synth",
+            output_dir=ctx.out_dir,
+            max_steps=int(settings.get("max_steps", 100)),
+            num_generations=int(settings.get("num_generations", 4)),
+            batch_size=int(settings.get("batch_size", 4)),
+            learning_rate=float(settings.get("learning_rate", 1e-6)),
+            max_completion_length=int(settings.get("max_completion_length", 4096)),
+            devices=tuple(settings.get("devices", ["cuda"])),
+        )
+    )
     return str(ctx.out_dir)
 
 
@@ -128,25 +146,45 @@ def rollout_stage(ctx: StageContext) -> str:
     from kernelpilot.train.rollout import run_rollouts
 
     settings = ctx.settings
-    agent = Settings(model=settings.get("model"), api_base=settings.get("api_base"), api_key=settings.get("api_key"),
-                     max_turns=int(settings.get("max_turns", 20)))
+    agent = Settings(
+        model=settings.get("model"),
+        api_base=settings.get("api_base"),
+        api_key=settings.get("api_key"),
+        max_turns=int(settings.get("max_turns", 20)),
+    )
     run_rollouts(ctx.run_dir / "synth", ctx.out_dir, agent, devices=settings.get("devices", ["cuda"]))
     return ctx.model
 
 
 def rft_stage(ctx: StageContext) -> str:
     """Rejection fine-tuning on the transcripts under the stage's `transcripts` folder."""
-    from kernelpilot.train.rft import FilterLimits, SftSettings, build_sft_dataset, find_transcripts, run_sft
+    from kernelpilot.train.rft import (
+        FilterLimits,
+        SftSettings,
+        build_sft_dataset,
+        find_transcripts,
+        run_sft,
+    )
 
     settings = ctx.settings
     transcripts = find_transcripts(Path(settings.get("transcripts", ctx.run_dir / "rollout")))
-    data = build_sft_dataset(transcripts, ctx.out_dir / "sft.jsonl",
-                             FilterLimits(max_tokens=int(settings.get("max_tokens", 32768))))
+    data = build_sft_dataset(
+        transcripts, ctx.out_dir / "sft.jsonl", FilterLimits(max_tokens=int(settings.get("max_tokens", 32768)))
+    )
     if data.kept == 0:
-        raise KernelpilotError("No trajectory passed the RFT filters, so there is nothing to fine-tune on.",
-                               hint=f"Dropped per filter: {data.dropped_by_filter}.")
-    run_sft(SftSettings(model=ctx.model, data=data.output, output_dir=ctx.out_dir / "model",
-                        epochs=float(settings.get("epochs", 1)), lora_rank=int(settings.get("lora_rank", 0))))
+        raise KernelpilotError(
+            "No trajectory passed the RFT filters, so there is nothing to fine-tune on.",
+            hint=f"Dropped per filter: {data.dropped_by_filter}.",
+        )
+    run_sft(
+        SftSettings(
+            model=ctx.model,
+            data=data.output,
+            output_dir=ctx.out_dir / "model",
+            epochs=float(settings.get("epochs", 1)),
+            lora_rank=int(settings.get("lora_rank", 0)),
+        )
+    )
     return str(ctx.out_dir / "model")
 
 
@@ -157,8 +195,14 @@ def critic_stage(ctx: StageContext) -> str:
 
     settings = ctx.settings
     transcripts = find_transcripts(Path(settings.get("transcripts", ctx.run_dir / "rollout")))
-    run_critic(CriticSettings(model=settings.get("model", ctx.model), output_dir=ctx.out_dir / "model",
-                              epochs=float(settings.get("epochs", 1))), transcripts)
+    run_critic(
+        CriticSettings(
+            model=settings.get("model", ctx.model),
+            output_dir=ctx.out_dir / "model",
+            epochs=float(settings.get("epochs", 1)),
+        ),
+        transcripts,
+    )
     return ctx.model
 
 
@@ -167,23 +211,42 @@ def agentic_stage(ctx: StageContext) -> str:
     import importlib.util
     import subprocess
 
-    from kernelpilot.train.verl_config import VerlSettings, launch_command, write_verl_config
+    from kernelpilot.train.verl_config import (
+        VerlSettings,
+        launch_command,
+        write_verl_config,
+    )
 
     settings = ctx.settings
     critic = ctx.run_dir / "critic" / "model"  # the critic stage's value model, when it ran
-    paths = write_verl_config(VerlSettings(
-        model=ctx.model, tasks=ctx.run_dir / "synth", output_dir=ctx.out_dir, multi_turn=True,
-        algorithm=settings.get("algorithm", "gae" if critic.is_dir() else "grpo"),
-        critic_model=str(critic) if critic.is_dir() else None, nnodes=int(settings.get("nnodes", 1)),
-        gpus_per_node=int(settings.get("gpus_per_node", 8)), epochs=int(settings.get("epochs", 1)),
-    ))
+    paths = write_verl_config(
+        VerlSettings(
+            model=ctx.model,
+            tasks=ctx.run_dir / "synth",
+            output_dir=ctx.out_dir,
+            multi_turn=True,
+            algorithm=settings.get("algorithm", "gae" if critic.is_dir() else "grpo"),
+            critic_model=str(critic) if critic.is_dir() else None,
+            nnodes=int(settings.get("nnodes", 1)),
+            gpus_per_node=int(settings.get("gpus_per_node", 8)),
+            epochs=int(settings.get("epochs", 1)),
+        )
+    )
     command = launch_command(paths["config"])
     if importlib.util.find_spec("verl") is None:
-        raise KernelpilotError(f"The agentic stage runs on verl, which is not installed; its config is in {ctx.out_dir}.",
-                               hint=f"On a machine with verl (pip install verl), run: {command}")
+        raise KernelpilotError(
+            f"The agentic stage runs on verl, which is not installed; its config is in {ctx.out_dir}.",
+            hint=f"On a machine with verl (pip install verl), run: {command}",
+        )
     subprocess.run(command.split(), check=True)
     return str(ctx.out_dir)
 
 
-STAGES: dict[str, Stage] = {"synth": synth_stage, "warmup": warmup_stage, "rollout": rollout_stage, "rft": rft_stage,
-                            "critic": critic_stage, "agentic": agentic_stage}
+STAGES: dict[str, Stage] = {
+    "synth": synth_stage,
+    "warmup": warmup_stage,
+    "rollout": rollout_stage,
+    "rft": rft_stage,
+    "critic": critic_stage,
+    "agentic": agentic_stage,
+}

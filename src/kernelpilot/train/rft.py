@@ -1,4 +1,4 @@
-"""Rejection fine-tuning: keep the agent's good trajectories, make them chat-format SFT data, train with TRL's SFTTrainer.
+"""Rejection fine-tuning: keep the agent's good trajectories as chat-format SFT data, train with TRL's SFTTrainer.
 
 A trajectory is an agent session transcript (agent/session.py). It is kept only when the judge verified a candidate
 in it (an `eval` record with reward >= 1; what the model claimed in Finish counts for nothing), none of its tool
@@ -82,7 +82,9 @@ def longest_repeat(tool_records: list[dict[str, Any]]) -> int:
     return longest
 
 
-def filter_trajectories(trajectories: Iterable[Trajectory], limits: FilterLimits) -> tuple[list[Trajectory], dict[str, int]]:
+def filter_trajectories(
+    trajectories: Iterable[Trajectory], limits: FilterLimits
+) -> tuple[list[Trajectory], dict[str, int]]:
     """The kept trajectories, and how many each filter dropped (each dropped one counts under its first failure)."""
     kept, dropped = [], dict.fromkeys(RFT_FILTERS, 0)
     for trajectory in trajectories:
@@ -103,8 +105,13 @@ def _chat_message(message: dict[str, Any]) -> dict[str, Any]:
     converted = {"role": message["role"], "content": message.get("content") or ""}
     if message.get("tool_calls"):
         converted["tool_calls"] = [
-            {"type": "function", "function": {"name": call["function"]["name"],
-                                              "arguments": _arguments(call["function"].get("arguments"))}}
+            {
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": _arguments(call["function"].get("arguments")),
+                },
+            }
             for call in message["tool_calls"]
         ]
     return converted
@@ -139,8 +146,7 @@ def build_sft_dataset(transcripts: Iterable[Path], output: Path, limits: FilterL
     schemas = tool_schemas(default_tools())
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     with Path(output).open("w", encoding="utf-8") as handle:
-        for trajectory in kept:
-            handle.write(json.dumps(sft_example(trajectory, schemas)) + "\n")
+        handle.writelines(json.dumps(sft_example(trajectory, schemas)) + "\n" for trajectory in kept)
     return RftDataReport(len(paths), len(kept), dropped, Path(output))
 
 
@@ -175,7 +181,9 @@ def require_training_engine(*modules: str) -> None:
 
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
-        raise MissingTrainingDependency(f"Training needs {', '.join(missing)}, which is not installed.", hint=TRAIN_HINT)
+        raise MissingTrainingDependency(
+            f"Training needs {', '.join(missing)}, which is not installed.", hint=TRAIN_HINT
+        )
 
 
 def run_sft(settings: SftSettings, tokenizer: Any = None, model: Any = None) -> dict[str, Any]:
@@ -189,12 +197,24 @@ def run_sft(settings: SftSettings, tokenizer: Any = None, model: Any = None) -> 
 
     dataset = load_dataset("json", data_files=str(settings.data), split="train")
     config = SFTConfig(
-        output_dir=str(settings.output_dir), num_train_epochs=settings.epochs, max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate, per_device_train_batch_size=settings.batch_size,
-        max_length=settings.max_length, logging_steps=1, save_strategy="no", report_to=[], bf16=bf16_supported(),
+        output_dir=str(settings.output_dir),
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        max_length=settings.max_length,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=bf16_supported(),
     )
-    trainer = SFTTrainer(model=model or settings.model, args=config, train_dataset=dataset,
-                         processing_class=tokenizer, peft_config=_lora_config(settings.lora_rank))
+    trainer = SFTTrainer(
+        model=model or settings.model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=_lora_config(settings.lora_rank),
+    )
     metrics = trainer.train().metrics
     trainer.save_model(str(settings.output_dir))
     return metrics

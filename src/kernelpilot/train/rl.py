@@ -29,7 +29,9 @@ constructor and outputs as Model, calling your kernels through `import kp_kernel
 each kernel source. Nothing else is read."""
 
 
-AGENT_SYSTEM_PROMPT = "You write fast, correct CUDA kernels for PyTorch models, working in a task workspace through tools."
+AGENT_SYSTEM_PROMPT = (
+    "You write fast, correct CUDA kernels for PyTorch models, working in a task workspace through tools."
+)
 
 
 def warmup_prompt(task_code: str) -> list[dict[str, str]]:
@@ -40,8 +42,10 @@ def warmup_prompt(task_code: str) -> list[dict[str, str]]:
 
 def agentic_prompt(task_code: str) -> list[dict[str, str]]:
     """The chat prompt of a multi-turn episode: the task; the tools (given by the engine) do the rest."""
-    user = (f"Make this PyTorch problem faster with CUDA kernels in the workspace: write kernels/ and model_new.py, "
-            f"Compile, Verify, then Profile to be judged; Finish when done.\n\n```python\n{task_code}\n```")
+    user = (
+        f"Make this PyTorch problem faster with CUDA kernels in the workspace: write kernels/ and model_new.py, "
+        f"Compile, Verify, then Profile to be judged; Finish when done.\n\n```python\n{task_code}\n```"
+    )
     return [{"role": "system", "content": AGENT_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
@@ -50,8 +54,9 @@ def parse_completion(text: str) -> dict[str, str]:
     files = {}
     for match in FILE_BLOCK.finditer(text):
         path = match["path"]
-        if path == "model_new.py" or (path.startswith("kernels/") and path.endswith(EDITABLE_SUFFIXES)
-                                      and ".." not in path):
+        if path == "model_new.py" or (
+            path.startswith("kernels/") and path.endswith(EDITABLE_SUFFIXES) and ".." not in path
+        ):
             files[path] = match["body"] + "\n"
     return files
 
@@ -179,8 +184,9 @@ def grpo_dataset(tasks_path: Path) -> Any:
     return Dataset.from_list([{"prompt": warmup_prompt(task.code), "task_code": task.code} for task in tasks])
 
 
-def run_grpo(settings: GrpoSettings, reward: Callable | None = None, tokenizer: Any = None,
-             model: Any = None) -> list[dict[str, Any]]:
+def run_grpo(
+    settings: GrpoSettings, reward: Callable | None = None, tokenizer: Any = None, model: Any = None
+) -> list[dict[str, Any]]:
     """GRPO warm-up with TRL's GRPOTrainer; returns the logged history (rewards, losses). Saves to `output_dir`."""
     from kernelpilot.train.rft import bf16_supported, require_training_engine
 
@@ -189,13 +195,24 @@ def run_grpo(settings: GrpoSettings, reward: Callable | None = None, tokenizer: 
 
     reward_fn = reward or HarnessReward(judge_evaluator, settings.devices)
     config = GRPOConfig(
-        output_dir=str(settings.output_dir), max_steps=settings.max_steps, learning_rate=settings.learning_rate,
-        num_generations=settings.num_generations, per_device_train_batch_size=settings.batch_size,
-        max_completion_length=settings.max_completion_length, logging_steps=1, save_strategy="no", report_to=[],
+        output_dir=str(settings.output_dir),
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        num_generations=settings.num_generations,
+        per_device_train_batch_size=settings.batch_size,
+        max_completion_length=settings.max_completion_length,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
         bf16=bf16_supported(),
     )
-    trainer = GRPOTrainer(model=model or settings.model, reward_funcs=[reward_fn], args=config,
-                          train_dataset=grpo_dataset(settings.tasks), processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model or settings.model,
+        reward_funcs=[reward_fn],
+        args=config,
+        train_dataset=grpo_dataset(settings.tasks),
+        processing_class=tokenizer,
+    )
     try:
         trainer.train()
     finally:

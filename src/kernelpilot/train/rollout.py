@@ -34,8 +34,13 @@ class Rollout:
     skipped: bool = False
 
 
-def run_rollouts(tasks_path: Path, out_dir: Path, settings: Settings, devices: Sequence[str],
-                 on_rollout: Callable[[Rollout], None] | None = None) -> list[Rollout]:
+def run_rollouts(
+    tasks_path: Path,
+    out_dir: Path,
+    settings: Settings,
+    devices: Sequence[str],
+    on_rollout: Callable[[Rollout], None] | None = None,
+) -> list[Rollout]:
     """Run the agent on every task, `len(devices)` at a time (each on its own device); returns them in task order."""
     from kernelpilot.train.synth import read_tasks
 
@@ -56,8 +61,9 @@ def run_rollouts(tasks_path: Path, out_dir: Path, settings: Settings, devices: S
                 index, task_id, problem = pending.get_nowait()
             except queue.Empty:
                 return
-            rollout = rollout_task(task_id, problem, out_dir / "workspaces" / task_id,
-                                   dataclasses.replace(settings, device=device))
+            rollout = rollout_task(
+                task_id, problem, out_dir / "workspaces" / task_id, dataclasses.replace(settings, device=device)
+            )
             with lock:
                 results[index] = rollout
                 _append_line(out_dir / ROLLOUTS_FILE, rollout)
@@ -85,8 +91,14 @@ def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Setting
     result = optimize(problem, run_settings)
     best = result.summary.best
     session = workspace / SESSIONS_DIR / f"{result.summary.session_id}.jsonl"
-    return Rollout(task_id, str(workspace), str(session), result.summary.status,
-                   best.reward if best is not None else -1, result.summary.turns)
+    return Rollout(
+        task_id,
+        str(workspace),
+        str(session),
+        result.summary.status,
+        best.reward if best is not None else -1,
+        result.summary.turns,
+    )
 
 
 def finished_session(workspace: Path) -> Rollout | None:
@@ -97,8 +109,9 @@ def finished_session(workspace: Path) -> Rollout | None:
     if not ended:
         return None
     info = ended[-1]
-    return Rollout("", str(workspace), str(info.path), info.status,
-                   info.reward if info.reward is not None else -1, info.turns)
+    return Rollout(
+        "", str(workspace), str(info.path), info.status, info.reward if info.reward is not None else -1, info.turns
+    )
 
 
 def _append_line(path: Path, rollout: Rollout) -> None:

@@ -1,4 +1,4 @@
-"""Task synthesis: seed operators crawled from torch.nn, composed into KernelBench-format problems, filtered by running them.
+"""Task synthesis: operators crawled from torch.nn, composed into KernelBench-format problems, filtered by running.
 
 The crawl walks `torch.nn`'s module classes and `torch.nn.functional`'s functions and keeps what a small table of
 families knows how to build (activations, norms, pooling, linear, conv, softmax family, reductions), dropping
@@ -103,8 +103,8 @@ class Task:
 
 def crawl_operators() -> CrawlReport:
     """The seed operators of this torch: nn modules and nn.functional functions we can shape, minus stochastic ones."""
-    import torch.nn as nn
     import torch.nn.functional as F
+    from torch import nn
 
     report = CrawlReport(operators=[])
     with warnings.catch_warnings():  # probing deprecated functions (F.upsample...) warns; they are skipped anyway
@@ -114,7 +114,7 @@ def crawl_operators() -> CrawlReport:
     return report
 
 
-def _crawl_into(report: CrawlReport, nn: Any, F: Any) -> None:  # noqa: N803 - the usual names of these modules
+def _crawl_into(report: CrawlReport, nn: Any, F: Any) -> None:
     for name, cls in sorted(inspect.getmembers(nn, inspect.isclass)):
         if issubclass(cls, nn.Module) and cls.__module__.startswith("torch.nn.modules."):
             _classify_module(name, cls, report)
@@ -151,8 +151,11 @@ def _classify_function(name: str, fn: Callable, report: CrawlReport) -> None:
         report.operators.append(Operator(f"F.{name}", "softmax", LAYOUTS))
         return
     try:
-        required = [p for p in inspect.signature(fn).parameters.values()
-                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         return
     if len(required) != 1:
@@ -205,8 +208,9 @@ class _Chain:
     ended: bool = False
 
 
-def compose_tasks(operators: Iterable[Operator], count: int, *, seed: int = 0, scale: str = "full",
-                  max_ops: int = 5) -> list[Task]:
+def compose_tasks(
+    operators: Iterable[Operator], count: int, *, seed: int = 0, scale: str = "full", max_ops: int = 5
+) -> list[Task]:
     """`count` distinct problems of 1-`max_ops` operators each, the same for the same seed and operators."""
     operators = sorted(operators, key=lambda op: op.name)
     rng = random.Random(seed)
@@ -329,12 +333,28 @@ class Verdict:
     compile_ms: float | None = None
 
 
-FILTERS = ("invalid", "stochastic-op", "degenerate", "nondeterministic", "compile-mismatch", "runtime", "timeout", "crash",
-           "contaminated")
+FILTERS = (
+    "invalid",
+    "stochastic-op",
+    "degenerate",
+    "nondeterministic",
+    "compile-mismatch",
+    "runtime",
+    "timeout",
+    "crash",
+    "contaminated",
+)
 
 
-def check_task(code: str, *, device: str = "cpu", compile_backend: str = "inductor",
-               runtime_range_ms: tuple[float, float] = (0.05, 50.0), atol: float = 1e-3, rtol: float = 1e-3) -> Verdict:
+def check_task(
+    code: str,
+    *,
+    device: str = "cpu",
+    compile_backend: str = "inductor",
+    runtime_range_ms: tuple[float, float] = (0.05, 50.0),
+    atol: float = 1e-3,
+    rtol: float = 1e-3,
+) -> Verdict:
     """Run a problem's source on `device`: eager and torch.compile agree, deterministic, not degenerate, timed in range.
 
     Timing and the runtime range apply on a CUDA device only; on the CPU the times stay None.
@@ -390,8 +410,9 @@ def stochastic_names(code: str) -> list[str]:
     """
     tree = ast.parse(code)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
-    methods = [item for item in (model.body if model else [])
-               if isinstance(item, ast.FunctionDef) and item.name != "__init__"]
+    methods = [
+        item for item in (model.body if model else []) if isinstance(item, ast.FunctionDef) and item.name != "__init__"
+    ]
     found = set()
     for method in methods:
         for node in ast.walk(method):
@@ -478,7 +499,7 @@ class _OpCollector(ast.NodeVisitor):
         self.visit(node)
         return self.ops
 
-    def visit_Call(self, node: ast.Call) -> None:  # noqa: N802 - ast's naming
+    def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)  # arguments first: that is the order they run in
         func = node.func
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
@@ -486,7 +507,7 @@ class _OpCollector(ast.NodeVisitor):
         else:
             self.ops.append(_callee(func))
 
-    def visit_BinOp(self, node: ast.BinOp) -> None:  # noqa: N802 - ast's naming
+    def visit_BinOp(self, node: ast.BinOp) -> None:
         self.generic_visit(node)
         self.ops.append(type(node.op).__name__.lower())
 
@@ -506,7 +527,9 @@ def ast_tokens(code: str) -> list[str]:
     return tokens
 
 
-def decontaminate(tasks: list[Task], benchmark_dir: Path, *, similarity: float = 0.9) -> tuple[list[Task], list[Dropped]]:
+def decontaminate(
+    tasks: list[Task], benchmark_dir: Path, *, similarity: float = 0.9
+) -> tuple[list[Task], list[Dropped]]:
     """The tasks far enough from every .py problem under `benchmark_dir`, and the dropped ones with the reason."""
     benchmark = []
     for path in sorted(Path(benchmark_dir).rglob("*.py")):
@@ -551,10 +574,19 @@ class SynthReport:
     seconds: float
 
 
-def synthesize(count: int, *, seed: int = 0, scale: str = "full", devices: Sequence[str] = ("cuda",),
-               compile_backend: str = "inductor", benchmark_dir: Path | None = None,
-               runtime_range_ms: tuple[float, float] = (0.05, 50.0), similarity: float = 0.9,
-               timeout_s: float = 300.0, on_task: Callable[[Task, Verdict], None] | None = None) -> SynthReport:
+def synthesize(
+    count: int,
+    *,
+    seed: int = 0,
+    scale: str = "full",
+    devices: Sequence[str] = ("cuda",),
+    compile_backend: str = "inductor",
+    benchmark_dir: Path | None = None,
+    runtime_range_ms: tuple[float, float] = (0.05, 50.0),
+    similarity: float = 0.9,
+    timeout_s: float = 300.0,
+    on_task: Callable[[Task, Verdict], None] | None = None,
+) -> SynthReport:
     """Crawl, compose `count` candidates, filter them in one worker process per device, decontaminate.
 
     `timeout_s` bounds one task's filters (torch.compile's first call included).
@@ -565,8 +597,13 @@ def synthesize(count: int, *, seed: int = 0, scale: str = "full", devices: Seque
     crawl = crawl_operators()
     composed = compose_tasks(crawl.operators, count, seed=seed, scale=scale)
     options = {"compile_backend": compile_backend, "runtime_range_ms": runtime_range_ms}
-    verdicts = check_tasks([task.code for task in composed], devices, options, timeout_s,
-                           on_verdict=(lambda i, v: on_task(composed[i], v)) if on_task is not None else None)
+    verdicts = check_tasks(
+        [task.code for task in composed],
+        devices,
+        options,
+        timeout_s,
+        on_verdict=(lambda i, v: on_task(composed[i], v)) if on_task is not None else None,
+    )
     dropped = dict.fromkeys(FILTERS, 0)
     passed = []
     for task, verdict in zip(composed, verdicts):
@@ -596,7 +633,8 @@ operators each, filtered by running them on `{devices}`.
 - dropped per filter: {dropped}
 - decontaminated against: {benchmark}
 
-Fields: `task_id`, `code` (the problem source), `ops` (operator names in order), `layout` (image NCHW or rows B x S x F),
+Fields: `task_id`, `code` (the problem source), `ops` (operator names in order), `layout` (image NCHW or rows
+B x S x F),
 `shapes` (the module constants), `eager_ms` and `compile_ms` (median CUDA-event times; null when filtered on a CPU).
 
 Load it with `datasets.load_dataset("json", data_files="{data_file}")`{parquet_note}.
@@ -619,10 +657,16 @@ def write_dataset(report: SynthReport, out_dir: Path, *, settings: dict[str, Any
     summary = {key: value for key, value in dataclasses.asdict(report).items() if key != "kept"}
     (out_dir / "report.json").write_text(json.dumps({**summary, "settings": settings}, indent=2), encoding="utf-8")
     card = CARD_TEMPLATE.format(
-        operator_count=settings.get("operator_count", "?"), torch_version=torch.__version__,
-        devices=settings.get("devices"), composed=report.composed, kept=len(report.kept), seed=settings.get("seed"),
-        scale=settings.get("scale"), dropped=", ".join(f"{k} {v}" for k, v in report.dropped_by_filter.items()),
-        benchmark=settings.get("benchmark_dir") or "nothing", data_file=DATASET_FILE,
+        operator_count=settings.get("operator_count", "?"),
+        torch_version=torch.__version__,
+        devices=settings.get("devices"),
+        composed=report.composed,
+        kept=len(report.kept),
+        seed=settings.get("seed"),
+        scale=settings.get("scale"),
+        dropped=", ".join(f"{k} {v}" for k, v in report.dropped_by_filter.items()),
+        benchmark=settings.get("benchmark_dir") or "nothing",
+        data_file=DATASET_FILE,
         parquet_note=" or from tasks.parquet" if parquet is not None else "",
     )
     (out_dir / "README.md").write_text(card, encoding="utf-8")
@@ -648,5 +692,7 @@ def read_tasks(path: Path) -> list[Task]:
     if not jsonl.is_file():
         from kernelpilot.errors import KernelpilotError
 
-        raise KernelpilotError(f"No task dataset at {jsonl}.", hint="Make one with `kernelpilot train synth --out DIR`.")
+        raise KernelpilotError(
+            f"No task dataset at {jsonl}.", hint="Make one with `kernelpilot train synth --out DIR`."
+        )
     return [Task(**json.loads(line)) for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import kernelpilot.train.rl as rl
+from kernelpilot.train import rl
 
 DATA_SOURCE = "kernelpilot-synth"
 TOOL_CLASS = "kernelpilot.train.verl_tools.KernelpilotTool"
@@ -51,13 +51,17 @@ def verl_data_rows(tasks_path: Path, multi_turn: bool) -> list[dict[str, Any]]:
 
     rows = []
     for task in read_tasks(tasks_path):
-        row = {"data_source": DATA_SOURCE, "reward_model": {"style": "rule", "ground_truth": task.code},
-               "extra_info": {"task_id": task.task_id, "ops": task.ops}}
+        row = {
+            "data_source": DATA_SOURCE,
+            "reward_model": {"style": "rule", "ground_truth": task.code},
+            "extra_info": {"task_id": task.task_id, "ops": task.ops},
+        }
         if multi_turn:
             row["prompt"] = rl.agentic_prompt(task.code)
             row["agent_name"] = TOOL_AGENT_LOOP
-            row["extra_info"]["tools_kwargs"] = {name: {"create_kwargs": {"task_code": task.code}}
-                                                 for name in tool_names()}
+            row["extra_info"]["tools_kwargs"] = {
+                name: {"create_kwargs": {"task_code": task.code}} for name in tool_names()
+            }
         else:
             row["prompt"] = rl.warmup_prompt(task.code)
         rows.append(row)
@@ -68,26 +72,42 @@ def tool_config() -> dict[str, Any]:
     """verl's tool config: our adapter class once per agent tool, with that tool's OpenAI-format schema."""
     from kernelpilot.agent.tools import default_tools, tool_schemas
 
-    return {"tools": [{"class_name": TOOL_CLASS, "config": {"type": "native"}, "tool_schema": schema}
-                      for schema in tool_schemas(default_tools())]}
+    return {
+        "tools": [
+            {"class_name": TOOL_CLASS, "config": {"type": "native"}, "tool_schema": schema}
+            for schema in tool_schemas(default_tools())
+        ]
+    }
 
 
 def trainer_config(settings: VerlSettings, train_file: Path, tool_config_path: Path | None) -> dict[str, Any]:
     """The overrides of verl's ppo_trainer config (main_ppo) for a kernelpilot run."""
     rollout: dict[str, Any] = {"name": settings.rollout_engine}
     if tool_config_path is not None:
-        rollout["multi_turn"] = {"enable": True, "max_assistant_turns": settings.max_assistant_turns,
-                                 "tool_config_path": str(tool_config_path)}
+        rollout["multi_turn"] = {
+            "enable": True,
+            "max_assistant_turns": settings.max_assistant_turns,
+            "tool_config_path": str(tool_config_path),
+        }
         rollout["agent"] = {"default_agent_loop": TOOL_AGENT_LOOP}
     config = {
         "algorithm": {"adv_estimator": settings.algorithm},
-        "data": {"train_files": str(train_file), "val_files": str(train_file), "prompt_key": "prompt",
-                 "return_raw_chat": True},
+        "data": {
+            "train_files": str(train_file),
+            "val_files": str(train_file),
+            "prompt_key": "prompt",
+            "return_raw_chat": True,
+        },
         "actor_rollout_ref": {"model": {"path": settings.model}, "rollout": rollout},
         "custom_reward_function": {"path": inspect.getfile(rl), "name": rl.compute_score.__name__},
-        "trainer": {"nnodes": settings.nnodes, "n_gpus_per_node": settings.gpus_per_node,
-                    "total_epochs": settings.epochs, "default_local_dir": str(settings.output_dir),
-                    "project_name": "kernelpilot", "logger": ["console"]},
+        "trainer": {
+            "nnodes": settings.nnodes,
+            "n_gpus_per_node": settings.gpus_per_node,
+            "total_epochs": settings.epochs,
+            "default_local_dir": str(settings.output_dir),
+            "project_name": "kernelpilot",
+            "logger": ["console"],
+        },
     }
     if settings.algorithm == "gae":
         config["critic"] = {"model": {"path": settings.critic_model or settings.model}}
@@ -118,4 +138,6 @@ def write_verl_config(settings: VerlSettings) -> dict[str, Path]:
 
 def launch_command(config_path: Path) -> str:
     """The command that starts verl with the written configuration (run it on the cluster's head node)."""
-    return f"python -m verl.trainer.main_ppo --config-path {config_path.parent.resolve()} --config-name {config_path.stem}"
+    return (
+        f"python -m verl.trainer.main_ppo --config-path {config_path.parent.resolve()} --config-name {config_path.stem}"
+    )

@@ -40,11 +40,15 @@ class KernelpilotTool(BaseTool):
         self._task_code[instance_id] = (kwargs.get("create_kwargs") or {})["task_code"]
         return instance_id, ToolResponse()
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
         agent_data = kwargs.get("agent_data")
         trajectory = getattr(agent_data, "request_id", None) or instance_id
         workspaces = _shared_workspaces()
-        output = await asyncio.to_thread(workspaces.run, trajectory, self._task_code[instance_id], self.name, parameters)
+        output = await asyncio.to_thread(
+            workspaces.run, trajectory, self._task_code[instance_id], self.name, parameters
+        )
         return ToolResponse(text=output.text), float(workspaces.best_reward(trajectory)), {}
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
