@@ -5,6 +5,7 @@ down (one sentence), resume after the model failed, and the suite's metrics and 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import git
 import pytest
+import torch
 from openai_server import ScriptedOpenAIServer
 from typer.testing import CliRunner
 
@@ -269,3 +271,16 @@ def test_suite_metrics_follow_kernelbench():
     assert report.cost_usd == pytest.approx(1.0)
     assert summarize(outcomes + [ProblemOutcome("e", "finished", False, -1)]).cost_usd is None
     assert geometric_mean([None]) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; on a GPU the built-in policy runs for real")
+def test_no_model_says_the_built_in_policy_is_used_and_no_gpu_is_one_sentence(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELPILOT_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "kernelpilot", "optimize", str(write_problem(tmp_path)), "--workspace", str(tmp_path / "ws")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "No model configured: using the built-in policy" in run.stderr
+    error_lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert error_lines == ["error: no CUDA GPU is visible, and verifying and timing kernels needs one."], run.stderr
