@@ -206,6 +206,7 @@ class _Chain:
     init_params: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     ended: bool = False
+    pooled: int = 0  # pooling layers so far, each halving height and width
 
 
 def compose_tasks(
@@ -242,7 +243,7 @@ def _fits(op: Operator, chain: _Chain) -> bool:
     if op.family == "reduction":
         return bool(chain.ops)  # a lone reduction is too trivial to be worth a task
     if short in POOLING_HALVES:
-        return chain.constants["HEIGHT"] // 2 ** (1 + sum(o.split(".")[-1] in POOLING_HALVES for o in chain.ops)) >= 2
+        return chain.constants["HEIGHT"] >> (chain.pooled + 1) >= 2  # keep the image at least 2x2
     if short == "GroupNorm":
         return chain.constants[chain.feature] % 4 == 0
     return True
@@ -261,6 +262,7 @@ def _append(chain: _Chain, op: Operator, rng: random.Random, scale: str) -> None
     else:
         chain.init_lines.append(f"self.op{index} = {_constructor(chain, short, index, rng, scale)}")
         chain.forward_lines.append(f"x = self.op{index}(x)")
+    chain.pooled += short in POOLING_HALVES
     chain.ops.append(op.name)
 
 
