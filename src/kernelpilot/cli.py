@@ -105,18 +105,40 @@ def eval_(
     rtol: float = typer.Option(1e-2, "--rtol", help="Relative tolerance."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Check correctness only; skip timing."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the EvalResult as JSON."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="For a folder of workspaces: judges in parallel (default: one per visible GPU; 1 on cpu)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the EvalResult as JSON (a list for a folder of workspaces)."),
 ) -> None:
-    """Judge a candidate: build, verify on fresh inputs, time against eager and torch.compile, reward."""
+    """Judge a candidate (or every workspace under a folder): build, verify, time against eager and torch.compile, reward."""
+    from kernelpilot.harness.batch import is_folder_of_workspaces
     from kernelpilot.harness.judge import evaluate_path, render_eval
     from kernelpilot.results import to_dict
 
+    if candidate is None and is_folder_of_workspaces(target):
+        _eval_folder(target, device=device, workers=workers, trials=trials, atol=atol, rtol=rtol, bench=not no_bench,
+                     as_json=as_json)
+        return
     result = evaluate_path(target, candidate, device=device, trials=trials, atol=atol, rtol=rtol, bench=not no_bench)
     if as_json:
         _print_json(to_dict(result))
     else:
         render_eval(console, result)
     if result.reward < 1:
+        raise typer.Exit(1)
+
+
+def _eval_folder(folder: Path, *, device: Optional[str], workers: Optional[int], as_json: bool, **judging) -> None:
+    """`eval` over every workspace under FOLDER, spread over the devices; exit 1 unless all are correct."""
+    from kernelpilot.harness.batch import eval_progress, evaluate_workspaces, find_workspaces, lane_devices, render_batch
+    from kernelpilot.results import to_dict
+
+    workspaces = find_workspaces(folder)
+    with eval_progress(err_console, len(workspaces), enabled=not as_json) as on_done:
+        results = evaluate_workspaces(workspaces, lane_devices(device, workers), on_done=on_done, **judging)
+    if as_json:
+        _print_json(to_dict(results))
+    else:
+        render_batch(console, folder, results)
+    if any(result.reward < 1 for result in results):
         raise typer.Exit(1)
 
 
