@@ -219,6 +219,7 @@ def suite(
     target: Optional[float] = typer.Option(None, "--target", help="Speedup vs torch.compile that counts as done."),
     out: Path = typer.Option(Path("kp-suite"), "--out", help="Workspaces, candidates and result JSONs (rerun to resume)."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Problems run at once, each on a GPU of its own (default: one per visible GPU; 1 on cpu)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Optimize every problem in FOLDER: pass rate, fast_p vs eager and torch.compile, geomean speedup, reward, cost."""
@@ -229,7 +230,7 @@ def suite(
 
     settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
                                   target_speedup=target, device=device))
-    report = run_suite(folder, settings, out, on_problem=None if as_json else lambda p: err_console.print(f"[bold]{p}[/]"))
+    report = run_suite(folder, settings, out, jobs=jobs, on_problem=None if as_json else lambda p: err_console.print(f"[bold]{p}[/]"))
     if as_json:
         _print_json(dataclasses.asdict(report))
     else:

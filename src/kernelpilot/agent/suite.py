@@ -2,7 +2,8 @@
 
 Problems are the .py files under the folder (KernelBench's level folders included). Each gets a workspace and a
 result JSON under the output folder; a problem whose result JSON exists is skipped, and one whose run was
-interrupted resumes its newest session, so a suite can be stopped and restarted. The metrics are KernelBench's:
+interrupted resumes its newest session, so a suite can be stopped and restarted. Problems run concurrently, one
+worker per visible GPU. The metrics are KernelBench's:
 pass rate, fast_p (correct and more than p times faster) vs eager and vs torch.compile, plus the geometric-mean
 speedup over the correct ones, the mean milestone reward and the cost.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,24 +78,49 @@ def run_suite(
     settings: Settings,
     out_dir: Path,
     *,
+    jobs: int | None = None,
     on_problem: Callable[[Path], Any] | None = None,
+    run_problem: Callable[..., ProblemOutcome] | None = None,
 ) -> SuiteReport:
-    """Optimize each problem without a result JSON yet; stop at an interruption; report over all problems."""
-    results_root = out_dir.resolve()
-    for problem in find_problems(folder):
-        if problem.resolve().is_relative_to(results_root):
-            continue  # the suite's own workspaces and candidates, when --out lies inside the folder
+    """Optimize each problem without a result JSON yet, `jobs` at once (default: one per visible GPU); report on all.
+
+    Each parallel worker has a device of its own (settings.device becomes cuda:0, cuda:1, ...). An interrupted
+    problem gets no result JSON (a rerun resumes its session) and stops the workers from starting new problems.
+    `run_problem` (default: the agent's optimize) takes the arguments of `_optimize_one`.
+    """
+    from kernelpilot.harness.batch import lane_devices, spread
+
+    run_problem = run_problem or _optimize_one
+    interrupted = threading.Event()
+
+    def run_one(device: str, problem: Path) -> None:
+        if interrupted.is_set():
+            return
         name = _result_name(folder, problem)
-        result_path = out_dir / RESULTS_DIR / f"{name}.json"
-        if result_path.is_file():
-            continue
         progress = on_problem(problem) if on_problem is not None else None
-        outcome = _optimize_one(problem, folder, settings, out_dir, name, progress)
+        on_device = dataclasses.replace(settings, device=device)
+        outcome = run_problem(problem, folder, on_device, out_dir, name, progress)
         if outcome.status == "interrupted":
-            break
+            interrupted.set()
+            return
+        result_path = out_dir / RESULTS_DIR / f"{name}.json"
         result_path.parent.mkdir(parents=True, exist_ok=True)
         result_path.write_text(json.dumps(dataclasses.asdict(outcome), indent=2) + "\n")
+
+    spread(_unfinished_problems(folder, out_dir), lane_devices(settings.device, jobs), run_one)
     return summarize(list(_read_outcomes(out_dir / RESULTS_DIR)))
+
+
+def _unfinished_problems(folder: Path, out_dir: Path) -> list[Path]:
+    """The problems under `folder` with no result JSON yet, leaving out the suite's own outputs."""
+    results_root = out_dir.resolve()
+    return [
+        problem
+        for problem in find_problems(folder)
+        # the suite's own workspaces and candidates, when --out lies inside the folder, are not problems
+        if not problem.resolve().is_relative_to(results_root)
+        and not (out_dir / RESULTS_DIR / f"{_result_name(folder, problem)}.json").is_file()
+    ]
 
 
 def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path, name: str, on_turn: Any) -> ProblemOutcome:

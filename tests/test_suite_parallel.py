@@ -1,0 +1,81 @@
+"""`run_suite` scheduling: problems run concurrently, each worker on its own device; an interruption stops new
+problems and leaves no result JSON, so a rerun does exactly the unfinished ones. The per-problem runner here is a
+plain function standing in for the agent, whose own runs are tested in test_cli_optimize.py."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from kernelpilot.agent.suite import RESULTS_DIR, ProblemOutcome, run_suite
+from kernelpilot.config import Settings
+from kernelpilot.errors import NoGPUError
+
+
+def write_problems(folder: Path, *names: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text("# a problem file; the stand-in runner never reads it\n")
+
+
+def finished(problem: Path, folder: Path, reward: int = 1) -> ProblemOutcome:
+    return ProblemOutcome(problem=str(problem.relative_to(folder)), status="finished", correct=reward >= 1, reward=reward)
+
+
+def test_problems_run_at_once_one_per_worker_on_its_device(tmp_path):
+    folder, out = tmp_path / "problems", tmp_path / "out"
+    write_problems(folder, "1_a.py", "2_b.py")
+    both_running = threading.Barrier(2, timeout=10)  # breaks (and fails the run) if the problems run one by one
+    devices: dict[str, str | None] = {}
+
+    def run_problem(problem, folder_, settings, out_dir, name, on_turn):
+        devices[name] = settings.device
+        both_running.wait()
+        return finished(problem, folder_)
+
+    report = run_suite(folder, Settings(device="cpu"), out, jobs=2, run_problem=run_problem)
+
+    assert [outcome.problem for outcome in report.outcomes] == ["1_a.py", "2_b.py"]
+    assert sorted((out / RESULTS_DIR).glob("*.json")) == [out / RESULTS_DIR / "1_a.json", out / RESULTS_DIR / "2_b.json"]
+    assert devices == {"1_a": "cpu", "2_b": "cpu"}
+    assert report.pass_rate == 1.0
+
+
+def test_an_interruption_stops_new_problems_and_a_rerun_does_only_the_unfinished(tmp_path):
+    folder, out = tmp_path / "problems", tmp_path / "out"
+    write_problems(folder, "1_a.py", "2_b.py", "3_c.py")
+    started: list[str] = []
+
+    def interrupted_at_b(problem, folder_, settings, out_dir, name, on_turn):
+        started.append(name)
+        if name == "2_b":
+            return ProblemOutcome(problem=name, status="interrupted", correct=False, reward=-1)
+        return finished(problem, folder_)
+
+    first = run_suite(folder, Settings(device="cpu"), out, run_problem=interrupted_at_b)
+    assert started == ["1_a", "2_b"]
+    assert [outcome.problem for outcome in first.outcomes] == ["1_a.py"]
+
+    started.clear()
+
+    def finishes(problem, folder_, settings, out_dir, name, on_turn):
+        started.append(name)
+        return finished(problem, folder_)
+
+    again = run_suite(folder, Settings(device="cpu"), out, jobs=2, run_problem=finishes)
+    assert sorted(started) == ["2_b", "3_c"]
+    assert [outcome.problem for outcome in again.outcomes] == ["1_a.py", "2_b.py", "3_c.py"]
+
+
+def test_a_failing_problem_runner_error_reaches_the_caller(tmp_path):
+    folder = tmp_path / "problems"
+    write_problems(folder, "1_a.py", "2_b.py")
+
+    def no_gpu(problem, folder_, settings, out_dir, name, on_turn):
+        raise NoGPUError("no CUDA GPU is visible.", hint="Run it on a GPU machine.")
+
+    with pytest.raises(NoGPUError):
+        run_suite(folder, Settings(device="cpu"), tmp_path / "out", jobs=2, run_problem=no_gpu)
+    assert not (tmp_path / "out" / RESULTS_DIR).exists()
