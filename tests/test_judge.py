@@ -8,7 +8,6 @@ import json
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from kernelpilot.results import (
     from_dict,
 )
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace, tampered_files
+from kp_testing import scale_mul_binding, scale_mul_candidate, scale_problem, scale_shift_problem, write_problem
 
 
 def gpu_visible() -> bool:
@@ -38,34 +38,7 @@ def gpu_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def write_problem(folder: Path, source: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "problem.py"
-    path.write_text(textwrap.dedent(source))
-    return path
-
-
-SCALE_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self, features: int = 64):
-        super().__init__()
-        self.scale = nn.Parameter(torch.randn(features))
-
-    def forward(self, x):
-        return x * self.scale
-
-
-def get_inputs():
-    return [torch.randn(32, 64)]
-
-
-def get_init_inputs():
-    return [64]
-"""
+SCALE_PROBLEM = scale_problem(rows=32, features=64)
 
 
 @pytest.fixture
@@ -190,61 +163,18 @@ def test_render_eval_shows_verdict_errors_times_speedups_sol_reward_and_guards()
 
 # ------------------------------------------------------------------------ whole evaluations in a worker
 
-CPU_BINDING = """
-#include <torch/types.h>
-
-#include "kp_registry.h"
-
-namespace {
-
-// y[i, j] = x[i, j] * scale[j] + OFFSET, as a plain loop: a CPU stand-in for a CUDA kernel.
-torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
-  TORCH_CHECK(x.is_contiguous() && scale.is_contiguous(), "scale_mul: contiguous tensors only");
-  torch::Tensor y = torch::empty_like(x);
-  const float* xs = x.data_ptr<float>();
-  const float* ss = scale.data_ptr<float>();
-  float* ys = y.data_ptr<float>();
-  const int64_t features = scale.numel();
-  for (int64_t i = 0; i < x.numel(); ++i) ys[i] = xs[i] * ss[i % features] + OFFSET;
-  return y;
-}
-
-void register_scale_mul(pybind11::module_& m) { m.def("scale_mul", &scale_mul); }
-
-}  // namespace
-
-KP_REGISTER(register_scale_mul);
-"""
-
-CPU_CANDIDATE = """
-import torch
-from torch import nn
-
-import kp_kernels
-
-
-class ModelNew(nn.Module):
-    def __init__(self, features: int = 64):
-        super().__init__()
-        self.scale = nn.Parameter(torch.empty(features))
-
-    def forward(self, x):
-        return kp_kernels.scale_mul(x, self.scale)
-"""
-
-
 @pytest.mark.cuda_build
 def test_cpu_extension_is_built_verified_timed_and_rebuilt_in_one_worker(workspace, tmp_path):
     for example in EXAMPLE_KERNELS:
         (workspace / example).unlink()
     binding = workspace / "kernels" / "scale_mul_binding.cpp"
-    binding.write_text(CPU_BINDING.replace("OFFSET", "0.0f"))
-    (workspace / "model_new.py").write_text(CPU_CANDIDATE)
+    binding.write_text(scale_mul_binding(offset=0.0))
+    (workspace / "model_new.py").write_text(scale_mul_candidate(features=64))
 
     with Judge("cpu", arch="9.0", cache_dir=tmp_path / "cache") as judge:
         honest = judge.evaluate(workspace, trials=3)
         pid = judge.worker.pid
-        binding.write_text(CPU_BINDING.replace("OFFSET", "1.0f"))
+        binding.write_text(scale_mul_binding(offset=1.0))
         wrong = judge.evaluate(workspace, trials=3, bench=False)
         assert judge.worker.pid == pid, "a rebuilt extension loads in the same worker"
 
@@ -256,27 +186,6 @@ def test_cpu_extension_is_built_verified_timed_and_rebuilt_in_one_worker(workspa
     assert (wrong.error_kind, wrong.reward) == ("mismatch", -1)
     assert wrong.verify.max_abs_error == pytest.approx(1.0)
 
-
-GPU_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0 + 1.0
-
-
-def get_inputs():
-    return [torch.randn(4096, 4096)]
-
-
-def get_init_inputs():
-    return []
-"""
 
 GPU_CANDIDATE = """
 import torch
@@ -297,7 +206,8 @@ class ModelNew(nn.Module):
 @pytest.fixture(scope="module")
 def gpu_workspace(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("gpu")
-    ws, _ = init_workspace(write_problem(folder / "problem", GPU_PROBLEM), folder / "ws")
+    problem = write_problem(folder / "problem", scale_shift_problem(rows=4096, columns=4096))
+    ws, _ = init_workspace(problem, folder / "ws")
     return ws.root
 
 
