@@ -19,6 +19,14 @@ from kernelpilot.check import CheckReport, compare, find_lock_files, render_chec
 from kernelpilot.cli import app
 from kernelpilot.lockfile import LOCK_NAME, lock_from_eval, read_lock, write_lock
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
+from kp_testing import (
+    EXAMPLE_KERNEL_CANDIDATE,
+    scale_mul_binding,
+    scale_mul_candidate,
+    scale_problem,
+    scale_shift_problem,
+    write_problem,
+)
 
 # The workspaces, results and git set-up of the accept tests; isolated_git is autouse here too.
 from test_vcs import GPU, isolated_git, make_repo, make_workspace, verified_result  # noqa: F401
@@ -237,73 +245,6 @@ def test_the_installed_hook_with_require_gpu_blocks_the_commit_without_a_gpu(use
 
 # -------------------------------------------------------------------------- whole rounds in a worker
 
-CPU_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self, features: int = 1024):
-        super().__init__()
-        self.scale = nn.Parameter(torch.randn(features))
-
-    def forward(self, x):
-        return x * self.scale
-
-
-def get_inputs():
-    return [torch.randn(256, 1024)]
-
-
-def get_init_inputs():
-    return [1024]
-"""
-
-CPU_CANDIDATE = """
-import torch
-from torch import nn
-
-import kp_kernels
-
-
-class ModelNew(nn.Module):
-    def __init__(self, features: int = 1024):
-        super().__init__()
-        self.scale = nn.Parameter(torch.empty(features))
-
-    def forward(self, x):
-        return kp_kernels.scale_mul(x, self.scale)
-"""
-
-# y = x * scale per column, REPEAT times over (a compiler barrier keeps every pass), plus OFFSET.
-CPU_BINDING = """
-#include <torch/types.h>
-
-#include "kp_registry.h"
-
-namespace {
-
-torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
-  TORCH_CHECK(x.is_contiguous() && scale.is_contiguous(), "scale_mul: contiguous tensors only");
-  torch::Tensor y = torch::empty_like(x);
-  const float* xs = x.data_ptr<float>();
-  const float* ss = scale.data_ptr<float>();
-  float* ys = y.data_ptr<float>();
-  const int64_t features = scale.numel();
-  for (int repeat = 0; repeat < REPEAT; ++repeat) {
-    for (int64_t i = 0; i < x.numel(); ++i) ys[i] = xs[i] * ss[i % features] + OFFSET;
-    asm volatile("" ::: "memory");
-  }
-  return y;
-}
-
-void register_scale_mul(pybind11::module_& m) { m.def("scale_mul", &scale_mul); }
-
-}  // namespace
-
-KP_REGISTER(register_scale_mul);
-"""
-
 
 @pytest.fixture
 def harness_environment(tmp_path, monkeypatch):
@@ -322,13 +263,13 @@ def cli(*args: str):
 @pytest.mark.cuda_build
 def test_cpu_accept_then_check_passes_and_catches_a_slowdown_and_a_wrong_answer(tmp_path, harness_environment):
     repo = make_repo(tmp_path / "project")
-    (tmp_path / "problem.py").write_text(textwrap.dedent(CPU_PROBLEM))
-    ws, _ = init_workspace(tmp_path / "problem.py", tmp_path / "project" / "kp-scale")
+    problem = write_problem(tmp_path, scale_problem(rows=256, features=1024))
+    ws, _ = init_workspace(problem, tmp_path / "project" / "kp-scale")
     for example in EXAMPLE_KERNELS:
         (ws.root / example).unlink()
     binding = ws.kernels_dir / "scale_mul_binding.cpp"
-    binding.write_text(CPU_BINDING.replace("REPEAT", "1").replace("OFFSET", "0.0f"))
-    ws.model_new_path.write_text(CPU_CANDIDATE)
+    binding.write_text(scale_mul_binding())
+    ws.model_new_path.write_text(scale_mul_candidate(features=1024))
     root = str(ws.root)
 
     accepted = cli("accept", root, "--device", "cpu", "--trials", "2")
@@ -345,52 +286,16 @@ def test_cpu_accept_then_check_passes_and_catches_a_slowdown_and_a_wrong_answer(
     assert "kernelpilot check on cpu" in unchanged.output and "same GPU" in unchanged.output
     assert "1 checked, all passed" in unchanged.output
 
-    binding.write_text(CPU_BINDING.replace("REPEAT", "64").replace("OFFSET", "0.0f"))
+    binding.write_text(scale_mul_binding(repeats=64))
     slower = cli("check", root, "--device", "cpu", "--tolerance", "1.0")
     assert slower.exit_code == 1, slower.output
     assert "slower than recorded (tolerance 100%)" in slower.output
     assert "changed since the lock was written: kernels/scale_mul_binding.cpp" in slower.output
 
-    binding.write_text(CPU_BINDING.replace("REPEAT", "1").replace("OFFSET", "1.0f"))
+    binding.write_text(scale_mul_binding(offset=1.0))
     wrong = cli("check", root, "--device", "cpu")
     assert wrong.exit_code == 1, wrong.output
     assert "mismatch" in wrong.output
-
-
-GPU_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0 + 1.0
-
-
-def get_inputs():
-    return [torch.randn(8192, 8192)]
-
-
-def get_init_inputs():
-    return []
-"""
-
-GPU_CANDIDATE = """
-from torch import nn
-
-import kp_kernels
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return kp_kernels.scale_shift(x, 2.0, 1.0)
-"""
 
 
 @pytest.mark.gpu
@@ -398,9 +303,9 @@ def test_gpu_check_passes_on_the_accepted_example_kernel_and_fails_when_a_4x_slo
     tmp_path, harness_environment
 ):
     repo = make_repo(tmp_path / "project")
-    (tmp_path / "problem.py").write_text(textwrap.dedent(GPU_PROBLEM))
-    ws, _ = init_workspace(tmp_path / "problem.py", tmp_path / "project" / "kp-affine")
-    ws.model_new_path.write_text(GPU_CANDIDATE)
+    problem = write_problem(tmp_path, scale_shift_problem(rows=8192, columns=8192))
+    ws, _ = init_workspace(problem, tmp_path / "project" / "kp-affine")
+    ws.model_new_path.write_text(EXAMPLE_KERNEL_CANDIDATE)
     root = str(ws.root)
 
     accepted = cli("accept", root)

@@ -8,7 +8,6 @@ import queue
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -20,28 +19,8 @@ from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, VerifyResult
 from kernelpilot.watch import TerminalView, WatchEvent, WorkspaceWatcher, diff_results
 from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
+from kp_testing import scale_mul_binding, scale_mul_candidate, scale_problem, write_problem
 
-PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self, features: int = 64):
-        super().__init__()
-        self.scale = nn.Parameter(torch.randn(features))
-
-    def forward(self, x):
-        return x * self.scale
-
-
-def get_inputs():
-    return [torch.randn(32, 64)]
-
-
-def get_init_inputs():
-    return [64]
-"""
 # Long enough for the quiet period to be unmistakable, short enough for quick tests.
 DEBOUNCE_S = 0.4
 EVENT_TIMEOUT_S = 10
@@ -50,8 +29,7 @@ BUILD_TIMEOUT_S = 300  # a cold build of the workspace's extension takes about 2
 
 @pytest.fixture
 def workspace(tmp_path) -> Workspace:
-    (tmp_path / "problem.py").write_text(textwrap.dedent(PROBLEM))
-    ws, _ = init_workspace(tmp_path / "problem.py", tmp_path / "kp-scale")
+    ws, _ = init_workspace(write_problem(tmp_path, scale_problem(rows=32, features=64)), tmp_path / "kp-scale")
     return ws
 
 
@@ -284,45 +262,6 @@ def test_the_terminal_view_prints_the_result_and_its_diff():
 
 # ---------------------------------------------------------------------------------- a real CPU judge
 
-CPU_BINDING = """
-#include <torch/types.h>
-
-#include "kp_registry.h"
-
-namespace {
-
-torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
-  torch::Tensor y = torch::empty_like(x);
-  const float* xs = x.data_ptr<float>();
-  const float* ss = scale.data_ptr<float>();
-  float* ys = y.data_ptr<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) ys[i] = xs[i] * ss[i % scale.numel()];
-  return y;
-}
-
-void register_scale_mul(pybind11::module_& m) { m.def("scale_mul", &scale_mul); }
-
-}  // namespace
-
-KP_REGISTER(register_scale_mul);
-"""
-
-CPU_CANDIDATE = """
-import torch
-from torch import nn
-
-import kp_kernels
-
-
-class ModelNew(nn.Module):
-    def __init__(self, features: int = 64):
-        super().__init__()
-        self.scale = nn.Parameter(torch.empty(features))
-
-    def forward(self, x):
-        return kp_kernels.scale_mul(x, self.scale)
-"""
-
 
 @pytest.mark.cuda_build
 def test_saves_drive_a_real_cpu_judge_through_a_compile_error_and_its_fix(workspace, tmp_path, monkeypatch):
@@ -332,8 +271,9 @@ def test_saves_drive_a_real_cpu_judge_through_a_compile_error_and_its_fix(worksp
     for example in EXAMPLE_KERNELS:
         (workspace.root / example).unlink()
     binding = workspace.kernels_dir / "scale_mul_binding.cpp"
-    save(binding, CPU_BINDING)
-    save(workspace.model_new_path, CPU_CANDIDATE)
+    honest_binding = scale_mul_binding()
+    save(binding, honest_binding)
+    save(workspace.model_new_path, scale_mul_candidate(features=64))
     console = Console(record=True, width=160)
     events: queue.Queue[WatchEvent] = queue.Queue()
 
@@ -346,10 +286,10 @@ def test_saves_drive_a_real_cpu_judge_through_a_compile_error_and_its_fix(worksp
             watcher.request()
             next_event(events, "evaluating")
             first = next_event(events, "result", BUILD_TIMEOUT_S).result
-            save(binding, CPU_BINDING.replace("ys[i] = xs[i]", "ys[i] = undeclared_name[i]"))
+            save(binding, honest_binding.replace("ys[i] = xs[i]", "ys[i] = undeclared_name[i]"))
             assert next_event(events, "evaluating").changed == ["kernels/scale_mul_binding.cpp"]
             broken = next_event(events, "result", BUILD_TIMEOUT_S).result
-            save(binding, CPU_BINDING)
+            save(binding, honest_binding)
             next_event(events, "evaluating")
             fixed = next_event(events, "result", BUILD_TIMEOUT_S)
             assert_quiet(events, 3.0)  # the builds' own writes under build/ trigger nothing
