@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import stat
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -45,37 +44,14 @@ from kernelpilot.results import (
     VerifyResult,
 )
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace, tampered_files
+from kp_testing import EXAMPLE_KERNEL_CANDIDATE, scale_problem, scale_shift_problem, write_problem
 
-PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self, features: int = 16):
-        super().__init__()
-        self.scale = nn.Parameter(torch.randn(features))
-
-    def forward(self, x):
-        return x * self.scale
-
-
-def get_inputs():
-    return [torch.randn(8, 16)]
-
-
-def get_init_inputs():
-    return [16]
-"""
-
+PROBLEM = scale_problem(rows=8, features=16)
 TOOLS = {tool.name: tool for tool in default_tools()}
 
 
 def make_workspace(folder: Path, source: str = PROBLEM) -> ToolContext:
-    folder.mkdir(parents=True, exist_ok=True)
-    problem = folder / "problem.py"
-    problem.write_text(textwrap.dedent(source))
-    ws, _ = init_workspace(problem, folder / "ws")
+    ws, _ = init_workspace(write_problem(folder, source), folder / "ws")
     return ToolContext(workspace=ws, judge=None)
 
 
@@ -689,48 +665,12 @@ def test_the_ncu_driver_loads_and_runs_the_candidate_the_way_the_harness_does(ju
 
 # -------------------------------------------------------------------------------------------------- GPU
 
-GPU_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0 + 1.0
-
-
-def get_inputs():
-    return [torch.randn(4096, 4096)]
-
-
-def get_init_inputs():
-    return []
-"""
-
-GPU_CANDIDATE = """
-from torch import nn
-
-import kp_kernels
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return kp_kernels.scale_shift(x, 2.0, 1.0)
-"""
-
-
 @pytest.fixture(scope="module")
 def gpu_ctx(tmp_path_factory):
     from kernelpilot.harness.judge import Judge
 
-    ctx = make_workspace(tmp_path_factory.mktemp("gpu"), GPU_PROBLEM)
-    ctx.workspace.model_new_path.write_text(GPU_CANDIDATE)
+    ctx = make_workspace(tmp_path_factory.mktemp("gpu"), scale_shift_problem(rows=4096, columns=4096))
+    ctx.workspace.model_new_path.write_text(EXAMPLE_KERNEL_CANDIDATE)
     with Judge(cache_dir=tmp_path_factory.mktemp("cache")) as judge:
         ctx.judge = judge
         yield ctx

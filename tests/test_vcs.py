@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 from pathlib import Path
 
 import git
@@ -32,27 +31,8 @@ from kernelpilot.workspace import (
     Workspace,
     init_workspace,
 )
+from kp_testing import scale_shift_problem, write_problem
 
-PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0 + 1.0
-
-
-def get_inputs():
-    return [torch.randn(64, 64)]
-
-
-def get_init_inputs():
-    return []
-"""
 GPU = "NVIDIA H100 80GB HBM3"
 
 
@@ -109,10 +89,9 @@ def commit_all(repo: git.Repo, files: dict[str, str], message: str) -> None:
 
 def make_workspace(folder: Path) -> Workspace:
     """A workspace whose example kernel is replaced by the user's own kernel files."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "problem.py").write_text(textwrap.dedent(PROBLEM))
-    ws, _ = init_workspace(folder / "problem.py", folder / "kp-affine")
-    (folder / "problem.py").unlink()
+    problem = write_problem(folder, scale_shift_problem(rows=64, columns=64))
+    ws, _ = init_workspace(problem, folder / "kp-affine")
+    problem.unlink()
     for example in EXAMPLE_KERNELS:
         (ws.root / example).unlink()
     (ws.kernels_dir / "affine.cu").write_text("// y = x * 2 + 1\n")
