@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import git
@@ -20,27 +19,7 @@ from typer.testing import CliRunner
 from kernelpilot.agent.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.cli import app
 from kernelpilot.workspace import EXAMPLE_KERNELS
-
-DOUBLE_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0
-
-
-def get_inputs():
-    return [torch.randn(16, 32)]
-
-
-def get_init_inputs():
-    return []
-"""
+from kp_testing import DOUBLE_PROBLEM, write_problem
 
 # A CPU stand-in for a CUDA kernel: the extension builds with g++ here and the judge runs it on the CPU.
 CPU_BINDING = """
@@ -83,10 +62,8 @@ class ModelNew(nn.Module):
 BROKEN_CANDIDATE = "raise RuntimeError('a worse last edit')\n"
 
 
-def write_problem(folder: Path, name: str = "double.py", source: str = DOUBLE_PROBLEM) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(textwrap.dedent(source))
-    return folder / name
+def write_double_problem(folder: Path, name: str = "double.py") -> Path:
+    return write_problem(folder, DOUBLE_PROBLEM, name)
 
 
 def invoke(*args: str):
@@ -102,7 +79,7 @@ def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("COLUMNS", "200")
-    problem = write_problem(tmp_path / "problems")
+    problem = write_double_problem(tmp_path / "problems")
     with ScriptedOpenAIServer() as server:
         server.reply_tool_calls([("Bash", {"command": "rm " + " ".join(EXAMPLE_KERNELS)})])
         server.reply_tool_calls([("Write", {"path": "kernels/twice_binding.cpp", "content": CPU_BINDING}),
@@ -147,7 +124,7 @@ def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_outp
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
     repo = make_repo(tmp_path / "project", monkeypatch)
-    problem = write_problem(tmp_path / "project" / "problems")
+    problem = write_double_problem(tmp_path / "project" / "problems")
     common = ["--workspace", tmp_path / "project" / "kp-double", "--device", "cpu", "--json", "--commit"]
     with ScriptedOpenAIServer() as server:
         server.reply_tool_calls([("Bash", {"command": "rm " + " ".join(EXAMPLE_KERNELS)})])
@@ -184,7 +161,7 @@ def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_outp
 
 def test_optimize_commit_outside_a_repository_refuses_before_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # whatever holds tmp_path is not searched
-    problem = write_problem(tmp_path)
+    problem = write_double_problem(tmp_path)
     with ScriptedOpenAIServer() as server:
         outcome = invoke("optimize", problem, *model_flags(server), "--workspace", tmp_path / "ws", "--device", "cpu",
                          "--commit")  # fmt: skip
@@ -194,7 +171,7 @@ def test_optimize_commit_outside_a_repository_refuses_before_the_run(tmp_path, m
 
 
 def test_server_down_is_one_sentence_and_a_nonzero_exit(tmp_path):
-    problem = write_problem(tmp_path)
+    problem = write_double_problem(tmp_path)
     run = subprocess.run(
         [sys.executable, "-m", "kernelpilot", "optimize", str(problem), "--model", "openai/test-model",
          "--api-base", "http://127.0.0.1:9/v1", "--api-key", "test", "--device", "cpu", "--workspace", str(tmp_path / "ws")],
@@ -209,7 +186,7 @@ def test_server_down_is_one_sentence_and_a_nonzero_exit(tmp_path):
 
 
 def test_resume_continues_a_session_the_model_broke_off(tmp_path):
-    problem = write_problem(tmp_path)
+    problem = write_double_problem(tmp_path)
     common = ["--workspace", tmp_path / "ws", "--device", "cpu", "--json"]
     with ScriptedOpenAIServer() as server:
         server.reply_tool_calls([("Glob", {"pattern": "kernels/*"})])  # then the script runs out: a 400
@@ -227,7 +204,7 @@ def test_resume_continues_a_session_the_model_broke_off(tmp_path):
 
 
 def test_bad_settings_are_one_line(tmp_path):
-    outcome = invoke("optimize", write_problem(tmp_path), "--max-turns", "500")
+    outcome = invoke("optimize", write_double_problem(tmp_path), "--max-turns", "500")
     assert outcome.exit_code == 2
     assert "max_turns must be between 1 and 200" in outcome.output and "Traceback" not in outcome.output
     missing = invoke("replay", tmp_path / "nope.jsonl")
@@ -236,8 +213,8 @@ def test_bad_settings_are_one_line(tmp_path):
 
 def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
     folder = tmp_path / "level1"
-    write_problem(folder, "1_double.py")
-    write_problem(folder, "2_not_a_problem.py", "x = 1\n")
+    write_double_problem(folder, "1_double.py")
+    write_problem(folder, "x = 1\n", "2_not_a_problem.py")
     out = tmp_path / "out"
     with ScriptedOpenAIServer() as server:
         server.reply_tool_calls([("Finish", {"summary": "gave up"})])
@@ -276,8 +253,9 @@ def test_suite_metrics_follow_kernelbench():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; on a GPU the built-in policy runs for real")
 def test_no_model_says_the_built_in_policy_is_used_and_no_gpu_is_one_sentence(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELPILOT_")}
+    problem = write_double_problem(tmp_path)
     run = subprocess.run(
-        [sys.executable, "-m", "kernelpilot", "optimize", str(write_problem(tmp_path)), "--workspace", str(tmp_path / "ws")],
+        [sys.executable, "-m", "kernelpilot", "optimize", str(problem), "--workspace", str(tmp_path / "ws")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr

@@ -5,7 +5,6 @@ online-softmax kernel that ends the run verified and faster."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,30 +18,10 @@ from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
 from kernelpilot.results import BenchResult, EvalResult, Timing, VerifyResult
 from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
+from kp_testing import DOUBLE_PROBLEM, write_problem
 from openai_server import ScriptedOpenAIServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-DOUBLE_PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0
-
-
-def get_inputs():
-    return [torch.randn(16, 32)]
-
-
-def get_init_inputs():
-    return []
-"""
 
 # Correct, but computed by torch in forward: the torch-compute guard must fail it whatever the numbers say.
 TORCH_CANDIDATE = """
@@ -59,9 +38,7 @@ class ModelNew(nn.Module):
 
 
 def make_workspace(folder: Path) -> Workspace:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "double.py").write_text(textwrap.dedent(DOUBLE_PROBLEM))
-    ws, _ = init_workspace(folder / "double.py", folder / "ws")
+    ws, _ = init_workspace(write_problem(folder, DOUBLE_PROBLEM, "double.py"), folder / "ws")
     return ws
 
 

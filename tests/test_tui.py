@@ -6,7 +6,6 @@ and on, and quitting ends the watcher's thread."""
 
 from __future__ import annotations
 
-import textwrap
 import threading
 import time
 from contextlib import contextmanager
@@ -41,27 +40,7 @@ from kernelpilot.tui.status import RunStatus
 from kernelpilot.tui.todos import TodoPanel
 from kernelpilot.tui.transcript import Transcript
 from kernelpilot.workspace import init_workspace
-
-PROBLEM = """
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return x * 2.0
-
-
-def get_inputs():
-    return [torch.randn(16, 32)]
-
-
-def get_init_inputs():
-    return []
-"""
+from kp_testing import DOUBLE_PROBLEM, write_problem
 
 CANDIDATE = """from torch import nn
 
@@ -111,10 +90,7 @@ def isolated_git(tmp_path, monkeypatch):
 
 @pytest.fixture
 def problem(tmp_path) -> Path:
-    path = tmp_path / "project" / "double.py"
-    path.parent.mkdir()
-    path.write_text(textwrap.dedent(PROBLEM))
-    return path
+    return write_problem(tmp_path / "project", DOUBLE_PROBLEM, "double.py")
 
 
 def scripted_run(problem_path: Path, model, max_turns: int = 10):
@@ -126,7 +102,7 @@ def scripted_run(problem_path: Path, model, max_turns: int = 10):
         settings = Settings(max_turns=max_turns)
         session = Session.create(ws.root, problem=str(problem_path), model=model.name)
         messages = [{"role": "system", "content": "You write CUDA kernels."},
-                    {"role": "user", "content": "Make Model faster.\n" + PROBLEM}]  # fmt: skip
+                    {"role": "user", "content": "Make Model faster.\n" + DOUBLE_PROBLEM}]  # fmt: skip
         for message in messages:
             session.append("message", turn=0, message=message)
         ctx = ToolContext(workspace=ws, judge=None, state={"settings": settings})
