@@ -43,7 +43,7 @@ def run_critic(
     settings: CriticSettings, transcripts: Iterable[Path], tokenizer: Any = None, model: Any = None
 ) -> dict[str, Any]:
     """Train the value model on the transcripts; returns the metrics. Saves model and tokenizer to `output_dir`."""
-    from kernelpilot.train.rft import bf16_supported, require_training_engine
+    from kernelpilot.train.rft import require_training_engine, trainer_arguments
 
     require_training_engine("transformers", "datasets")
     from datasets import Dataset
@@ -69,17 +69,7 @@ def run_critic(
 
     dataset = Dataset.from_list(value_examples(transcripts))
     dataset = dataset.map(encode, remove_columns=dataset.column_names)
-    args = TrainingArguments(
-        output_dir=str(settings.output_dir),
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        bf16=bf16_supported(),
-    )
+    args = TrainingArguments(**trainer_arguments(settings), num_train_epochs=settings.epochs)
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=DataCollatorWithPadding(tokenizer))
     metrics = trainer.train().metrics
     trainer.save_model(str(settings.output_dir))

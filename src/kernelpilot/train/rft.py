@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kernelpilot.errors import KernelpilotError
 
@@ -196,18 +196,7 @@ def run_sft(settings: SftSettings, tokenizer: Any = None, model: Any = None) -> 
     from trl import SFTConfig, SFTTrainer
 
     dataset = load_dataset("json", data_files=str(settings.data), split="train")
-    config = SFTConfig(
-        output_dir=str(settings.output_dir),
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        max_length=settings.max_length,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        bf16=bf16_supported(),
-    )
+    config = SFTConfig(**trainer_arguments(settings), num_train_epochs=settings.epochs, max_length=settings.max_length)
     trainer = SFTTrainer(
         model=model or settings.model,
         args=config,
@@ -218,6 +207,30 @@ def run_sft(settings: SftSettings, tokenizer: Any = None, model: Any = None) -> 
     metrics = trainer.train().metrics
     trainer.save_model(str(settings.output_dir))
     return metrics
+
+
+class TrainerSettings(Protocol):
+    """The knobs every trainer's settings share (SFT, GRPO, the critic)."""
+
+    output_dir: Path
+    max_steps: int
+    learning_rate: float
+    batch_size: int
+
+
+def trainer_arguments(settings: TrainerSettings) -> dict[str, Any]:
+    """The arguments every trainer gives its TRL or transformers config: the shared knobs, a log line a step, no
+    checkpoints (the caller saves the final model once), no reporting services, and bf16 where the GPU has it."""
+    return {
+        "output_dir": str(settings.output_dir),
+        "max_steps": settings.max_steps,
+        "learning_rate": settings.learning_rate,
+        "per_device_train_batch_size": settings.batch_size,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "bf16": bf16_supported(),
+    }
 
 
 def bf16_supported() -> bool:

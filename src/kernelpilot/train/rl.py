@@ -188,23 +188,16 @@ def run_grpo(
     settings: GrpoSettings, reward: Callable | None = None, tokenizer: Any = None, model: Any = None
 ) -> list[dict[str, Any]]:
     """GRPO warm-up with TRL's GRPOTrainer; returns the logged history (rewards, losses). Saves to `output_dir`."""
-    from kernelpilot.train.rft import bf16_supported, require_training_engine
+    from kernelpilot.train.rft import require_training_engine, trainer_arguments
 
     require_training_engine("trl", "datasets", "transformers")
     from trl import GRPOConfig, GRPOTrainer
 
     reward_fn = reward or HarnessReward(judge_evaluator, settings.devices)
     config = GRPOConfig(
-        output_dir=str(settings.output_dir),
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
+        **trainer_arguments(settings),
         num_generations=settings.num_generations,
-        per_device_train_batch_size=settings.batch_size,
         max_completion_length=settings.max_completion_length,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        bf16=bf16_supported(),
     )
     trainer = GRPOTrainer(
         model=model or settings.model,
