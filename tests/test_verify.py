@@ -230,28 +230,29 @@ def test_exception_description_names_the_kernel_location():
     assert describe_exception(error) == "RuntimeError: launch failed (at kernels/relu.cu:42)"
 
 
+# y = x * weight, the weight a parameter the candidate must receive from the reference Model.
+WEIGHT_PROBLEM = """
+import torch
+from torch import nn
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return x * self.weight
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+def get_init_inputs():
+    return [8]
+"""
+
+
 def test_state_dict_mismatch_is_a_clear_init_failure(tmp_path):
-    problem = write_problem(
-        tmp_path,
-        """
-        import torch
-        from torch import nn
-
-        class Model(nn.Module):
-            def __init__(self, n):
-                super().__init__()
-                self.weight = nn.Parameter(torch.randn(n))
-
-            def forward(self, x):
-                return x * self.weight
-
-        def get_inputs():
-            return [torch.randn(4, 8)]
-
-        def get_init_inputs():
-            return [8]
-        """,
-    )
+    problem = write_problem(tmp_path, WEIGHT_PROBLEM)
 
     class Renamed(nn.Module):
         def __init__(self, n):
@@ -265,27 +266,7 @@ def test_state_dict_mismatch_is_a_clear_init_failure(tmp_path):
 
 
 def test_candidate_gets_the_reference_weights(tmp_path):
-    problem = write_problem(
-        tmp_path,
-        """
-        import torch
-        from torch import nn
-
-        class Model(nn.Module):
-            def __init__(self, n):
-                super().__init__()
-                self.weight = nn.Parameter(torch.randn(n))
-
-            def forward(self, x):
-                return x * self.weight
-
-        def get_inputs():
-            return [torch.randn(4, 8)]
-
-        def get_init_inputs():
-            return [8]
-        """,
-    )
+    problem = write_problem(tmp_path, WEIGHT_PROBLEM)
 
     class RawScale(nn.Module):
         def __init__(self, n):
