@@ -262,3 +262,13 @@ def test_no_model_says_the_built_in_policy_is_used_and_no_gpu_is_one_sentence(tm
     assert "No model configured: using the built-in policy" in run.stderr
     error_lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert error_lines == ["error: no CUDA GPU is visible, and verifying and timing kernels needs one."], run.stderr
+
+
+def test_tui_command_reaches_the_run_with_optimize_defaults(tmp_path):
+    # `kernelpilot tui` calls optimize() directly, so optimize's defaults must be plain values (an OptionInfo
+    # default for --commit once made every `kernelpilot tui` refuse with the --commit sentence).
+    run = subprocess.run([sys.executable, "-m", "kernelpilot", "tui", str(tmp_path / "missing.py")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--commit" not in run.stdout + run.stderr
+    assert "missing.py does not exist" in run.stdout + run.stderr

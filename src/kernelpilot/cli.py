@@ -9,7 +9,7 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -142,22 +142,36 @@ def _eval_folder(folder: Path, *, device: Optional[str], workers: Optional[int],
         raise typer.Exit(1)
 
 
+# Options shared by `optimize` and `tui` (one declaration each).
+ProblemArg = Annotated[Path, typer.Argument(help="A KernelBench-format file: Model, get_inputs(), get_init_inputs().")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="litellm model, e.g. openai/gpt-5 (default: KERNELPILOT_MODEL, else the built-in policy).")]
+ApiBaseOpt = Annotated[Optional[str], typer.Option("--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1.")]
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key (default: KERNELPILOT_API_KEY or the provider's usual variable).")]
+MaxTurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", help="Most model turns (default 40, at most 200).")]
+TargetOpt = Annotated[Optional[float], typer.Option("--target", help="Speedup vs torch.compile that counts as done (default 1.05).")]
+WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", help="Workspace folder (default: ./kp-<problem name>).")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", help="Where the best model_new.py goes (default: beside PROBLEM); its kernels/ go beside it.")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue the workspace's newest session (or the one --session names).")]
+SessionOpt = Annotated[Optional[str], typer.Option("--session", help="Session id to resume (implies --resume).")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cuda, cuda:N or cpu (cpu only exercises the harness).")]
+
+
 @app.command()
 def optimize(
-    problem: Path = typer.Argument(..., help="A KernelBench-format file: Model, get_inputs(), get_init_inputs()."),
-    model: Optional[str] = typer.Option(None, "--model", help="litellm model, e.g. openai/gpt-5 (default: KERNELPILOT_MODEL, else the built-in policy)."),
-    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key (default: KERNELPILOT_API_KEY or the provider's usual variable)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Most model turns (default 40, at most 200)."),
-    target: Optional[float] = typer.Option(None, "--target", help="Speedup vs torch.compile that counts as done (default 1.05)."),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", help="Workspace folder (default: ./kp-<problem name>)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Where the best model_new.py goes (default: beside PROBLEM); its kernels/ go beside it."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the workspace's newest session (or the one --session names)."),
-    session: Optional[str] = typer.Option(None, "--session", help="Session id to resume (implies --resume)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON (no live progress)."),
-    tui: bool = typer.Option(False, "--tui", help="Watch and steer the run in a terminal UI (same as `kernelpilot tui`)."),
-    commit: bool = typer.Option(False, "--commit", help="Commit the best verified candidate as `kernelpilot accept` does: the workspace's kernels, model_new.py and kernelpilot.lock.json (the copy beside PROBLEM is not committed). Git must be on a branch."),
+    problem: ProblemArg,
+    model: ModelOpt = None,
+    api_base: ApiBaseOpt = None,
+    api_key: ApiKeyOpt = None,
+    max_turns: MaxTurnsOpt = None,
+    target: TargetOpt = None,
+    workspace: WorkspaceOpt = None,
+    output: OutputOpt = None,
+    resume: ResumeOpt = False,
+    session: SessionOpt = None,
+    device: DeviceOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON (no live progress).")] = False,
+    tui: Annotated[bool, typer.Option("--tui", help="Watch and steer the run in a terminal UI (same as `kernelpilot tui`).")] = False,
+    commit: Annotated[bool, typer.Option("--commit", help="Commit the best verified candidate as `kernelpilot accept` does: the workspace's kernels, model_new.py and kernelpilot.lock.json (the copy beside PROBLEM is not committed). Git must be on a branch.")] = False,
 ) -> None:
     """Let a model write, verify and time CUDA kernels for PROBLEM; keep the best verified candidate."""
     from kernelpilot.agent.optimize import EXIT_INTERRUPTED, live_progress, optimize as run_optimize, render_result
@@ -192,17 +206,17 @@ def optimize(
 
 @app.command("tui")
 def tui_(
-    problem: Path = typer.Argument(..., help="A KernelBench-format file: Model, get_inputs(), get_init_inputs()."),
-    model: Optional[str] = typer.Option(None, "--model", help="litellm model, e.g. openai/gpt-5 (default: KERNELPILOT_MODEL, else the built-in policy)."),
-    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key (default: KERNELPILOT_API_KEY or the provider's usual variable)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Most model turns (default 40, at most 200)."),
-    target: Optional[float] = typer.Option(None, "--target", help="Speedup vs torch.compile that counts as done (default 1.05)."),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", help="Workspace folder (default: ./kp-<problem name>)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Where the best model_new.py goes (default: beside PROBLEM); its kernels/ go beside it."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the workspace's newest session (or the one --session names)."),
-    session: Optional[str] = typer.Option(None, "--session", help="Session id to resume (implies --resume)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
+    problem: ProblemArg,
+    model: ModelOpt = None,
+    api_base: ApiBaseOpt = None,
+    api_key: ApiKeyOpt = None,
+    max_turns: MaxTurnsOpt = None,
+    target: TargetOpt = None,
+    workspace: WorkspaceOpt = None,
+    output: OutputOpt = None,
+    resume: ResumeOpt = False,
+    session: SessionOpt = None,
+    device: DeviceOpt = None,
 ) -> None:
     """`optimize --tui`: watch the agent work on PROBLEM live; pause, resume, stop it and accept the best as a commit."""
     optimize(problem, model=model, api_base=api_base, api_key=api_key, max_turns=max_turns, target=target,
