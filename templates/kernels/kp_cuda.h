@@ -50,4 +50,14 @@ inline int sm_count() {
   return count;
 }
 
+// Blocks of `kernel` that run at once on the whole current device (one full wave) with `threads` threads and
+// `dynamic_smem` bytes of dynamic shared memory each: the grid size of a grid-stride launch. A larger grid
+// leaves blocks waiting for a second wave that then runs almost empty.
+template <typename Kernel>
+inline int64_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem = 0) {
+  int per_sm = 0;
+  KP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem));
+  return static_cast<int64_t>(per_sm > 0 ? per_sm : 1) * sm_count();
+}
+
 }  // namespace kp
