@@ -346,6 +346,7 @@ class Model(nn.Module):
             torch.softmax(odd.t(), dim=-1),  # strided rows
             ((odd - odd.mean(-1, keepdim=True)) ** 2).mean(-1),  # two levels, one value per row
             torch.logsumexp(wide * 40, dim=-1),  # rows streamed twice
+            torch.softmax(wide, dim=-1),  # rows cached in the shared memory of a 2-block cluster
             self.norm(x[:, :64]),  # rows of a slice
             x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
             F.normalize(odd, dim=-1),
@@ -383,7 +384,7 @@ def zoo_problem(folder: Path) -> Path:
 def test_zoo_of_layouts_computes_what_the_model_computes(tmp_path):
     analysis = check_against_model(zoo_problem(tmp_path), atol=1e-2)  # bf16 outputs round
     kinds = [g.kind for g in analysis.groups]
-    assert len(kinds) == 14 and kinds.count("elementwise") == 5
+    assert len(kinds) == 15 and kinds.count("elementwise") == 5
 
 
 @pytest.mark.parametrize("name", sorted(SMALL_PROBLEMS))
@@ -463,11 +464,30 @@ def test_launch_candidates_are_distinct_and_fit_a_block():
                 assert config.threads * (config.rows_per_block or 1) <= 1024
 
 
-def test_long_rows_are_streamed_and_short_rows_cached(tmp_path):
-    long_rows = render_kernel(*_first(analysed(EXAMPLES / "softmax_long_rows.py"))).content
-    assert "too long for registers" in long_rows and "constexpr int kRowLength = 393216;" in long_rows
+def test_long_rows_are_cached_in_a_cluster_and_short_rows_in_registers(tmp_path):
+    (group,) = analysed(EXAMPLES / "softmax_long_rows.py").groups
+    clustered, *streamed = launch_candidates(group)
+    assert clustered.shared_blocks == 8 and all(config.shared_blocks == 0 for config in streamed)
+    long_rows = render_kernel(group, clustered).content
+    assert "__cluster_dims__(kClusterBlocks, 1, 1)" in long_rows and "constexpr int kClusterBlocks = 8;" in long_rows
+    assert "cluster.map_shared_rank(" in long_rows and "constexpr int kCacheBytes = 196608;" in long_rows
+    assert "too long for registers" in render_kernel(group, streamed[0]).content
     cached = render_kernel(*_first(analysed(EXAMPLES / "layernorm.py"))).content
-    assert "cached in registers" in cached and "welford_add(" in cached
+    assert "cached in registers" in cached and "welford_add(" in cached and "cluster" not in cached
+
+
+def test_rows_read_once_are_streamed_not_cached_in_shared_memory(tmp_path):
+    path = write_problem(tmp_path, "long_logsumexp", "def forward(self, x):\n    return torch.logsumexp(x, dim=-1)",
+                         "torch.randn(64, 300000)")
+    (group,) = analysed(path).groups
+    assert all(config.shared_blocks == 0 for config in launch_candidates(group))
+
+
+def test_rows_too_long_for_eight_blocks_are_streamed(tmp_path):
+    path = write_problem(tmp_path, "huge_softmax", "def forward(self, x):\n    return torch.softmax(x, dim=-1)",
+                         "torch.randn(4, 1 << 20)")
+    (group,) = analysed(path).groups
+    assert all(config.shared_blocks == 0 for config in launch_candidates(group))
 
 
 def test_generated_sources_include_no_torch_header():

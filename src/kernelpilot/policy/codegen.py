@@ -41,6 +41,10 @@ ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 VECTOR_BYTES = 16
 # Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
 REGISTER_BUDGET = 64
+# Bytes of a row one block may cache in shared memory (an H100 block may opt into 227 KB; the reductions' own
+# shared memory needs a little), and the most blocks that may share a row: the portable thread block cluster size.
+SHARED_CACHE_BYTES = 192 * 1024
+MAX_CLUSTER_BLOCKS = 8
 STAT_IDENTITIES = {
     ("sum", "sum"): "0.0f",
     ("max", "max"): "-INFINITY",
@@ -60,14 +64,22 @@ _CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", 
 @dataclass(frozen=True)
 class LaunchConfig:
     """One launch geometry: threads per block (elementwise kernels) or per row (row kernels, which also set
-    rows per block), and the vectors each thread has in flight per step."""
+    rows per block), and the vectors each thread has in flight per step.
+
+    `shared_blocks` > 0 caches each row in shared memory, split over that many blocks of `threads` threads (a
+    thread block cluster when more than one), for rows too long to cache in registers.
+    """
 
     threads: int
     items: int = 1
     rows_per_block: int | None = None
+    shared_blocks: int = 0
 
     @property
     def label(self) -> str:
+        if self.shared_blocks:
+            split = f"split over a cluster of {self.shared_blocks} blocks" if self.shared_blocks > 1 else "in one block"
+            return f"row cached in shared memory, {split} of {self.threads} threads, {self.items} vector(s) in flight"
         if self.rows_per_block is None:
             return f"{self.threads} threads per block, {self.items} vector(s) in flight per thread"
         return f"{self.threads} threads per row, {self.rows_per_block} row(s) per block, {self.items} vector(s) in flight"
@@ -185,7 +197,9 @@ def launch_candidates(group: Group) -> list[LaunchConfig]:
     teams = dict.fromkeys(t for t in (preferred, preferred // 2, preferred * 2) if 4 <= t <= 1024)
     candidates = [_row_config(group, layout, threads, items=4) for threads in teams]
     if not _cached(group, layout, candidates[0]):
-        candidates.append(_row_config(group, layout, preferred, items=2))
+        shared = _shared_config(group, layout)
+        # Caching in shared memory reads the row once instead of once per pass: expected best, so first.
+        candidates = [shared, *candidates] if shared else [*candidates, _row_config(group, layout, preferred, items=2)]
     return candidates
 
 
@@ -197,8 +211,37 @@ def _row_config(group: Group, layout: _Layout, threads: int, items: int) -> Laun
 
 def _cached(group: Group, layout: _Layout, config: LaunchConfig) -> bool:
     """True when the row data the statistics read fits in registers, so memory is read once."""
+    if config.shared_blocks:
+        return False
     vectors_per_thread = math.ceil(group.row_length // layout.vec / config.threads)
     return vectors_per_thread * layout.vec * len(_stat_accesses(group, layout)) <= REGISTER_BUDGET
+
+
+def _shared_config(group: Group, layout: _Layout) -> LaunchConfig | None:
+    """The fewest blocks (1 to 8, a cluster when more than one) whose shared memory holds the part of a row the
+    statistics read, when some pass reads it again; None when no split fits or nothing would be read twice."""
+    cached = _stat_accesses(group, layout)
+    if not cached or max(_passes(group, layout).get(i, 0) for i in cached) < 2:
+        return None
+    blocks = 1
+    while blocks <= MAX_CLUSTER_BLOCKS:
+        span = group.row_length // blocks
+        if group.row_length % (blocks * layout.vec) == 0 and span * 4 * len(cached) <= SHARED_CACHE_BYTES:
+            # About eight vectors per thread: enough loads in flight, few enough threads to stay busy.
+            threads = min(1024, max(32, _next_power_of_two(math.ceil(span // layout.vec / 8))))
+            return LaunchConfig(threads, 4, 1, shared_blocks=blocks)
+        blocks *= 2
+    return None
+
+
+def _passes(group: Group, layout: _Layout) -> dict[int, int]:
+    """How many passes over the row (one per statistics level, one for the output) read each access."""
+    program = _RowProgram(group, {i for i, strides in enumerate(layout.strides) if strides[-1] != 0})
+    counts: dict[int, int] = {}
+    for accesses in [level["accesses"] for level in program.levels] + [program.output["accesses"]]:
+        for index in accesses:
+            counts[index] = counts.get(index, 0) + 1
+    return counts
 
 
 def _next_power_of_two(n: int) -> int:
@@ -391,7 +434,9 @@ def _stat_accesses(group: Group, layout: _Layout) -> list[int]:
 def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     layout = row_layout(group)
     cached = _cached(group, layout, config)
+    shared = config.shared_blocks > 0
     stat_accesses = set(_stat_accesses(group, layout))
+    span = group.row_length // max(config.shared_blocks, 1)
     accesses = []
     for i, access in enumerate(group.accesses):
         accesses.append(
@@ -401,6 +446,8 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "ctype": CTYPES[group.tensors[access.tensor].dtype],
                 "col_stride": layout.strides[i][-1],
                 "cached": cached and i in stat_accesses,
+                "shared": shared and i in stat_accesses,
+                "cache_offset": sorted(stat_accesses).index(i) * span if shared and i in stat_accesses else 0,
                 "offset": layout.offsets[i],
                 "terms": index_terms(layout.shape[:-1], layout.strides[i][:-1]),
                 "comment": _access_comment(group, i, layout, "rows x row elements"),
@@ -418,6 +465,9 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "rows_per_block": config.rows_per_block,
         "vec": layout.vec,
         "cached": cached,
+        "shared": shared,
+        "cluster": max(config.shared_blocks, 1),
+        "cache_bytes": span * 4 * len(stat_accesses) if shared else 0,
         "all_accesses": accesses,
         "element_accesses": element,
         "row_accesses": [a for a in accesses if a["col_stride"] == 0],
