@@ -122,10 +122,12 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, default=Path("bench_policy.json"))
     parser.add_argument("--search", action="store_true", help="time every launch configuration, keep the fastest")
+    parser.add_argument("--only", default="", help="comma-separated problem names (default: every .py in FOLDER)")
     args = parser.parse_args()
+    names = {name.strip() for name in args.only.split(",") if name.strip()}
     start = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="kp-bench-policy-"))
-    rows = [prepare(path, root) for path in sorted(args.folder.glob("*.py"))]
+    rows = [prepare(path, root) for path in sorted(args.folder.glob("*.py")) if not names or path.stem in names]
     supported = [row for row in rows if row["supported"]]
     jobs = max(1, (os.cpu_count() or 2) // max(1, len(supported)))
     with ThreadPoolExecutor(max_workers=len(supported) or 1) as pool:
