@@ -41,6 +41,10 @@ ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 VECTOR_BYTES = 16
 # Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
 REGISTER_BUDGET = 64
+# A block's threads share an SM's 65536 registers (1024 threads: 64 each), and each thread needs about this many
+# besides its cached row (pointers, indices, statistics, the epilogue's temporaries) to run without spilling.
+REGISTERS_PER_BLOCK = 65536
+REGISTER_RESERVE = 32
 STAT_IDENTITIES = {
     ("sum", "sum"): "0.0f",
     ("max", "max"): "-INFINITY",
@@ -198,7 +202,9 @@ def _row_config(group: Group, layout: _Layout, threads: int, items: int) -> Laun
 def _cached(group: Group, layout: _Layout, config: LaunchConfig) -> bool:
     """True when the row data the statistics read fits in registers, so memory is read once."""
     vectors_per_thread = math.ceil(group.row_length // layout.vec / config.threads)
-    return vectors_per_thread * layout.vec * len(_stat_accesses(group, layout)) <= REGISTER_BUDGET
+    block_threads = config.threads * (config.rows_per_block or 1)
+    budget = min(REGISTER_BUDGET, REGISTERS_PER_BLOCK // block_threads - REGISTER_RESERVE)
+    return vectors_per_thread * layout.vec * len(_stat_accesses(group, layout)) <= budget
 
 
 def _next_power_of_two(n: int) -> int:
