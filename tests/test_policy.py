@@ -25,6 +25,7 @@ from kernelpilot.policy import BuiltinPolicy
 from kernelpilot.policy.analysis import Analysis, Call, Const, Field, Group, Load, Reduce, analyze, walk
 from kernelpilot.policy.codegen import (
     LaunchConfig,
+    column_terms,
     index_terms,
     elementwise_layout,
     launch_candidates,
@@ -39,7 +40,7 @@ from conftest import EXAMPLES, REPO_ROOT
 
 SUPPORTED_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
-    "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16",
+    "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
 ]  # fmt: skip
 
 
@@ -121,14 +122,17 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
 
     result = value(group.expr).expand(group.shape)
     if group.per_row:
-        result = result[..., :1]
+        result = result.flatten(-group.row_dims)[..., :1]
     # A kernel writes its output contiguously; later groups and outputs view that memory.
     return result.reshape(group.output.shape).to(getattr(torch, group.output.dtype)).contiguous()
 
 
-def statistic(reduce: Reduce, name: str, rows: torch.Tensor) -> torch.Tensor:
+def statistic(reduce: Reduce, name: str, values: torch.Tensor) -> torch.Tensor:
+    """One number per row, shaped to broadcast over the reduce's iteration shape (its row dims kept as 1s)."""
+    rows = values.flatten(-reduce.dims)
     maximum = rows.amax(-1, keepdim=True)
     mean = rows.mean(-1, keepdim=True)
+    kept_dims = (1,) * (reduce.dims - 1)
     return {
         ("sum", "sum"): lambda: rows.sum(-1, keepdim=True),
         ("max", "max"): lambda: maximum,
@@ -137,7 +141,7 @@ def statistic(reduce: Reduce, name: str, rows: torch.Tensor) -> torch.Tensor:
         ("online_softmax", "sum"): lambda: (rows - maximum).exp().sum(-1, keepdim=True),
         ("welford", "mean"): lambda: mean,
         ("welford", "m2"): lambda: ((rows - mean) ** 2).sum(-1, keepdim=True),
-    }[(reduce.kind, name)]()
+    }[(reduce.kind, name)]().view(*rows.shape[:-1], 1, *kept_dims)
 
 
 def check_against_model(path: Path, atol: float = 1e-5) -> Analysis:
@@ -242,7 +246,6 @@ def test_linear_bias_relu_is_a_library_matmul_with_a_fused_epilogue():
     [
         ("sum_middle_dim", "aten.sum", "dim 1"),
         ("cross_entropy", "aten.nll_loss_forward", "no template"),
-        ("group_norm", "aten.native_group_norm", "no template"),
     ],
 )
 def test_unsupported_ops_are_named(name, op, reason):
@@ -250,6 +253,30 @@ def test_unsupported_ops_are_named(name, op, reason):
     assert not analysis.supported
     blockers = analysis.blockers()
     assert blockers.startswith("Not supported by the built-in policy: ") and op in blockers and reason in blockers
+
+
+def test_group_norm_is_one_welford_row_kernel_per_sample_and_group():
+    group = only_group(analysed(EXAMPLES / "group_norm.py"))
+    assert [r.kind for r in group.reduces()] == ["welford"] and not group.per_row
+    assert (group.rows, group.row_length) == (32 * 32, 8 * 64 * 64)  # a group: 8 channels x 64x64, contiguous in NCHW
+    assert group.shape == (32, 32, 8, 64, 64) and group.row_dims == 3  # C split into groups x channels per group
+    strides = {group.tensors[a.tensor].name: a.strides for a in group.accesses}
+    assert strides["norm.weight"] == strides["norm.bias"] == (0, 8, 1, 0, 0)  # channel = group * 8 + channel in group
+
+
+def test_group_norm_weight_is_one_load_per_vector_along_contiguous_rows():
+    group = only_group(analysed(EXAMPLES / "group_norm.py"))
+    layout = row_layout(group)
+    assert layout.shape == (32, 32, 8, 4096) and layout.row_dims == 2 and layout.vec == 4  # H and W merged
+    x, weight, bias = range(3)
+    assert not layout.vector_broadcast(x) and layout.vector_broadcast(weight) and layout.vector_broadcast(bias)
+    assert column_terms(layout, x) == [{"size": 32768, "stride": 1, "last": True}]
+    assert offset_from_terms(4096 * 5 + 17, 0, column_terms(layout, weight)) == 5  # column -> channel in group
+
+
+def test_group_norm_silu_fuses_the_epilogue():
+    group = only_group(analysed(EXAMPLES / "group_norm_silu.py"))
+    assert group.ops == ["aten.native_group_norm", "aten.silu"] and group.row_length == 20 * 32 * 32
 
 
 def test_cross_entropy_still_fuses_its_log_softmax():
@@ -310,6 +337,38 @@ SMALL_PROBLEMS = {
         "def forward(self, x, y):\n    return F.layer_norm(F.gelu(x) + y, (16,))",
         "torch.randn(4, 16), torch.randn(4, 16)",
     ),
+    "group_norm": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(2, 12, 5, 6) * 3 + 1",
+        "self.norm = nn.GroupNorm(4, 12)\nwith torch.no_grad():\n    self.norm.weight.uniform_(0.5, 1.5)\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "group_norm_without_affine": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(3, 6, 4, 4) + 2",
+        "self.norm = nn.GroupNorm(3, 6, affine=False)",
+    ),
+    "group_norm_one_channel_per_group": (
+        "def forward(self, x):\n    return F.group_norm(x, 5, self.weight)",
+        "torch.randn(2, 5, 3, 7)",
+        "self.weight = nn.Parameter(torch.rand(5) + 0.5)",
+    ),
+    "group_norm_of_vectors": ("def forward(self, x):\n    return F.group_norm(x, 4)", "torch.randn(6, 16)"),
+    "prologue_group_norm_silu_residual": (
+        "def forward(self, x, r):\n    return F.silu(self.norm(x * 2 + 1)) + r",
+        "torch.randn(2, 8, 3, 4), torch.randn(2, 8, 3, 4)",
+        "self.norm = nn.GroupNorm(2, 8)\nwith torch.no_grad():\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "group_norm_statistics": (
+        (
+            "def forward(self, x):\n    out, mean, rstd = torch.native_group_norm(x, None, None, 2, 8, 9, 4, 1e-5)\n"
+            "    return out, mean, rstd * 2"
+        ),
+        "torch.randn(2, 8, 3, 3) * 4",
+    ),
+    "layernorm_then_group_norm": (
+        "def forward(self, x):\n    return F.group_norm(F.layer_norm(x, (6,)), 2)",
+        "torch.randn(2, 4, 5, 6)",
+    ),
     "returns_its_input_and_a_view": (
         "def forward(self, x):\n    return x, x.sum(-1).view(2, 3)",
         "torch.randn(6, 4)",
@@ -338,8 +397,12 @@ class Model(nn.Module):
             self.norm.bias.uniform_(-1, 1)
         self.scale = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
         self.shift = nn.Parameter(torch.randn(4, 1, 1))
+        self.group_norm = nn.GroupNorm(3, 12)
+        with torch.no_grad():
+            self.group_norm.weight.uniform_(0.5, 1.5)
+            self.group_norm.bias.uniform_(-1, 1)
 
-    def forward(self, x, odd, wide, img, half, tiny):
+    def forward(self, x, odd, wide, img, half, tiny, maps):
         return (
             torch.softmax(x * 5, dim=-1),  # rows cached in registers
             F.log_softmax(odd, dim=1),  # a row length with no vectors (37)
@@ -357,6 +420,7 @@ class Model(nn.Module):
             F.gelu(half, approximate="tanh") * half,  # bf16 elementwise
             torch.softmax(half, dim=-1),  # bf16 rows
             tiny * torch.sigmoid(tiny),  # a scalar tail after the vectors
+            F.silu(self.group_norm(maps)) + maps,  # rows of 4 channels x 7x7: no vectors, a weight per channel
         )
 
 
@@ -368,6 +432,7 @@ def get_inputs():
         torch.randn(2, 4, 3, 5),
         torch.randn(40, 512, dtype=torch.bfloat16),
         torch.randn(5, 7),
+        torch.randn(2, 12, 7, 7),
     ]
 
 
@@ -385,12 +450,25 @@ def zoo_problem(folder: Path) -> Path:
 def test_zoo_of_layouts_computes_what_the_model_computes(tmp_path):
     analysis = check_against_model(zoo_problem(tmp_path), atol=1e-2)  # bf16 outputs round
     kinds = [g.kind for g in analysis.groups]
-    assert len(kinds) == 16 and kinds.count("elementwise") == 5
+    assert len(kinds) == 17 and kinds.count("elementwise") == 5
 
 
 @pytest.mark.parametrize("name", sorted(SMALL_PROBLEMS))
 def test_groups_compute_what_the_model_computes(tmp_path, name):
     check_against_model(small_problem(tmp_path, name))
+
+
+def test_group_norm_epilogue_reads_the_residual_split_into_groups(tmp_path):
+    group = only_group(analysed(small_problem(tmp_path, "prologue_group_norm_silu_residual")))
+    assert group.shape == (2, 2, 4, 3, 4) and group.ops[-2:] == ["aten.silu", "aten.add"]
+    strides = {group.tensors[a.tensor].name: a.strides for a in group.accesses}
+    assert strides["r"] == strides["x"] == (96, 48, 12, 4, 1)
+
+
+def test_group_norm_statistics_are_one_value_per_row(tmp_path):
+    analysis = analysed(small_problem(tmp_path, "group_norm_statistics"))
+    assert [(g.kind, g.per_row) for g in analysis.groups] == [("row", False), ("row", True), ("row", True)]
+    assert [g.output.shape for g in analysis.groups] == [(2, 8, 3, 3), (2, 4), (2, 4)]
 
 
 def test_a_second_level_statistic_reads_the_first(tmp_path):
@@ -565,6 +643,26 @@ def test_streamed_row_candidates_compile(tmp_path):
     (group,) = analysed(EXAMPLES / "softmax_long_rows.py").groups
     for config in launch_candidates(group):
         compile_cu(render_kernel(group, config).content, tmp_path)
+
+
+def test_group_norm_rows_are_cached_and_read_once():
+    source = render_kernel(*_first(analysed(EXAMPLES / "group_norm.py"))).content
+    assert "cached in registers" in source and "constexpr int kThreadsPerRow = 1024;" in source
+    assert "load_elements<VEC, true>(row1 + column_offset1(col), v1);" in source  # one weight load per vector
+
+
+@pytest.mark.cuda_build
+def test_group_norm_silu_workspace_builds(tmp_path):
+    from kernelpilot.build import build_workspace
+    from kernelpilot.workspace import init_workspace
+
+    ws, _ = init_workspace(EXAMPLES / "group_norm_silu.py", tmp_path / "ws")
+    problem = ws.problem()
+    for file in render_all(problem, analyze(problem)):
+        (ws.root / file.path).write_text(file.content)
+    result = build_workspace(ws.root, arch="9.0")
+    assert result.ok, result.log[-3000:]
+    assert any("policy_g0_kernel" in kernel.kernel and kernel.spill_stores == 0 for kernel in result.resources)
 
 
 @pytest.mark.cuda_build

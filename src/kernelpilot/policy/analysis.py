@@ -6,6 +6,10 @@ reductions along the last dimension become `Reduce` nodes inside those expressio
 prologue, reductions and epilogue is one kernel. A value is written to memory ("materialised" into a `Group`)
 only where it must be: a forward output, the input of a matrix op (a "library" group: cuBLAS/cuDNN territory,
 not generated here) or of an op the policy has no template for (listed in `Analysis.unsupported`).
+
+A row may span several trailing dims of a kernel's iteration shape: group norm iterates over (N, G, C/G, H, W)
+and reduces each (sample, group) over the last three, while the tensors around it are indexed over (N, C, H, W),
+a shape that the iteration shape splits (C into G, C/G).
 """
 
 from __future__ import annotations
@@ -128,11 +132,17 @@ class Call:
 
 @dataclass(frozen=True)
 class Reduce:
-    """A statistic of `value` over each row (the last dim of `shape`)."""
+    """A statistic of `value` over each row (the last `dims` dims of `shape`)."""
 
     kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
     value: Expr
     shape: tuple[int, ...]
+    dims: int = 1
+
+    @property
+    def space(self) -> tuple[tuple[int, ...], int]:
+        """The iteration shape and how many trailing dims of it form a row: statistics sharing it share a kernel."""
+        return self.shape, self.dims
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,7 @@ class Group:
     accesses: list[Access] = field(default_factory=list)
     loads: dict[Load, int] = field(default_factory=dict)  # Load -> index into accesses
     per_row: bool = False  # a row group writing one value per row
+    row_dims: int = 1  # how many trailing dims of `shape` one row spans
 
     @property
     def generated(self) -> bool:
@@ -197,11 +208,11 @@ class Group:
 
     @property
     def rows(self) -> int:
-        return math.prod(self.shape[:-1]) if self.shape else 1
+        return math.prod(self.shape[: -self.row_dims]) if self.shape else 1
 
     @property
     def row_length(self) -> int:
-        return self.shape[-1] if self.shape else 1
+        return math.prod(self.shape[-self.row_dims :]) if self.shape else 1
 
     def reduces(self) -> list[Reduce]:
         """The row statistics in the expression, each once, inner ones first."""
@@ -376,7 +387,7 @@ class _GroupBuilder:
             shape = tuple(node.meta["val"].shape)
             name = _op_name(target)
             reduces = walk_reduces(value.expr)
-            broadcast_fits = not reduces or _fits_rows(shape, False, reduces[0].shape)
+            broadcast_fits = not reduces or _fits_rows(shape, False, reduces[0])
             if name in ("alias", "detach") or (name == "expand" and not value.rows and broadcast_fits):
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
             if value.rows and shape == value.shape + (1,):
@@ -425,18 +436,19 @@ class _GroupBuilder:
 
     def _group_of(self, value: Value) -> Group:
         reduces = walk_reduces(value.expr)
-        row_shapes = {reduce.shape for reduce in reduces}
-        if len(row_shapes) > 1:
+        if len({reduce.space for reduce in reduces}) > 1:
             raise _NotFusible("reductions over rows of different shapes in one expression")
+        row_dims = 1
         if reduces:
-            (shape,) = row_shapes
-            if not _fits_rows(value.shape, value.rows, shape):
+            if not _fits_rows(value.shape, value.rows, reduces[0]):
                 raise _NotFusible("a row reduction broadcast to a different shape")
-            kind, per_row = "row", value.rows or value.shape != shape
+            shape, row_dims = reduces[0].space
+            kind, per_row = "row", value.rows or not _splits(value.shape, shape)
         else:
             kind, shape, per_row = "elementwise", value.shape, False
         output = Source("group", f"g{len(self.groups)}", value.shape, value.dtype)
-        group = Group(output.name, kind, list(value.ops), [], output, shape=shape, expr=value.expr, per_row=per_row)
+        group = Group(output.name, kind, list(value.ops), [], output, shape, value.expr, per_row=per_row,
+                      row_dims=row_dims)  # fmt: skip
         _resolve_accesses(group)
         if not group.tensors:
             raise _NotFusible("an output that reads no tensor")
@@ -458,7 +470,7 @@ class _Ops:
     def __init__(self, builder: _GroupBuilder, node: Any, args: list, kwargs: dict):
         self.builder, self.node, self.args, self.kwargs = builder, node, args, kwargs
         value = node.meta.get("val")
-        if isinstance(value, (tuple, list)):  # native_layer_norm: (output, mean, rstd)
+        if isinstance(value, (tuple, list)):  # native_layer_norm, native_group_norm: (output, mean, rstd)
             value = value[0]
         self.shape = tuple(value.shape) if hasattr(value, "shape") else ()
         self.dtype = _dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
@@ -494,16 +506,16 @@ class _Ops:
 
     def _separate_row_groups(self, operands: list) -> list:
         """Materialise operands whose reductions cannot share a kernel with the others or with this shape."""
-        kept_shape = None
+        kept_space = None
         result = []
         for item in operands:
             if isinstance(item, Value) and walk_reduces(item.expr):
-                shape = walk_reduces(item.expr)[0].shape
-                fits = kept_shape in (None, shape) and _fits_rows(self.shape, item.rows, shape)
+                reduce = walk_reduces(item.expr)[0]
+                fits = kept_space in (None, reduce.space) and _fits_rows(self.shape, item.rows, reduce)
                 if not fits:
                     item = self.builder.materialise(item)
                 else:
-                    kept_shape = shape
+                    kept_space = reduce.space
             result.append(item)
         return result
 
@@ -538,7 +550,8 @@ class _Ops:
     def row_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
         """The reduced argument as an expression over rows (its last dim), with its shape and ops."""
         item = self.args[0]
-        if isinstance(item, Value) and (item.rows or (walk_reduces(item.expr) and walk_reduces(item.expr)[0].shape != item.shape)):
+        reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
+        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1))):
             item = self.builder.materialise(item)
         if isinstance(item, Leaf):
             self._check_dtype(item.source.dtype)
@@ -663,6 +676,42 @@ def _layer_norm(o: _Ops) -> tuple:
     )
 
 
+def _group_norm(o: _Ops) -> tuple:
+    """One row per (sample, group): in NCHW the C/G channels x H*W positions of a group are contiguous."""
+    item, weight, bias, batch, channels, _, groups, eps = o.args
+    if isinstance(item, Value) and walk_reduces(item.expr):
+        o.args[0] = o.builder.materialise(item)  # its statistics run over other rows than the groups'
+    expr, shape, ops = o.row_input()
+    spatial = shape[2:]
+    rows_shape = (batch, groups, channels // groups) + spatial  # splits C of (N, C, *spatial) into (G, C/G)
+    length = math.prod(rows_shape[2:])
+    if not 0 < length < 2**31:  # columns are 32-bit in the kernels
+        raise _NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
+    stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
+    mean = Field(stat, "mean")
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
+    result = Call("mul", (Call("sub", (expr, mean)), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:
+            result = Call(op, (result, _per_channel(o, operand, len(spatial))))
+    op = f"aten.{_op_name(o.node.target)}"
+    _, mean_meta, rstd_meta = o.node.meta["val"]
+    return (
+        Value(result, shape, o.dtype, ops + (op,)),
+        Value(mean, (batch, groups), _dtype_name(mean_meta.dtype), ops + (op,), rows=True),
+        Value(rstd, (batch, groups), _dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
+    )
+
+
+def _per_channel(o: _Ops, operand: Any, spatial_dims: int) -> Expr:
+    """A (C,) weight or bias as an expression over (N, C, *spatial): viewed as (C, 1, ...) to broadcast."""
+    leaf = o.builder.materialise(operand) if isinstance(operand, Value) else operand
+    if not isinstance(leaf, Leaf):
+        raise _NotFusible("an affine parameter is the result of an unsupported op")
+    padding = (1,) * spatial_dims
+    return o._expr(Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset), False)
+
+
 def _divide_by_length(total: Field, length: int) -> Expr:
     return Call("mul", (total, Const(1.0 / length)))
 
@@ -679,6 +728,7 @@ _REDUCTIONS = {
     "_softmax": lambda o: _softmax(o, log=False),
     "_log_softmax": lambda o: _softmax(o, log=True),
     "native_layer_norm": _layer_norm,
+    "native_group_norm": _group_norm,
 }
 
 
@@ -761,13 +811,40 @@ def _resolve_accesses(group: Group) -> None:
 
 
 def _strides_in(load: Load, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
-    """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`."""
+    """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`,
+    which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W))."""
     leaf = load.leaf
     use_strides = _broadcast_strides(leaf.shape, leaf.strides, load.use_shape)
     use_shape = load.use_shape
-    if load.rows:
-        use_shape, use_strides = use_shape + (1,), use_strides + (0,)
-    return _broadcast_strides(use_shape, use_strides, shape), leaf.offset
+    if load.rows:  # a keepdim=False result: its row dims come back as size-1 dims
+        row_dims = len(shape) - len(use_shape)
+        use_shape, use_strides = use_shape + (1,) * row_dims, use_strides + (0,) * row_dims
+    split = _split_strides(use_shape, use_strides, shape) if math.prod(use_shape) == math.prod(shape) else None
+    return split if split is not None else _broadcast_strides(use_shape, use_strides, shape), leaf.offset
+
+
+def _split_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides over `target` of a (shape, strides) view when `target` only splits its dims into consecutive
+    factors (C into G, C/G; size-1 dims aside), or None when it does not."""
+    dims = iter([(size, stride) for size, stride in zip(shape, strides) if size != 1])
+    result: list[int] = []
+    remaining, stride = 1, 0
+    for size in target:
+        if size == 1:
+            result.append(0)
+            continue
+        if remaining == 1:
+            remaining, stride = next(dims, (1, 0))
+        if remaining % size:
+            return None
+        remaining //= size
+        result.append(stride * remaining)
+    return tuple(result) if remaining == 1 and next(dims, None) is None else None
+
+
+def _splits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """True when `target` is `shape` with some dims split into consecutive factors (or `shape` itself)."""
+    return _split_strides(shape, _contiguous_strides(shape), target) is not None
 
 
 def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
@@ -832,11 +909,13 @@ def _to_full(expr: Expr) -> Expr:
     return expr
 
 
-def _fits_rows(shape: tuple[int, ...], rows: bool, row_shape: tuple[int, ...]) -> bool:
-    """True when a value of `shape` can be computed in a kernel iterating over `row_shape`."""
+def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce) -> bool:
+    """True when a value of `shape` can be computed in the kernel of `reduce`: one number per element of its
+    iteration shape (or of a shape that one splits), or one per row."""
+    outer = reduce.shape[: -reduce.dims]
     if rows:
-        return shape == row_shape[:-1]
-    return shape in (row_shape, row_shape[:-1] + (1,))
+        return shape == outer
+    return shape == outer + (1,) * reduce.dims or _splits(shape, reduce.shape)
 
 
 def _lookup(arg: Any, env: dict) -> Any:

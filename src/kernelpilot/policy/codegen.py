@@ -41,6 +41,10 @@ ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 VECTOR_BYTES = 16
 # Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
 REGISTER_BUDGET = 64
+# A block's threads share an SM's 65536 registers (1024 threads: 64 each), and each thread needs about this many
+# besides its cached row (pointers, indices, statistics, the epilogue's temporaries) to run without spilling.
+REGISTERS_PER_BLOCK = 65536
+REGISTER_RESERVE = 32
 # Bytes of a row one block may cache in shared memory (an H100 block may opt into 227 KB; the reductions' own
 # shared memory needs a little), and the most blocks that may share a row: the portable thread block cluster size.
 SHARED_CACHE_BYTES = 192 * 1024
@@ -111,12 +115,25 @@ def launcher_name(group: Group) -> str:
 
 @dataclass
 class _Layout:
-    """A group's iteration space after merging dims, each access's strides over it, and the vector width."""
+    """A group's iteration space after merging dims, each access's strides over it, and the vector width.
+
+    In a row group's layout the last `row_dims` dims are the row (several where an access needs them apart, like
+    group norm's weight, one per channel of C/G x H*W); a vector never crosses the innermost of them.
+    """
 
     shape: tuple[int, ...]
     strides: list[tuple[int, ...]]
     offsets: list[int]
     vec: int
+    row_dims: int = 0
+
+    def along_row(self, index: int) -> bool:
+        """True when access `index` moves along the row (an element access), False when it is one value per row."""
+        return any(self.strides[index][len(self.shape) - self.row_dims :])
+
+    def vector_broadcast(self, index: int) -> bool:
+        """True when an element access is constant along the innermost row dim: one load serves a whole vector."""
+        return self.along_row(index) and self.strides[index][-1] == 0
 
 
 def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
@@ -157,19 +174,33 @@ def elementwise_layout(group: Group) -> _Layout:
 
 
 def row_layout(group: Group) -> _Layout:
-    outer, outer_strides = _merge_dims(group.shape[:-1], [a.strides[:-1] for a in group.accesses])
-    length = group.row_length
-    strides = [o + (a.strides[-1],) for o, a in zip(outer_strides, group.accesses)]
+    split = len(group.shape) - group.row_dims
+    outer, outer_strides = _merge_dims(group.shape[:split], [a.strides[:split] for a in group.accesses])
+    row, row_strides = _merge_dims(group.shape[split:], [a.strides[split:] for a in group.accesses])
+    if not row:  # rows of one element
+        row, row_strides = (1,), [(0,) for _ in group.accesses]
+    strides = [o + r for o, r in zip(outer_strides, row_strides)]
     offsets = [a.offset for a in group.accesses]
-    element = [i for i, s in enumerate(strides) if s[-1] != 0]
-    dtypes = [group.tensors[group.accesses[i].tensor].dtype for i in element]
-    vec = _vector_width(dtypes + ([] if group.per_row else [group.output.dtype]))
+    layout = _Layout(outer + row, strides, offsets, 1, len(row))
+    element = [i for i in range(len(strides)) if layout.along_row(i)]
+    vectors = [i for i in element if not layout.vector_broadcast(i)]
+    dtypes = [group.tensors[group.accesses[i].tensor].dtype for i in vectors]
+    dtypes += [] if group.per_row else [group.output.dtype]
+    vec = _vector_width(dtypes) if dtypes else 1
     fits = (
-        length % vec == 0
-        and all(strides[i][-1] == 1 for i in element)
-        and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in element)
+        row[-1] % vec == 0
+        and all(strides[i][-1] in (0, 1) for i in element)
+        and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in vectors)
     )
-    return _Layout(outer + (length,), strides, offsets, vec if fits else 1)
+    layout.vec = vec if fits else 1
+    return layout
+
+
+def column_terms(layout: _Layout, index: int) -> list[dict[str, Any]]:
+    """Offset terms of access `index` for a column (a flat index over the row dims), its own dims merged."""
+    row = layout.shape[len(layout.shape) - layout.row_dims :]
+    sizes, (strides,) = _merge_dims(row, [layout.strides[index][len(layout.shape) - layout.row_dims :]])
+    return index_terms(sizes, strides)
 
 
 def index_terms(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -214,7 +245,9 @@ def _cached(group: Group, layout: _Layout, config: LaunchConfig) -> bool:
     if config.shared_blocks:
         return False
     vectors_per_thread = math.ceil(group.row_length // layout.vec / config.threads)
-    return vectors_per_thread * layout.vec * len(_stat_accesses(group, layout)) <= REGISTER_BUDGET
+    block_threads = config.threads * (config.rows_per_block or 1)
+    budget = min(REGISTER_BUDGET, REGISTERS_PER_BLOCK // block_threads - REGISTER_RESERVE)
+    return vectors_per_thread * layout.vec * len(_stat_accesses(group, layout)) <= budget
 
 
 def _shared_config(group: Group, layout: _Layout) -> LaunchConfig | None:
@@ -236,7 +269,7 @@ def _shared_config(group: Group, layout: _Layout) -> LaunchConfig | None:
 
 def _passes(group: Group, layout: _Layout) -> dict[int, int]:
     """How many passes over the row (one per statistics level, one for the output) read each access."""
-    program = _RowProgram(group, {i for i, strides in enumerate(layout.strides) if strides[-1] != 0})
+    program = _RowProgram(group, {i for i in range(len(layout.strides)) if layout.along_row(i)})
     counts: dict[int, int] = {}
     for accesses in [level["accesses"] for level in program.levels] + [program.output["accesses"]]:
         for index in accesses:
@@ -428,7 +461,7 @@ def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
 def _stat_accesses(group: Group, layout: _Layout) -> list[int]:
     """Element accesses (those varying along the row) that some row statistic reads."""
     indices = {group.loads[load] for reduce in group.reduces() for load in _element_loads(reduce.value)}
-    return sorted(i for i in indices if layout.strides[i][-1] != 0)
+    return sorted(i for i in indices if layout.along_row(i))
 
 
 def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
@@ -437,6 +470,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     shared = config.shared_blocks > 0
     stat_accesses = set(_stat_accesses(group, layout))
     span = group.row_length // max(config.shared_blocks, 1)
+    outer_dims = len(layout.shape) - layout.row_dims
     accesses = []
     for i, access in enumerate(group.accesses):
         accesses.append(
@@ -444,18 +478,20 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "index": i,
                 "tensor": access.tensor,
                 "ctype": CTYPES[group.tensors[access.tensor].dtype],
-                "col_stride": layout.strides[i][-1],
+                "along_row": layout.along_row(i),
+                "broadcast": layout.vector_broadcast(i),
                 "cached": cached and i in stat_accesses,
                 "shared": shared and i in stat_accesses,
                 "cache_offset": sorted(stat_accesses).index(i) * span if shared and i in stat_accesses else 0,
                 "offset": layout.offsets[i],
-                "terms": index_terms(layout.shape[:-1], layout.strides[i][:-1]),
+                "terms": index_terms(layout.shape[:outer_dims], layout.strides[i][:outer_dims]),
+                "column_terms": column_terms(layout, i),
                 "comment": _access_comment(group, i, layout, "rows x row elements"),
             }
         )
-    element = [a for a in accesses if a["col_stride"] != 0]
+    element = [a for a in accesses if a["along_row"]]
     program = _RowProgram(group, {a["index"] for a in element})
-    vector_tensors = {a["tensor"] for a in element} if layout.vec > 1 else set()
+    vector_tensors = {a["tensor"] for a in element if not a["broadcast"]} if layout.vec > 1 else set()
     return {
         "description": group.describe(),
         "config": config,
@@ -470,7 +506,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "cache_bytes": span * 4 * len(stat_accesses) if shared else 0,
         "all_accesses": accesses,
         "element_accesses": element,
-        "row_accesses": [a for a in accesses if a["col_stride"] == 0],
+        "row_accesses": [a for a in accesses if not a["along_row"]],
         "levels": [{**level, "accesses": [accesses[i] for i in level["accesses"]]} for level in program.levels],
         "max_slots": max(sum(len(s["fields"]) for s in level["stats"]) for level in program.levels),
         "stat_summary": ", ".join(dict.fromkeys(STAT_WORDS[r.kind] for r in group.reduces())),
