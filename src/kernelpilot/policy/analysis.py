@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 # Dtypes a generated kernel reads and writes (computing in float32 in between).
 KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
+# Dtypes a kernel only reads: int64 class targets, gathered from as integers and otherwise converted to float as
+# torch's `.float()` does (exact below 2^24).
+READ_ONLY_DTYPES = ("int64",)
 LIBRARY_OPS = frozenset(
     {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution", "conv2d", "einsum"}
 )
@@ -153,7 +156,23 @@ class Field:
     name: str
 
 
-Expr = Union[Load, Const, Call, Reduce, Field]
+@dataclass(frozen=True)
+class Gather:
+    """`value`, an expression over rows (the last dim of `shape`), at one column per row: `index`, the row's int64
+    target (nll_loss). Rows whose target is `ignore` give 0, as nll_loss's ignore_index does."""
+
+    value: Expr
+    index: Load
+    ignore: int
+    shape: tuple[int, ...]
+    dims = 1  # rows are the last dim, as a Reduce's `dims`
+
+    @property
+    def space(self) -> tuple[tuple[int, ...], int]:
+        return self.shape, self.dims
+
+
+Expr = Union[Load, Const, Call, Reduce, Field, Gather]
 STAT_FIELDS = {
     "sum": ("sum",),
     "max": ("max",),
@@ -435,14 +454,16 @@ class _GroupBuilder:
         return leaf
 
     def _group_of(self, value: Value) -> Group:
-        reduces = walk_reduces(value.expr)
-        if len({reduce.space for reduce in reduces}) > 1:
+        if value.dtype not in KERNEL_DTYPES:
+            raise _NotFusible(f"writes {value.dtype} values")
+        row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
+        if len({node.space for node in row_nodes}) > 1:
             raise _NotFusible("reductions over rows of different shapes in one expression")
         row_dims = 1
-        if reduces:
-            if not _fits_rows(value.shape, value.rows, reduces[0]):
+        if row_nodes:
+            if not _fits_rows(value.shape, value.rows, row_nodes[0]):
                 raise _NotFusible("a row reduction broadcast to a different shape")
-            shape, row_dims = reduces[0].space
+            shape, row_dims = row_nodes[0].space
             kind, per_row = "row", value.rows or not _splits(value.shape, shape)
         else:
             kind, shape, per_row = "elementwise", value.shape, False
@@ -536,7 +557,7 @@ class _Ops:
         raise _NotFusible(f"an argument of type {type(item).__name__}")
 
     def _check_dtype(self, dtype: str) -> None:
-        if dtype not in KERNEL_DTYPES:
+        if dtype not in KERNEL_DTYPES + READ_ONLY_DTYPES:
             raise _NotFusible(f"reads a {dtype} tensor")
 
     def _constant(self, name: str) -> Value:
@@ -712,6 +733,46 @@ def _per_channel(o: _Ops, operand: Any, spatial_dims: int) -> Expr:
     return o._expr(Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset), False)
 
 
+# nll_loss_forward's reduction argument (at::Reduction); 1 is 'mean'.
+_REDUCTION_NONE, _REDUCTION_SUM = 0, 2
+
+
+def _nll_loss(o: _Ops) -> tuple[Value, Value]:
+    """nll_loss_forward(log_probs, target, weight, reduction, ignore_index) -> (loss, total_weight).
+
+    Each row's loss is minus its (weighted) log-probability at the target column, a `Gather`, so the log_softmax
+    feeding it is never written: one row kernel reads the logits once. 'sum' and 'mean' reduce the row losses (and,
+    for 'mean', the row weights) to a scalar in a second, one-row kernel: a few microseconds for 10^4 rows.
+    """
+    _, target, weight, reduction, ignore_index = o.args
+    log_probs, shape, ops = o.row_input()
+    if len(shape) != 2:
+        raise _NotFusible(f"a {len(shape)}-d input; only (batch, classes) log-probabilities are generated")
+    if not (isinstance(target, Leaf) and target.source.dtype == "int64"):
+        raise _NotFusible("targets that are not an int64 tensor read from memory")
+    if weight is not None and not isinstance(weight, Leaf):
+        raise _NotFusible("class weights computed in forward")
+    if max(abs(ignore_index), shape[-1]) >= 2**24:
+        raise _NotFusible("an ignore_index or class count of 2^24 or more (targets are counted as floats)")
+    op = f"aten.{_op_name(o.node.target)}"
+    rows = shape[:-1]
+    index = Load(target, rows, rows=True)
+    class_weight = None if weight is None else Load(weight, shape)
+    loss = Call("neg", (log_probs,)) if class_weight is None else Call("neg", (Call("mul", (class_weight, log_probs)),))
+    row_losses = Value(Gather(loss, index, ignore_index, shape), rows, o.dtype, ops + (op,), rows=True)
+    if reduction == _REDUCTION_NONE:
+        return row_losses, Value(Const(0.0), (), o.dtype, (op,))
+    total = Field(Reduce("sum", Load(o.builder.materialise(row_losses), rows), rows), "sum")
+    if class_weight is None:
+        row_weights: Expr = Call("ne", (Load(target, rows), Const(float(ignore_index))))
+    else:
+        weights = Value(Gather(class_weight, index, ignore_index, shape), rows, o.dtype, (op,), rows=True)
+        row_weights = Load(o.builder.materialise(weights), rows)
+    total_weight = Field(Reduce("sum", row_weights, rows), "sum")
+    result = total if reduction == _REDUCTION_SUM else Call("div", (total, total_weight))
+    return Value(result, (), o.dtype, (op,), rows=True), Value(total_weight, (), o.dtype, (op,), rows=True)
+
+
 def _divide_by_length(total: Field, length: int) -> Expr:
     return Call("mul", (total, Const(1.0 / length)))
 
@@ -729,6 +790,7 @@ _REDUCTIONS = {
     "_log_softmax": lambda o: _softmax(o, log=True),
     "native_layer_norm": _layer_norm,
     "native_group_norm": _group_norm,
+    "nll_loss_forward": _nll_loss,
 }
 
 
@@ -880,6 +942,9 @@ def walk(expr: Expr | None) -> list[Expr]:
             visit(node.value)
         elif isinstance(node, Field):
             visit(node.reduce)
+        elif isinstance(node, Gather):
+            visit(node.value)
+            visit(node.index)
         seen[node] = None
 
     if expr is not None:

@@ -12,6 +12,7 @@ import itertools
 import keyword
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from kernelpilot.policy.analysis import (
     Const,
     Expr,
     Field,
+    Gather,
     Group,
     Leaf,
     Load,
@@ -35,9 +37,10 @@ from kernelpilot.resources import template_environment
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
 
-CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "bool": "bool"}
-SCALAR_TYPES = {"float32": "torch::kFloat32", "float16": "torch::kFloat16", "bfloat16": "torch::kBFloat16", "bool": "torch::kBool"}
-ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "bool": "bool", "int64": "int64_t"}
+SCALAR_TYPES = {"float32": "torch::kFloat32", "float16": "torch::kFloat16", "bfloat16": "torch::kBFloat16",
+                "bool": "torch::kBool", "int64": "torch::kInt64"}  # fmt: skip
+ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int64": 8}
 VECTOR_BYTES = 16
 # Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
 REGISTER_BUDGET = 64
@@ -225,6 +228,9 @@ def launch_candidates(group: Group) -> list[LaunchConfig]:
     vectors = group.row_length // layout.vec
     # About four vectors per thread; a warp-sized or smaller team for short rows, a whole block for long ones.
     preferred = min(1024, max(4, _next_power_of_two(math.ceil(vectors / 4))))
+    if not group.reduces():
+        preferred = 32  # no statistics: a row is read at its gathered column only, by one thread
+
     teams = dict.fromkeys(t for t in (preferred, preferred // 2, preferred * 2) if 4 <= t <= 1024)
     candidates = [_row_config(group, layout, threads, items=4) for threads in teams]
     if not _cached(group, layout, candidates[0]):
@@ -269,7 +275,7 @@ def _shared_config(group: Group, layout: _Layout) -> LaunchConfig | None:
 
 def _passes(group: Group, layout: _Layout) -> dict[int, int]:
     """How many passes over the row (one per statistics level, one for the output) read each access."""
-    program = _RowProgram(group, {i for i in range(len(layout.strides)) if layout.along_row(i)})
+    program = _RowProgram(group, layout, {i for i in range(len(layout.strides)) if layout.along_row(i)})
     counts: dict[int, int] = {}
     for accesses in [level["accesses"] for level in program.levels] + [program.output["accesses"]]:
         for index in accesses:
@@ -283,26 +289,64 @@ def _next_power_of_two(n: int) -> int:
 
 # ------------------------------------------------------------------------------------ C expressions
 
+# The statements of a Gather (gather_column is defined in row.cu.j2): its column, each load varying along the row
+# read at that column, and the result, 0 for a row whose target is the ignored index.
+GATHER_C = {
+    "column": "const int64_t {name} = gather_column({index});",
+    "load": "const float {name} = to_float(row{access}[{column} * {stride}]);",
+    "select": "const float {name} = {index} == {ignore} ? 0.0f : {value};",
+}
+# Renders one load of a gathered expression at a column (by its name): the statement, or None for a load that
+# does not vary along the row (already named).
+GatheredLoad = Callable[[Load, str, str], "str | None"]
+
 
 class _Emitter:
-    """Writes expressions as `const float` statements, each distinct node once."""
+    """Writes expressions as `const float` statements, each distinct node once.
 
-    def __init__(self, names: dict[Expr, str], counter: itertools.count):
+    `gathered` renders the loads of a Gather's value (row kernels only, where the row pointers exist).
+    """
+
+    def __init__(self, names: dict[Expr, str], counter: itertools.count, gathered: GatheredLoad | None = None,
+                 lines: list[str] | None = None):  # fmt: skip
         self.names = dict(names)
         self.counter = counter
-        self.lines: list[str] = []
+        self.gathered = gathered
+        self.lines: list[str] = [] if lines is None else lines
 
     def value(self, expr: Expr) -> str:
         if expr in self.names:
             return self.names[expr]
         if isinstance(expr, Const):
             return _literal(expr.value)
+        if isinstance(expr, Gather):
+            return self._gather(expr)
         if not isinstance(expr, Call):
             raise ValueError(f"no value for {type(expr).__name__} here")
         arguments = [self.value(arg) for arg in expr.args]
         name = f"t{next(self.counter)}"
         self.lines.append(f"const float {name} = {C_OPS[expr.op].format(*arguments)};")
         self.names[expr] = name
+        return name
+
+    def _gather(self, gather: Gather) -> str:
+        """The gathered value in statements of its own: its loads and nodes mean the target column only here."""
+        if self.gathered is None:
+            raise ValueError("a gather outside a row kernel")
+        index = self.value(gather.index)
+        column = f"c{next(self.counter)}"
+        self.lines.append(GATHER_C["column"].format(name=column, index=index))
+        names = dict(self.names)
+        for load in _element_loads(gather.value):
+            name = f"g{next(self.counter)}"
+            statement = self.gathered(load, name, column)
+            if statement is not None:
+                self.lines.append(statement)
+                names[load] = name
+        value = _Emitter(names, self.counter, self.gathered, self.lines).value(gather.value)
+        name = f"t{next(self.counter)}"
+        self.lines.append(GATHER_C["select"].format(name=name, index=index, ignore=gather.ignore, value=value))
+        self.names[gather] = name
         return name
 
 
@@ -410,9 +454,11 @@ def _tensor_context(group: Group, vector_tensors: set[int]) -> list[dict[str, An
     ]
 
 
-def _dtype_context(group: Group) -> dict[str, Any]:
-    """The dtypes a kernel converts from and to, so it defines only those conversions."""
-    return {"dtypes": {t.dtype for t in group.tensors}, "output_dtype": group.output.dtype}
+def _dtype_context(group: Group, integer_reads: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """The dtypes a kernel converts from and to, so it defines only those conversions. `integer_reads` are the
+    tensors it only reads as integers (class targets), which need no conversion."""
+    dtypes = {t.dtype for i, t in enumerate(group.tensors) if i not in integer_reads}
+    return {"dtypes": dtypes, "output_dtype": group.output.dtype}
 
 
 def _access_comment(group: Group, index: int, layout: _Layout, space: str) -> str:
@@ -480,6 +526,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "ctype": CTYPES[group.tensors[access.tensor].dtype],
                 "along_row": layout.along_row(i),
                 "broadcast": layout.vector_broadcast(i),
+                "integer": group.tensors[access.tensor].dtype == "int64",
                 "cached": cached and i in stat_accesses,
                 "shared": shared and i in stat_accesses,
                 "cache_offset": sorted(stat_accesses).index(i) * span if shared and i in stat_accesses else 0,
@@ -490,7 +537,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
             }
         )
     element = [a for a in accesses if a["along_row"]]
-    program = _RowProgram(group, {a["index"] for a in element})
+    program = _RowProgram(group, layout, {a["index"] for a in element})
     vector_tensors = {a["tensor"] for a in element if not a["broadcast"]} if layout.vec > 1 else set()
     return {
         "description": group.describe(),
@@ -504,11 +551,12 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "shared": shared,
         "cluster": max(config.shared_blocks, 1),
         "cache_bytes": span * 4 * len(stat_accesses) if shared else 0,
+        "rereads": len(program.levels) > 1 or not group.per_row,  # an uncached row is read once per pass
         "all_accesses": accesses,
         "element_accesses": element,
         "row_accesses": [a for a in accesses if not a["along_row"]],
         "levels": [{**level, "accesses": [accesses[i] for i in level["accesses"]]} for level in program.levels],
-        "max_slots": max(sum(len(s["fields"]) for s in level["stats"]) for level in program.levels),
+        "max_slots": max((sum(len(s["fields"]) for s in level["stats"]) for level in program.levels), default=0),
         "stat_summary": ", ".join(dict.fromkeys(STAT_WORDS[r.kind] for r in group.reduces())),
         "output": {**program.output, "accesses": [accesses[i] for i in program.output["accesses"]]},
         "per_row": group.per_row,
@@ -517,8 +565,15 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "tensors": _tensor_context(group, vector_tensors),
         "out_ctype": CTYPES[group.output.dtype],
         "stat_kinds": {reduce.kind for reduce in group.reduces()},
-        **_dtype_context(group),
+        "gathers": any(isinstance(node, Gather) for node in walk(group.expr)),
+        **_dtype_context(group, _integer_reads(accesses)),
     }
+
+
+def _integer_reads(accesses: list[dict[str, Any]]) -> frozenset[int]:
+    """Tensors a row kernel reads only as integers: int64 targets, one per row."""
+    read_as_floats = {a["tensor"] for a in accesses if not (a["integer"] and not a["along_row"])}
+    return frozenset({a["tensor"] for a in accesses} - read_as_floats)
 
 
 class _RowProgram:
@@ -528,8 +583,9 @@ class _RowProgram:
     one pass over the row (registers when cached) followed by one reduction.
     """
 
-    def __init__(self, group: Group, element_accesses: set[int]):
+    def __init__(self, group: Group, layout: _Layout, element_accesses: set[int]):
         self.group = group
+        self.layout = layout
         self.element_accesses = element_accesses
         self.counter = itertools.count()
         reduces = group.reduces()
@@ -540,11 +596,19 @@ class _RowProgram:
         for reduce, name in self.stat_names.items():
             for field_name in STAT_FIELDS[reduce.kind]:
                 row_names[Field(reduce, field_name)] = f"{name}_{field_name}"
-        self.row = _Emitter(row_names, self.counter)
+        self.row = _Emitter(row_names, self.counter, self._gathered_load)
         self._invariant: dict[Expr, bool] = {}
         levels = self._levels(reduces)
-        self.levels = [self._level(k, [r for r in reduces if levels[r] == k]) for k in range(max(levels.values()) + 1)]
+        count = max(levels.values(), default=-1) + 1  # none for a row read only at gathered columns
+        self.levels = [self._level(k, [r for r in reduces if levels[r] == k]) for k in range(count)]
         self.output = self._output()
+
+    def _gathered_load(self, load: Load, name: str, column: str) -> str | None:
+        index = self.group.loads[load]
+        if index not in self.element_accesses:
+            return None
+        stride = self.layout.strides[index][-1]
+        return GATHER_C["load"].format(name=name, access=index, column=column, stride=stride)
 
     def _levels(self, reduces: list[Reduce]) -> dict[Reduce, int]:
         levels: dict[Reduce, int] = {}
@@ -560,7 +624,7 @@ class _RowProgram:
             elif isinstance(expr, Call):
                 self._invariant[expr] = all(self._row_invariant(arg) for arg in expr.args)
             else:
-                self._invariant[expr] = isinstance(expr, (Const, Field))
+                self._invariant[expr] = isinstance(expr, (Const, Field, Gather))  # a Gather is one value per row
         return self._invariant[expr]
 
     def _hoist(self, expr: Expr) -> None:
