@@ -538,6 +538,10 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         )
     element = [a for a in accesses if a["along_row"]]
     program = _RowProgram(group, layout, {a["index"] for a in element})
+    # Shared-memory caches fill while the first pass reads them; those it does not read fill before it.
+    first_pass = set(program.levels[0]["accesses"]) if program.levels else set()
+    for a in accesses:
+        a["fill_in_level0"] = a["index"] in first_pass
     vector_tensors = {a["tensor"] for a in element if not a["broadcast"]} if layout.vec > 1 else set()
     return {
         "description": group.describe(),
@@ -556,6 +560,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "element_accesses": element,
         "row_accesses": [a for a in accesses if not a["along_row"]],
         "levels": [{**level, "accesses": [accesses[i] for i in level["accesses"]]} for level in program.levels],
+        "prefill": [a for a in element if a["shared"] and not a["fill_in_level0"]],
         "max_slots": max((sum(len(s["fields"]) for s in level["stats"]) for level in program.levels), default=0),
         "stat_summary": ", ".join(dict.fromkeys(STAT_WORDS[r.kind] for r in group.reduces())),
         "output": {**program.output, "accesses": [accesses[i] for i in program.output["accesses"]]},
