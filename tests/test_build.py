@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from kernelpilot import build
 from kernelpilot.build import (
     _toolkit_of,
     build_workspace,
+    find_cublaslt,
     load_extension,
     parse_diagnostics,
     parse_ptxas,
@@ -255,6 +257,26 @@ def test_cuda_home_pointing_nowhere_is_a_build_error(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     with pytest.raises(BuildError, match="has no bin/nvcc"):
         resolve_cuda_home()
+
+
+def test_cublaslt_comes_from_the_toolkit_first_then_from_the_nvidia_packages(monkeypatch, tmp_path):
+    package = tmp_path / "site-packages" / "nvidia" / "cu13"
+    _write(package / "include" / "cublasLt.h", "")
+    for name in ("libcublasLt.so.12", "libcublasLt.so.13", "libcublasLt.so.13.1.0.3"):
+        _write(package / "lib" / name, "")
+    monkeypatch.setattr(build, "_nvidia_package_folders", lambda: [package])
+    found = find_cublaslt(tmp_path / "toolkit")
+    assert found.include_dir == package / "include" and found.library.name == "libcublasLt.so.13"
+    _write(tmp_path / "toolkit" / "include" / "cublasLt.h", "")
+    _write(tmp_path / "toolkit" / "lib64" / "libcublasLt.so", "")
+    assert find_cublaslt(tmp_path / "toolkit").library == tmp_path / "toolkit" / "lib64" / "libcublasLt.so"
+
+
+def test_missing_cublaslt_is_one_sentence_with_a_hint(monkeypatch, tmp_path):
+    monkeypatch.setattr(build, "_nvidia_package_folders", list)
+    with pytest.raises(BuildError, match="includes cublasLt.h, but no cuBLASLt") as raised:
+        find_cublaslt(tmp_path)
+    assert "CUDA_HOME" in raised.value.hint
 
 
 def test_a_wrapper_script_nvcc_leads_to_the_real_toolkit(nvcc, tmp_path):

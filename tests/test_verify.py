@@ -552,6 +552,16 @@ def test_custom_kernel_is_recognised_by_its_name_in_the_workspace_sources():
     assert guards.find_no_custom_kernel(["my_fused_kernel"], None) is None
 
 
+def test_library_kernels_count_as_the_workspaces_own_when_its_sources_call_the_library():
+    gemm = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_relu_TNT"
+    calls_cublaslt = "KP_CUBLAS_CHECK(cublasLtMatmul(plan.handle, plan.operation, &alpha, a, plan.a));"
+    torchs = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >(int)"
+
+    assert guards.find_no_custom_kernel([gemm], calls_cublaslt) is None
+    assert guards.find_no_custom_kernel([gemm], "__global__ void relu_kernel() {}") is not None
+    assert guards.find_no_custom_kernel([torchs], calls_cublaslt) is not None
+
+
 def test_torch_kernels_other_than_fills_are_torch_compute_but_cublas_is_allowed():
     fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int)"
     softmax = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)"

@@ -5,7 +5,9 @@ every change, and with it `-DTORCH_EXTENSION_NAME`, which invalidates every obje
 `kp_kernels`, each source has its own object with a depfile, so a one-file edit recompiles one file. Each linked
 library is copied to `build/versions/<content hash>/`, a new path per build, so one long-lived process can load
 build after build (`load_extension`). Compiler output becomes `Diagnostic`s and `-Xptxas -v` output becomes
-`KernelResources`, cached per source so every build reports the resources of all kernels.
+`KernelResources`, cached per source so every build reports the resources of all kernels. A source that
+includes cublasLt.h gets cuBLASLt's headers, and the library links it, from the CUDA toolkit or from the
+nvidia pip packages torch depends on; other builds are unchanged.
 """
 
 from __future__ import annotations
@@ -148,6 +150,62 @@ def _find_ninja() -> str:
     if on_path is None:
         raise BuildError("ninja is not installed.", hint="pip install ninja")
     return on_path
+
+
+# ------------------------------------------------------------------------------------------ cuBLASLt
+
+_CUBLASLT_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]cublasLt\.h[>"]', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class _CublasLt:
+    """Where cuBLASLt's header and shared library are."""
+
+    include_dir: Path
+    library: Path
+
+
+def _includes_cublaslt(source: Path) -> bool:
+    return _CUBLASLT_INCLUDE.search(source.read_text(errors="replace")) is not None
+
+
+def find_cublaslt(cuda_home: Path) -> _CublasLt:
+    """cuBLASLt from the toolkit (include/, lib64/ or lib/), else from the nvidia pip packages (nvidia/*/include,
+    lib/: torch's CUDA wheels bring it there, often with only the versioned libcublasLt.so.<major>)."""
+    toolkit = [(cuda_home / "include", cuda_home / "lib64"), (cuda_home / "include", cuda_home / "lib")]
+    packages = [(folder / "include", folder / "lib") for folder in _nvidia_package_folders()]
+    for include_dir, library_dir in toolkit + packages:
+        library = _cublaslt_library(library_dir)
+        if (include_dir / "cublasLt.h").is_file() and library is not None:
+            return _CublasLt(include_dir, library)
+    raise BuildError(
+        f"A kernel includes cublasLt.h, but no cuBLASLt (cublasLt.h with libcublasLt.so) was found under "
+        f"{cuda_home} or in the nvidia pip packages.",
+        hint="install a CUDA toolkit with cuBLAS and point CUDA_HOME at it, or pip install the nvidia cuBLAS wheel "
+        "of your torch's CUDA version",
+    )
+
+
+def _nvidia_package_folders() -> list[Path]:
+    """The folders of the `nvidia` namespace package (nvidia/cu13, nvidia/cublas, ...), if it is installed."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return sorted(folder for root in nvidia.__path__ for folder in Path(root).iterdir() if folder.is_dir())
+
+
+def _cublaslt_library(folder: Path) -> Path | None:
+    """libcublasLt.so, else the newest versioned libcublasLt.so.<major> in `folder`."""
+    if (folder / "libcublasLt.so").is_file():
+        return folder / "libcublasLt.so"
+    versioned = [path for path in folder.glob("libcublasLt.so.*") if path.suffix.lstrip(".").isdigit()]
+    return max(versioned, key=lambda path: int(path.suffix.lstrip(".")), default=None)
+
+
+def _cublaslt_link_flags(cublaslt: _CublasLt) -> list[str]:
+    # The full path: a folder with only libcublasLt.so.13 has nothing -lcublasLt would find.
+    return [str(cublaslt.library), f"-Wl,-rpath,{cublaslt.library.parent}"]
 
 
 # -------------------------------------------------------------------------------------------- flags
@@ -301,6 +359,9 @@ def _ninja_value(args: list[str]) -> str:
 def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: str) -> str:
     torch_flags = _torch_flags()
     common = _compile_flags(root, toolchain, torch_flags)
+    cublaslt_sources = {source for source in sources if _includes_cublaslt(source)}
+    cublaslt = find_cublaslt(toolchain.cuda_home) if cublaslt_sources else None
+    link_flags = _link_flags(toolchain, torch_flags) + (_cublaslt_link_flags(cublaslt) if cublaslt else [])
     lines = [
         "# Written by kernelpilot's build.py; rewritten only when its content changes.",
         "ninja_required_version = 1.3",
@@ -308,7 +369,7 @@ def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: 
         f"nvcc = {_ninja_value([str(toolchain.nvcc)])}",
         f"cxx_flags = {_ninja_value(_cxx_flags(common))}",
         f"cuda_flags = {_ninja_value(_cuda_flags(common, arch, toolchain, torch_flags))}",
-        f"link_flags = {_ninja_value(_link_flags(toolchain, torch_flags))}",
+        f"link_flags = {_ninja_value(link_flags)}",
         "",
         "rule compile_cxx",
         "  command = $cxx -MMD -MF $out.d $cxx_flags -c $in -o $out",
@@ -333,8 +394,16 @@ def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: 
         objects.append(_ninja_path(_object_name(source)))
         lines.append(f"build {objects[-1]}: {rule} {_ninja_path(str(source))}")
         lines.append(f"  source = {source.relative_to(root).as_posix().replace('$', '$$')}")
+        if source in cublaslt_sources:
+            # Only these edges see cuBLASLt's headers (after the toolkit's, so its CUDA headers win): the
+            # commands of all other edges stay as they were, and so do their objects.
+            with_cublaslt = [*common, "-isystem", str(cublaslt.include_dir)]
+            flags = _cuda_flags(with_cublaslt, arch, toolchain, torch_flags) if source.suffix == ".cu" else _cxx_flags(with_cublaslt)
+            lines.append(f"  {'cuda' if source.suffix == '.cu' else 'cxx'}_flags = {_ninja_value(flags)}")
     library = f"{EXTENSION_NAME}.so"
-    lines += ["", f"build {library}: link {' '.join(objects)}", f"default {library}", ""]
+    # The linked cuBLASLt is an implicit input: a different library file relinks.
+    implicit = f" | {_ninja_path(str(cublaslt.library))}" if cublaslt else ""
+    lines += ["", f"build {library}: link {' '.join(objects)}{implicit}", f"default {library}", ""]
     return "\n".join(lines)
 
 

@@ -360,6 +360,8 @@ _TORCH_KERNEL_MARKERS = ("at::", "at_cuda_detail", "c10::", "pytorch_flash", "fm
 # Kernels of the libraries a binding may call itself for GEMM and convolution (SKILL.md allows it): not torch
 # compute, but not the workspace's own kernel either.
 _LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::")
+# Calls by which workspace code runs a library's GEMM or convolution itself: their kernels are its work.
+_LIBRARY_CALLS = re.compile(r"\b(?:cublasLtMatmul|cublas\w*[Gg]emm\w*|cudnnConvolutionForward)\s*\(")
 # Torch kernels that only initialise memory (torch.zeros / fill_), which forward may use.
 _INITIALISING_KERNEL_MARKERS = ("FillFunctor",)
 
@@ -391,11 +393,18 @@ def is_library_kernel(name: str) -> bool:
 def find_no_custom_kernel(kernel_names: list[str], workspace_source: str | None) -> GuardFinding | None:
     """Fail when none of forward's kernels is the candidate's own.
 
-    With the workspace's kernel sources at hand, a kernel counts when its name is defined there; without them,
-    when it is not a torch or library kernel.
+    With the workspace's kernel sources at hand, a kernel counts when its name is defined there, or when it is a
+    cuBLAS/cuDNN kernel and the sources call that library themselves (a GEMM whose epilogue does all the work
+    launches nothing else); without them, when it is not a torch or library kernel.
     """
     if workspace_source is not None:
-        own = [name for name in kernel_names if _defined_in(kernel_base_name(name), workspace_source)]
+        calls_library = _LIBRARY_CALLS.search(workspace_source) is not None
+        own = [
+            name
+            for name in kernel_names
+            if _defined_in(kernel_base_name(name), workspace_source)
+            or (calls_library and is_library_kernel(name) and not is_torch_kernel(name))
+        ]
     else:
         own = [name for name in kernel_names if not is_library_kernel(name)]
     if own:

@@ -4,8 +4,14 @@ The forward is traced with `make_fx` on meta tensors (shapes and dtypes, no memo
 whatever Python spelling the problem used. Walking the graph, elementwise ops are folded into expressions, and
 reductions along the last dimension become `Reduce` nodes inside those expressions, so an expression with its
 prologue, reductions and epilogue is one kernel. A value is written to memory ("materialised" into a `Group`)
-only where it must be: a forward output, the input of a matrix op (a "library" group: cuBLAS/cuDNN territory,
-not generated here) or of an op the policy has no template for (listed in `Analysis.unsupported`).
+only where it must be: a forward output, the input of a matrix op or of an op the policy has no template for
+(listed in `Analysis.unsupported`).
+
+Matrix products (mm, addmm, bmm on float32, float16, bfloat16) become "matmul" groups, one cuBLASLt call each.
+The product stays pending while the ops after it fit cuBLASLt's epilogue, D = act(A @ B + C + bias): a bias
+along the last dim, a whole output-shaped residual added before the activation, then ReLU or tanh-GELU. The
+first op that does not fit materialises it, and the elementwise/row machinery reads its output like any
+tensor. Other matrix ops (convolution, baddbmm, ...) are "library" groups the policy does not generate.
 
 A row may span several trailing dims of a kernel's iteration shape: group norm iterates over (N, G, C/G, H, W)
 and reduces each (sample, group) over the last three, while the tensors around it are indexed over (N, C, H, W),
@@ -29,9 +35,14 @@ KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
 # Dtypes a kernel only reads: int64 class targets, gathered from as integers and otherwise converted to float as
 # torch's `.float()` does (exact below 2^24).
 READ_ONLY_DTYPES = ("int64",)
-LIBRARY_OPS = frozenset(
-    {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution", "conv2d", "einsum"}
-)
+LIBRARY_OPS = frozenset({"baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution", "conv2d", "einsum"})
+# Matrix products run by cuBLASLt, on these operand dtypes (all computed in plain float32: no TF32, as torch).
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
+MATMUL_DTYPES = ("float32", "float16", "bfloat16")
+# Byte alignment the generated matmuls ask cuBLASLt's algorithms for; an operand view off it is copied first.
+MATMUL_ALIGNMENT = 16
+# Activations cuBLASLt's epilogue computes exactly as torch does (its GELU is the tanh approximation).
+EPILOGUE_ACTIVATIONS = {"relu": "ReLU", "gelu_tanh": "GELU (tanh)"}
 VIEW_OPS = frozenset(
     {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose",
      "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten"}
@@ -197,6 +208,39 @@ class Value:
 
 
 @dataclass(frozen=True)
+class Matmul:
+    """What a matmul group computes: act(a @ b + residual + bias) in one cuBLASLt call.
+
+    `a` (M x K) and `b` (K x N) are views with unit stride along one of their two matrix dims (batched:
+    a leading batch dim, any stride); `bias` has N values along the output's last dim; `residual` is a whole
+    tensor of the output's shape (cuBLASLt's C with beta = 1). `shape` is the output's shape as forward sees
+    it: contiguous, its last dim N.
+    """
+
+    a: Leaf
+    b: Leaf
+    shape: tuple[int, ...]
+    dtype: str
+    ops: tuple[str, ...]
+    bias: Leaf | None = None
+    residual: Leaf | None = None
+    activation: str | None = None  # a key of EPILOGUE_ACTIVATIONS
+
+    @property
+    def batch(self) -> int:
+        return self.a.shape[0] if len(self.a.shape) == 3 else 1
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return self.a.shape[-2], self.b.shape[-1], self.a.shape[-1]
+
+    def epilogue(self) -> str:
+        """The epilogue in words, e.g. "bias, residual, GELU (tanh)"; "" when there is none."""
+        parts = ["bias"] * bool(self.bias) + ["residual"] * bool(self.residual)
+        return ", ".join(parts + ([EPILOGUE_ACTIVATIONS[self.activation]] if self.activation else []))
+
+
+@dataclass(frozen=True)
 class Access:
     """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset."""
 
@@ -210,7 +254,7 @@ class Group:
     """One kernel's worth of the forward, or one library call, in execution order."""
 
     name: str  # "g0", "g1", ...
-    kind: str  # "elementwise" | "row" | "library"
+    kind: str  # "elementwise" | "row" | "matmul" | "library"
     ops: list[str]
     tensors: list[Source]  # what it reads, in argument order
     output: Source
@@ -220,10 +264,11 @@ class Group:
     loads: dict[Load, int] = field(default_factory=dict)  # Load -> index into accesses
     per_row: bool = False  # a row group writing one value per row
     row_dims: int = 1  # how many trailing dims of `shape` one row spans
+    matmul: Matmul | None = None  # what a matmul group computes
 
     @property
     def generated(self) -> bool:
-        return self.kind in ("elementwise", "row")
+        return self.kind in ("elementwise", "row", "matmul")
 
     @property
     def rows(self) -> int:
@@ -242,6 +287,12 @@ class Group:
         shape = "x".join(map(str, self.shape or self.output.shape)) or "scalar"
         if self.kind == "library":
             return f"{ops}: a matrix op for cuBLAS/cuDNN (the built-in policy does not generate it)"
+        if self.kind == "matmul":
+            m, n, k = self.matmul.mnk
+            batch = f"{self.matmul.batch} x " if self.matmul.batch > 1 else ""
+            epilogue = self.matmul.epilogue()
+            fused = f" with a fused {epilogue} epilogue" if epilogue else ""
+            return f"{ops}: one cuBLASLt matmul, {batch}{m}x{k} @ {k}x{n}{fused} ({self.output.dtype})"
         if self.kind == "row":
             return f"{ops}: one row kernel over {self.rows} rows of {self.row_length} ({self.output.dtype})"
         return f"{ops}: one fused elementwise kernel over {shape} ({self.output.dtype})"
@@ -360,7 +411,7 @@ class _GroupBuilder:
     def __init__(self) -> None:
         self.groups: list[Group] = []
         self.unsupported_ops: list[Unsupported] = []
-        self._materialised: dict[Value, Leaf] = {}
+        self._materialised: dict[Value | Matmul, Leaf] = {}
 
     # ---------------------------------------------------------------------------------- node kinds
 
@@ -371,8 +422,15 @@ class _GroupBuilder:
         args = [_lookup(arg, env) for arg in node.args]
         kwargs = {key: _lookup(value, env) for key, value in node.kwargs.items()}
         try:
+            if any(isinstance(arg, _PendingMatmul) for arg in args):
+                folded = _fold_into_matmul(node, name, args, kwargs)
+                if folded is not None:
+                    return folded
+                args = [self.settle(arg) for arg in args]
             if name in VIEW_OPS:
                 return self._view(node, args, kwargs)
+            if name in MATMUL_OPS:
+                return self._matmul(node, name, args, kwargs)
             if name in LIBRARY_OPS:
                 return self._library(node, name, args)
             built = _Ops(self, node, args, kwargs).build(name)
@@ -388,6 +446,7 @@ class _GroupBuilder:
         for arg in args:
             if isinstance(arg, Value):
                 self.materialise(arg)
+            self.settle(arg)
         value = node.meta.get("val")
         if isinstance(value, (tuple, list)):
             return tuple(self._opaque(node, item, i) for i, item in enumerate(value))
@@ -425,11 +484,59 @@ class _GroupBuilder:
         self.groups.append(Group(output.name, "library", [f"aten.{name}"], _unique(leaf.source for leaf in leaves), output))
         return Leaf.whole(output)
 
+    # ------------------------------------------------------------------------------------ matmuls
+
+    def _matmul(self, node: Any, name: str, args: list, kwargs: dict) -> _PendingMatmul:
+        """mm(a, b), bmm(a, b) or addmm(input, a, b) as a pending cuBLASLt call (see `_fold_into_matmul`)."""
+        value = node.meta["val"]
+        dtype = _dtype_name(value.dtype)
+        if dtype not in MATMUL_DTYPES:
+            raise _NotFusible(f"multiplies {dtype} matrices; generated matmuls take float32, float16 or bfloat16")
+        a, b = (self._matrix_operand(arg) for arg in (args[-2:] if name == "addmm" else args[:2]))
+        if 0 in a.shape or 0 in b.shape:
+            raise _NotFusible("multiplies an empty matrix")
+        matmul = Matmul(a, b, tuple(value.shape), dtype, (f"aten.{name}",))
+        if name == "addmm":
+            if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+                raise _NotFusible("addmm with beta or alpha other than 1; only their default of 1 is generated")
+            addend = self.materialise(args[0]) if isinstance(args[0], Value) else args[0]
+            matmul = _with_addend(matmul, addend)
+            if matmul is None:
+                raise _NotFusible(f"adds a {list(args[0].shape)} tensor that is neither a bias along the last dim "
+                                  "nor a whole output-shaped tensor, the two forms cuBLASLt's epilogue adds")  # fmt: skip
+        return _PendingMatmul(matmul, len(node.users))
+
+    def _matrix_operand(self, item: Any) -> Leaf:
+        """A matrix operand cuBLASLt can read in place; a computed value or an unusual view is copied first."""
+        if isinstance(item, Leaf) and item.source.dtype not in MATMUL_DTYPES:
+            raise _NotFusible(f"multiplies {item.source.dtype} matrices; generated matmuls take float32, float16 or bfloat16")
+        if isinstance(item, Leaf) and (item.source.kind == "unsupported" or _readable_in_place(item)):
+            return item
+        if isinstance(item, Leaf):
+            item = Value(Load(item, item.shape), item.shape, item.source.dtype, ("copy",))
+        if not isinstance(item, Value):
+            raise _NotFusible("multiplies the result of an unsupported op")
+        return self.materialise(item)
+
+    def settle(self, item: Any) -> Any:
+        """A pending matmul as its output tensor (the group is written now); anything else as it is."""
+        if not isinstance(item, _PendingMatmul):
+            return item
+        matmul = item.matmul
+        if matmul not in self._materialised:
+            output = Source("group", f"g{len(self.groups)}", matmul.shape, matmul.dtype)
+            operands = [matmul.a, matmul.b, matmul.bias, matmul.residual]
+            tensors = _unique(leaf.source for leaf in operands if leaf is not None)
+            self.groups.append(Group(output.name, "matmul", list(matmul.ops), tensors, output, matmul.shape, matmul=matmul))
+            self._materialised[matmul] = Leaf.whole(output)
+        return self._materialised[matmul]
+
     # ------------------------------------------------------------------------------ materialising
 
     def output(self, value: Any) -> Leaf | None:
         """What forward returns: a Value is written by a new group; a tensor that is not a whole group output, or
         is a strided view of one, is copied by a new group, so forward returns fresh contiguous tensors."""
+        value = self.settle(value)
         if isinstance(value, Leaf) and value.source.kind != "unsupported" and not _is_plain_view(value):
             value = Value(Load(value, value.shape), value.shape, value.source.dtype, ("copy",))
         if isinstance(value, Value):
@@ -474,6 +581,83 @@ class _GroupBuilder:
         if not group.tensors:
             raise _NotFusible("an output that reads no tensor")
         return group
+
+
+@dataclass(frozen=True)
+class _PendingMatmul:
+    """A matmul not yet written, so the ops after it may still join its epilogue; `users`: nodes reading it."""
+
+    matmul: Matmul
+    users: int
+
+
+# Views that keep a pending matmul's output contiguous (the epilogue then sees the new shape).
+_RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach"})
+
+
+def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict) -> _PendingMatmul | None:
+    """The pending matmul in `args` with this op joined to its epilogue, or None when cuBLASLt cannot do it.
+
+    Only a matmul nothing else reads can take an op: another reader needs the value without it.
+    """
+    pending = next(arg for arg in args if isinstance(arg, _PendingMatmul))
+    matmul = pending.matmul
+    value = node.meta.get("val")
+    shape = tuple(getattr(value, "shape", ()))
+    if pending.users != 1 or _dtype_name(getattr(value, "dtype", None)) != matmul.dtype:
+        return None
+    if name in _RESHAPES:
+        if shape[-1:] != matmul.shape[-1:]:
+            return None  # the bias and residual rules assume the last dim is N
+        return _PendingMatmul(replace(matmul, shape=shape), len(node.users))
+    if shape != matmul.shape or matmul.activation is not None:
+        return None  # an op after the activation, or one that broadcasts the product, is not in the epilogue
+    if name == "add" and kwargs.get("alpha", 1) == 1 and len(args) == 2 and args[0] is not args[1]:
+        (addend,) = [arg for arg in args if arg is not pending]
+        folded = _with_addend(matmul, addend) if isinstance(addend, Leaf) else None
+    elif name == "relu" or (name == "gelu" and kwargs.get("approximate", "none") == "tanh"):
+        folded = replace(matmul, activation="relu" if name == "relu" else "gelu_tanh")
+    else:
+        folded = None
+    if folded is None:
+        return None
+    return _PendingMatmul(replace(folded, ops=matmul.ops + (f"aten.{name}",)), len(node.users))
+
+
+def _with_addend(matmul: Matmul, addend: Any) -> Matmul | None:
+    """`matmul` plus `addend` in its epilogue: as the residual (a whole output-shaped tensor) or as the bias (a
+    vector along the last dim); None when it is neither, has another dtype, or that slot is taken."""
+    if not isinstance(addend, Leaf) or addend.source.dtype != matmul.dtype or addend.offset != 0:
+        return None
+    try:
+        strides = _broadcast_strides(addend.shape, addend.strides, matmul.shape)
+    except _NotFusible:
+        return None
+    if strides == _contiguous_strides(matmul.shape) and matmul.residual is None:
+        return replace(matmul, residual=addend)
+    if strides[-1:] == (1,) and not any(strides[:-1]) and matmul.bias is None:
+        return replace(matmul, bias=addend)
+    return None
+
+
+def _readable_in_place(leaf: Leaf) -> bool:
+    """True when cuBLASLt can read the view as it is: a matrix with unit stride along one of its two dims and
+    aligned as the generated matmuls ask (MATMUL_ALIGNMENT bytes)."""
+    if matrix_strides(leaf.shape[-2:], leaf.strides[-2:]) is None:
+        return False
+    item_size = {"float32": 4, "float16": 2, "bfloat16": 2}[leaf.source.dtype]
+    return (leaf.offset * item_size) % MATMUL_ALIGNMENT == 0
+
+
+def matrix_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols view: row-major when its columns are adjacent (leading
+    dimension: its row stride), transposed when its rows are; None when neither is."""
+    rows, cols = shape
+    if (cols == 1 or strides[1] == 1) and (rows == 1 or strides[0] >= cols):
+        return False, strides[0] if rows > 1 else cols
+    if (rows == 1 or strides[0] == 1) and (cols == 1 or strides[1] >= rows):
+        return True, strides[1] if cols > 1 else rows
+    return None
 
 
 def _is_plain_view(leaf: Leaf) -> bool:

@@ -1,5 +1,6 @@
 """Render an Analysis into workspace files from templates/policy/: per generated group a torch-free .cu (kernel and
-launcher) and a *_binding.cpp, plus model_new.py whose forward only calls them.
+launcher, or a cuBLASLt call for a matmul group) and a *_binding.cpp, plus model_new.py whose forward only calls
+them.
 
 Python decides the layout (dims merged where every access allows, 16-byte vectors where alignment allows, which
 row data stays in registers) and emits the expressions as C statements; the templates hold every loop,
@@ -24,12 +25,15 @@ from kernelpilot.policy.analysis import (
     Const,
     Expr,
     Field,
+    EPILOGUE_ACTIVATIONS,
+    MATMUL_ALIGNMENT,
     Gather,
     Group,
     Leaf,
     Load,
     Reduce,
     Source,
+    matrix_strides,
     walk,
 )
 from kernelpilot.resources import template_environment
@@ -41,6 +45,16 @@ CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", 
 SCALAR_TYPES = {"float32": "torch::kFloat32", "float16": "torch::kFloat16", "bfloat16": "torch::kBFloat16",
                 "bool": "torch::kBool", "int64": "torch::kInt64"}  # fmt: skip
 ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int64": 8}
+CUDA_DATA_TYPES = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF"}
+# cuBLASLt's epilogue for (adds a bias, activation).
+EPILOGUES = {
+    (False, None): "CUBLASLT_EPILOGUE_DEFAULT", (True, None): "CUBLASLT_EPILOGUE_BIAS",
+    (False, "relu"): "CUBLASLT_EPILOGUE_RELU", (True, "relu"): "CUBLASLT_EPILOGUE_RELU_BIAS",
+    (False, "gelu_tanh"): "CUBLASLT_EPILOGUE_GELU", (True, "gelu_tanh"): "CUBLASLT_EPILOGUE_GELU_BIAS",
+}  # fmt: skip
+# Heuristic algorithms a matmul group times, and the workspace it gives them (what torch gives cuBLASLt on Hopper).
+MATMUL_CANDIDATES = 4
+MATMUL_WORKSPACE_BYTES = 32 * 1024 * 1024
 VECTOR_BYTES = 16
 # Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
 REGISTER_BUDGET = 64
@@ -90,6 +104,20 @@ class LaunchConfig:
         if self.rows_per_block is None:
             return f"{self.threads} threads per block, {self.items} vector(s) in flight per thread"
         return f"{self.threads} threads per row, {self.rows_per_block} row(s) per block, {self.items} vector(s) in flight"
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Which of cuBLASLt's heuristic algorithms a matmul group runs: the `algorithm`-th result, best first."""
+
+    algorithm: int
+
+    @property
+    def label(self) -> str:
+        return f"cuBLASLt heuristic algorithm {self.algorithm + 1} of {MATMUL_CANDIDATES}"
+
+
+KernelConfig = LaunchConfig | MatmulConfig
 
 
 @dataclass(frozen=True)
@@ -220,8 +248,10 @@ def index_terms(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[dict[s
 # ----------------------------------------------------------------------------------------- candidates
 
 
-def launch_candidates(group: Group) -> list[LaunchConfig]:
-    """A few launch geometries worth timing, the expected best first."""
+def launch_candidates(group: Group) -> list[KernelConfig]:
+    """A few launch geometries (matmuls: heuristic algorithms) worth timing, the expected best first."""
+    if group.kind == "matmul":
+        return [MatmulConfig(index) for index in range(MATMUL_CANDIDATES)]
     if group.kind == "elementwise":
         return [LaunchConfig(256, 2), LaunchConfig(512, 1), LaunchConfig(128, 4), LaunchConfig(256, 4)]
     layout = row_layout(group)
@@ -377,9 +407,12 @@ def _element_loads(expr: Expr) -> list[Load]:
 # ------------------------------------------------------------------------------------------ rendering
 
 
-def render_kernel(group: Group, config: LaunchConfig) -> GeneratedFile:
+def render_kernel(group: Group, config: KernelConfig) -> GeneratedFile:
     """kernels/policy_<group>.cu for one launch configuration."""
-    if group.kind == "elementwise":
+    if group.kind == "matmul":
+        context = matmul_context(group, config)
+        template = "policy/matmul.cu.j2"
+    elif group.kind == "elementwise":
         context = _elementwise_context(group, config)
         template = "policy/elementwise.cu.j2"
     elif group.kind == "row":
@@ -404,6 +437,7 @@ def render_binding(group: Group) -> GeneratedFile:
         ],
         out_shape=list(group.output.shape),
         out_scalar_type=SCALAR_TYPES[group.output.dtype],
+        workspace_bytes=MATMUL_WORKSPACE_BYTES if group.kind == "matmul" else 0,
     )
     return GeneratedFile(f"kernels/{kernel_stem(group)}_binding.cpp", content)
 
@@ -434,7 +468,7 @@ def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
     return GeneratedFile("model_new.py", render_with_body(problem, forward_body=body.rstrip("\n")))
 
 
-def render_all(problem: Problem, analysis: Analysis, configs: dict[str, LaunchConfig] | None = None) -> list[GeneratedFile]:
+def render_all(problem: Problem, analysis: Analysis, configs: dict[str, KernelConfig] | None = None) -> list[GeneratedFile]:
     """Every file the policy writes for a supported analysis; `configs` picks launch configs by group name."""
     if not analysis.supported:
         raise ValueError(analysis.blockers())
@@ -579,6 +613,60 @@ def _integer_reads(accesses: list[dict[str, Any]]) -> frozenset[int]:
     """Tensors a row kernel reads only as integers: int64 targets, one per row."""
     read_as_floats = {a["tensor"] for a in accesses if not (a["integer"] and not a["along_row"])}
     return frozenset({a["tensor"] for a in accesses} - read_as_floats)
+
+
+def matmul_context(group: Group, config: MatmulConfig) -> dict[str, Any]:
+    """What matmul.cu.j2 needs: cuBLASLt's problem (m, n, k, batch), each operand's layout and op, the epilogue."""
+    matmul = group.matmul
+    m, n, k = matmul.mnk
+    index = {source: i for i, source in enumerate(group.tensors)}
+    formula = "A @ B" + " + C" * bool(matmul.residual) + " + bias" * bool(matmul.bias)
+    if matmul.activation:
+        formula = f"{EPILOGUE_ACTIVATIONS[matmul.activation]}({formula})"
+    return {
+        "description": group.describe(),
+        "config": config,
+        "candidates": MATMUL_CANDIDATES,
+        "alignment": MATMUL_ALIGNMENT,
+        "formula": formula,
+        "data_type": CUDA_DATA_TYPES[matmul.dtype],
+        "epilogue": EPILOGUES[(matmul.bias is not None, matmul.activation)],
+        # cuBLASLt's m, n: the transposed product's (see the template's header).
+        "m": n,
+        "n": m,
+        "k": k,
+        "batch": matmul.batch,
+        "lt_a": _lt_operand(matmul.b, "B", index[matmul.b.source]),
+        "lt_b": _lt_operand(matmul.a, "A", index[matmul.a.source]),
+        "bias": index[matmul.bias.source] if matmul.bias else None,
+        "residual": index[matmul.residual.source] if matmul.residual else None,
+        "tensor_count": len(group.tensors),
+        "launcher": launcher_name(group),
+    }
+
+
+def _lt_operand(leaf: Leaf, role: str, tensor: int) -> dict[str, Any]:
+    """Our row-major operand X (R x C) as cuBLASLt's column-major operand X^T (C x R).
+
+    A row-major X in memory is already X^T column-major (no transpose); a transposed view of X (unit stride
+    down its rows, such as a Linear weight's `.t()`) is X column-major, which cuBLASLt transposes (CUBLAS_OP_T).
+    """
+    rows, cols = leaf.shape[-2:]
+    transposed, leading = matrix_strides(leaf.shape[-2:], leaf.strides[-2:])
+    stored = (rows, cols) if transposed else (cols, rows)
+    how = "transposed by cuBLASLt" if transposed else "read as it is"
+    return {
+        "tensor": tensor,
+        "name": f"our {role}",
+        "offset_bytes": leaf.offset * ITEM_SIZES[leaf.source.dtype],
+        "op": "CUBLAS_OP_T" if transposed else "CUBLAS_OP_N",
+        "rows": stored[0],
+        "cols": stored[1],
+        "ld": leading,
+        "batch_stride": leaf.strides[0] if len(leaf.shape) == 3 else 0,
+        "comment": f"our {role}, {_describe_source(leaf.source)}, {rows}x{cols} with strides "
+        f"({', '.join(map(str, leaf.strides))}): column-major {stored[0]}x{stored[1]}, {how}",
+    }
 
 
 class _RowProgram:

@@ -23,7 +23,7 @@ from kernelpilot.errors import KernelpilotError
 
 if TYPE_CHECKING:
     from kernelpilot.policy.analysis import Analysis, Group
-    from kernelpilot.policy.codegen import GeneratedFile, LaunchConfig
+    from kernelpilot.policy.codegen import GeneratedFile, KernelConfig
     from kernelpilot.problem import Problem
 
 CALL_PREFIX = "kp"
@@ -51,7 +51,7 @@ class _Plan:
 
     problem: Problem
     analysis: Analysis
-    candidates: dict[str, list[LaunchConfig]]
+    candidates: dict[str, list[KernelConfig]]
 
     @property
     def groups(self) -> list[Group]:
