@@ -142,6 +142,8 @@ def main() -> None:
                 judge_row(judge, row)
                 if args.search and row.get("correct"):
                     search_row(judge, row, args.folder / f"{row['problem']}.py")
+            # Written after every problem, so a run cut short by a time limit keeps what it measured.
+            args.out.write_text(json.dumps({"gpu": judge.gpu_name, "rows": rows}, indent=2, default=str))
         gpu = judge.gpu_name or "GPU"
     console = Console(width=140)
     console.print(render(rows, gpu, args.search))
