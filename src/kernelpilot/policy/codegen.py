@@ -266,13 +266,15 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
     if not _cached(group, layout, candidates[0]):
         shared = _shared_config(group, layout)
         # Caching in shared memory reads the row once instead of once per pass: expected best, so first.
-        candidates = [shared, *candidates] if shared else [*candidates, _row_config(group, layout, preferred, items=2)]
-    return candidates
+        fewer_in_flight = _row_config(group, layout, preferred, items=max(1, candidates[0].items // 2))
+        candidates = [shared, *candidates] if shared else [*candidates, fewer_in_flight]
+    return list(dict.fromkeys(candidates))
 
 
 def _row_config(group: Group, layout: _Layout, threads: int, items: int) -> LaunchConfig:
     rows_per_block = max(1, 256 // threads)
-    config = LaunchConfig(threads, items, rows_per_block)
+    # At most 16 floats of loads in flight per access: 8-wide (16-bit) vectors halve the items, not the bytes.
+    config = LaunchConfig(threads, max(1, min(items, 16 // layout.vec)), rows_per_block)
     return LaunchConfig(threads, 1, rows_per_block) if _cached(group, layout, config) else config
 
 
@@ -323,7 +325,7 @@ def _next_power_of_two(n: int) -> int:
 # read at that column, and the result, 0 for a row whose target is the ignored index.
 GATHER_C = {
     "column": "const int64_t {name} = gather_column({index});",
-    "load": "const float {name} = to_float(row{access}[{column} * {stride}]);",
+    "load": "const float {name} = to_float(row{access}[column_offset{access}(static_cast<int>({column}))]);",
     "select": "const float {name} = {index} == {ignore} ? 0.0f : {value};",
 }
 # Renders one load of a gathered expression at a column (by its name): the statement, or None for a load that
@@ -700,8 +702,7 @@ class _RowProgram:
         index = self.group.loads[load]
         if index not in self.element_accesses:
             return None
-        stride = self.layout.strides[index][-1]
-        return GATHER_C["load"].format(name=name, access=index, column=column, stride=stride)
+        return GATHER_C["load"].format(name=name, access=index, column=column)
 
     def _levels(self, reduces: list[Reduce]) -> dict[Reduce, int]:
         levels: dict[Reduce, int] = {}
