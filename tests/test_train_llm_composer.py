@@ -2,7 +2,8 @@
 
 The server's replies stand in for a model: a valid problem, prose with no code block, a problem that fails to load,
 a copy of a benchmark problem. Every reply goes through the real execution filters on the CPU (torch.compile with
-backend="aot_eager", as in test_train_synth.py) and decontamination.
+backend="aot_eager", as in test_train_synth.py) and decontamination. How replies are read (repeats, malformed
+replies) is checked with the agent's ScriptedModel, with no filters run.
 """
 
 import json
@@ -10,9 +11,14 @@ import socket
 
 from typer.testing import CliRunner
 
-from kernelpilot.agent.model import LiteLLMModel
+from kernelpilot.agent import ModelReply
+from kernelpilot.agent.model import LiteLLMModel, MalformedReply, ScriptedModel
 from kernelpilot.cli import app
-from kernelpilot.train.llm_composer import compose_messages, problem_in
+from kernelpilot.train.llm_composer import (
+    compose_messages,
+    compose_with_model,
+    problem_in,
+)
 from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
 from kernelpilot.train.synth import (
     compose_tasks,
@@ -120,6 +126,19 @@ def test_the_problem_is_read_from_the_reply():
     assert problem_in("```\nprint('one unlabelled block')\n```") == "print('one unlabelled block')\n"
     assert problem_in("I would fuse the GELU into the linear layer's epilogue.") is None
     assert problem_in("```python\na = 1\n```\n```python\nb = 2\n```") is None, "two blocks and neither is a problem"
+
+
+def test_a_repeated_or_unreadable_reply_gives_no_task():
+    replies = [
+        ModelReply(fenced(GATED_RESIDUAL)),
+        ModelReply(fenced(GATED_RESIDUAL)),
+        MalformedReply("The arguments of your Write call are not valid JSON"),
+        ModelReply(fenced(CONV_RELU)),
+    ]
+    composition = compose_with_model(ScriptedModel(replies), crawl_operators().operators, 4, seed=2, scale="small")
+    assert [task.code for task in composition.tasks] == [GATED_RESIDUAL, CONV_RELU]
+    assert composition.unusable == {"llm-duplicate": 1, "llm-unparseable": 1}
+    assert {task.composer for task in composition.tasks} == {"llm:scripted"}
 
 
 def test_replies_are_filtered_counted_and_decontaminated_like_composed_tasks(openai_server, tmp_path):
