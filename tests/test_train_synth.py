@@ -123,6 +123,13 @@ def test_a_broken_problem_is_invalid():
     assert (verdict.kept, verdict.reason) == (False, "invalid")
 
 
+def test_code_that_is_not_a_problem_is_invalid_and_the_reason_names_no_temporary_folder():
+    not_python = check_task("class Model(nn.Module:\n", compile_backend=BACKEND)
+    assert not_python.reason == "invalid" and not_python.detail.startswith("Syntax error at task.py:1: ")
+    no_model = check_task(_problem("return x").replace("class Model", "class Net"), compile_backend=BACKEND)
+    assert (no_model.reason, no_model.detail) == ("invalid", "task.py has no class named Model.")
+
+
 def test_decontamination_drops_a_copy_of_a_benchmark_problem(crawl, tmp_path):
     benchmark = tmp_path / "bench"
     benchmark.mkdir()
@@ -153,6 +160,7 @@ def test_dataset_round_trip(tmp_path):
     assert [task.code for task in read_tasks(tmp_path)] == [task.code for task in report.kept]
     row = json.loads((tmp_path / "tasks.jsonl").read_text().splitlines()[0])
     assert set(row) >= {"code", "ops", "shapes", "eager_ms", "compile_ms"}
+    assert row["composer"] == "deterministic"
 
 
 def test_dataset_loads_with_datasets(tmp_path):

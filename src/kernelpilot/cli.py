@@ -347,16 +347,24 @@ def train_synth(
     devices: str = typer.Option("cuda", "--devices", help="Comma-separated devices the filters run on, one worker each (cuda times them; cpu does not)."),
     benchmark: Optional[Path] = typer.Option(None, "--decontaminate", help="A benchmark folder of problems to stay away from."),
     compile_backend: str = typer.Option("inductor", "--compile-backend", help="torch.compile backend the eager-vs-compile filter uses."),
+    composer: str = typer.Option("deterministic", "--composer", help="deterministic (sampled operators chained in order) or llm (a model writes each problem around them)."),
+    model: Optional[str] = typer.Option(None, "--model", help="The llm composer's model, e.g. openai/<name> served by vLLM."),
+    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key for --model (default: the provider's variable, e.g. OPENAI_API_KEY)."),
 ) -> None:
     """Compose KernelBench-format tasks from torch.nn operators and keep those the execution filters pass."""
+    from kernelpilot.train.llm_composer import composer_model
     from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
 
     report = synthesize(count, seed=seed, scale=scale, devices=devices.split(","), compile_backend=compile_backend,
-                        benchmark_dir=benchmark)
+                        benchmark_dir=benchmark, model=composer_model(composer, model, api_base, api_key))
     settings = {"seed": seed, "scale": scale, "devices": devices, "benchmark_dir": str(benchmark) if benchmark else None,
+                "composer": composer, "model": model, "api_base": api_base,
                 "operator_count": len(crawl_operators().operators)}
     write_dataset(report, out, settings=settings)
     console.print(f"kept {len(report.kept)} of {report.composed} tasks in {out}; dropped: {report.dropped_by_filter}")
+    if report.model_error is not None:
+        raise report.model_error  # after writing: the tasks composed before it are kept
 
 
 @train_app.command("rft")

@@ -104,7 +104,13 @@ def run_pipeline(
 
 def synth_stage(ctx: StageContext) -> str:
     """Synthesise and filter tasks into `out_dir`; the model is unchanged."""
-    from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
+    from kernelpilot.train.llm_composer import composer_model
+    from kernelpilot.train.synth import (
+        DETERMINISTIC_COMPOSER,
+        crawl_operators,
+        synthesize,
+        write_dataset,
+    )
 
     settings = ctx.settings
     report = synthesize(
@@ -114,8 +120,17 @@ def synth_stage(ctx: StageContext) -> str:
         devices=settings.get("devices", ["cuda"]),
         compile_backend=settings.get("compile_backend", "inductor"),
         benchmark_dir=Path(settings["benchmark_dir"]) if settings.get("benchmark_dir") else None,
+        model=composer_model(
+            settings.get("composer", DETERMINISTIC_COMPOSER),
+            settings.get("model"),
+            settings.get("api_base"),
+            settings.get("api_key"),
+        ),
     )
-    write_dataset(report, ctx.out_dir, settings={**settings, "operator_count": len(crawl_operators().operators)})
+    shown = {key: value for key, value in settings.items() if key != "api_key"}  # report.json is shared with the data
+    write_dataset(report, ctx.out_dir, settings={**shown, "operator_count": len(crawl_operators().operators)})
+    if report.model_error is not None:
+        raise report.model_error  # the stage is not done; its tasks so far stay in out_dir
     return ctx.model
 
 

@@ -2,9 +2,10 @@
 
 The crawl walks `torch.nn`'s module classes and `torch.nn.functional`'s functions and keeps what a small table of
 families knows how to build (activations, norms, pooling, linear, conv, softmax family, reductions), dropping
-stochastic operators. The composer chains 1-5 compatible operators over one of two layouts (images NCHW, rows
-B x S x F) into problem source with its sizes as module constants. `check_task` runs a problem and says whether it
-is fit to train on; `decontaminate` drops tasks too close to a benchmark's problems.
+stochastic operators. The sampler draws chains of 1-5 compatible operators over one of two layouts (images NCHW,
+rows B x S x F); the deterministic composer writes a chain as problem source with its sizes as module constants (the
+LLM composer, `train/llm_composer.py`, has a model write it). `check_task` runs a problem and says whether it is fit
+to train on; `decontaminate` drops tasks too close to a benchmark's problems.
 """
 
 from __future__ import annotations
@@ -21,11 +22,17 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelpilot.problem import problem_id_of
 
+if TYPE_CHECKING:
+    from kernelpilot.agent import Model
+    from kernelpilot.agent.model import ModelError
+
 LAYOUTS = ("image", "rows")
+# Per layout, the input's dims as module constant names, in order.
+INPUT_DIMS = {"image": ("BATCH", "CHANNELS", "HEIGHT", "WIDTH"), "rows": ("BATCH", "SEQUENCE", "FEATURES")}
 # Per layout, the input dims (module constant name, size). "full" is sized for an H100, "small" for CPU checks.
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "full": {
@@ -66,6 +73,9 @@ REDUCTIONS = {
 STOCHASTIC_MARKERS = ("dropout", "rrelu", "bernoulli", "multinomial", "rand", "normal_", "uniform_", "exponential_")
 FEATURE_DIM = {"image": 1, "rows": -1}
 WIDTH_CHOICES = (32, 64, 128)  # multipliers of the new feature dim a linear/conv introduces, at full size
+DETERMINISTIC_COMPOSER = "deterministic"
+# The drop reason of an LLM-composed problem that fails to load or run: the model's mistake, not a filter's verdict.
+LLM_INVALID_PROBLEM = "llm-invalid-problem"
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,7 @@ class Task:
     shapes: dict[str, int]
     eager_ms: float | None = None
     compile_ms: float | None = None
+    composer: str = DETERMINISTIC_COMPOSER  # or "llm:<model>"
 
 
 # ------------------------------------------------------------------------------------------------ crawl
@@ -194,9 +205,18 @@ def _unfit_elementwise(apply: Callable) -> str | None:
 # ---------------------------------------------------------------------------------------------- compose
 
 
+@dataclass(frozen=True)
+class ChainStep:
+    """One operator of a chain: its name, how a problem spells it, and the shape of its output."""
+
+    operator: str  # "nn.Conv2d"
+    usage: str  # "nn.Conv2d(channels, out_channels_0, 3, padding=1)", "F.softmax(x, dim=-1)"
+    shape: str  # "(BATCH, OUT_CHANNELS_0, HEIGHT // 2, WIDTH // 2)"
+
+
 @dataclass
-class _Chain:
-    """The composer's state: the forward lines, init lines, init parameters and the current feature dim."""
+class Chain:
+    """A sampled chain of operators, and the composer's state: forward lines, init lines and parameters, dims."""
 
     layout: str
     feature: str  # the module constant naming the current feature/channel dim
@@ -204,41 +224,57 @@ class _Chain:
     init_lines: list[str] = field(default_factory=list)
     forward_lines: list[str] = field(default_factory=list)
     init_params: list[str] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)
+    steps: list[ChainStep] = field(default_factory=list)
     ended: bool = False
     pooled: int = 0  # pooling layers so far, each halving height and width
+
+    @property
+    def ops(self) -> list[str]:
+        return [step.operator for step in self.steps]
 
 
 def compose_tasks(
     operators: Iterable[Operator], count: int, *, seed: int = 0, scale: str = "full", max_ops: int = 5
 ) -> list[Task]:
     """`count` distinct problems of 1-`max_ops` operators each, the same for the same seed and operators."""
+    return [task_of(chain) for chain in sample_chains(operators, count, seed=seed, scale=scale, max_ops=max_ops)]
+
+
+def sample_chains(
+    operators: Iterable[Operator], count: int, *, seed: int = 0, scale: str = "full", max_ops: int = 5
+) -> list[Chain]:
+    """`count` chains of distinct operator sequences, the same for the same seed and operators."""
     operators = sorted(operators, key=lambda op: op.name)
     rng = random.Random(seed)
-    tasks: dict[tuple[str, ...], Task] = {}
+    chains: dict[tuple[str, ...], Chain] = {}
     attempts = 0
-    while len(tasks) < count and attempts < count * 50:
+    while len(chains) < count and attempts < count * 50:
         attempts += 1
-        task = compose_one(operators, rng, scale=scale, max_ops=max_ops)
-        tasks.setdefault((task.layout, *task.ops), task)
-    return list(tasks.values())
+        chain = sample_chain(operators, rng, scale=scale, max_ops=max_ops)
+        chains.setdefault((chain.layout, *chain.ops), chain)
+    return list(chains.values())
 
 
-def compose_one(operators: list[Operator], rng: random.Random, *, scale: str = "full", max_ops: int = 5) -> Task:
-    """One problem: a layout, then 1-`max_ops` operators that fit it, drawn from `rng`."""
+def sample_chain(operators: list[Operator], rng: random.Random, *, scale: str = "full", max_ops: int = 5) -> Chain:
+    """One chain: a layout, then 1-`max_ops` operators that fit it, drawn from `rng`."""
     layout = rng.choice(LAYOUTS)
     feature = "CHANNELS" if layout == "image" else "FEATURES"
-    chain = _Chain(layout, feature, dict(SIZES[scale][layout]))
+    chain = Chain(layout, feature, dict(SIZES[scale][layout]))
     for _ in range(rng.randint(1, max_ops)):
         fitting = [op for op in operators if layout in op.layouts and _fits(op, chain)]
         _append(chain, rng.choice(fitting), rng, scale)
         if chain.ended:
             break
+    return chain
+
+
+def task_of(chain: Chain) -> Task:
+    """The deterministic composer's task for a chain: its operators applied in order."""
     code = render_problem(chain)
-    return Task(problem_id_of(code), code, chain.ops, layout, chain.constants)
+    return Task(problem_id_of(code), code, chain.ops, chain.layout, chain.constants)
 
 
-def _fits(op: Operator, chain: _Chain) -> bool:
+def _fits(op: Operator, chain: Chain) -> bool:
     short = op.name.split(".", 1)[1]
     if op.family == "reduction":
         return bool(chain.ops)  # a lone reduction is too trivial to be worth a task
@@ -249,24 +285,38 @@ def _fits(op: Operator, chain: _Chain) -> bool:
     return True
 
 
-def _append(chain: _Chain, op: Operator, rng: random.Random, scale: str) -> None:
+def _append(chain: Chain, op: Operator, rng: random.Random, scale: str) -> None:
     prefix, short = op.name.split(".", 1)
-    index = len(chain.ops)
+    index = len(chain.steps)
     dim = FEATURE_DIM[chain.layout]
     if op.family == "reduction":
-        chain.forward_lines.append("x = " + REDUCTIONS[short].format(dim=dim))
+        usage = REDUCTIONS[short].format(dim=dim)
+        chain.forward_lines.append(f"x = {usage}")
         chain.ended = True
     elif prefix == "F":
         extra = f", dim={dim}" if op.family == "softmax" else ""
-        chain.forward_lines.append(f"x = F.{short}(x{extra})")
+        usage = f"F.{short}(x{extra})"
+        chain.forward_lines.append(f"x = {usage}")
     else:
-        chain.init_lines.append(f"self.op{index} = {_constructor(chain, short, index, rng, scale)}")
+        usage = _constructor(chain, short, index, rng, scale)
+        chain.init_lines.append(f"self.op{index} = {usage}")
         chain.forward_lines.append(f"x = self.op{index}(x)")
     chain.pooled += short in POOLING_HALVES
-    chain.ops.append(op.name)
+    chain.steps.append(ChainStep(op.name, usage, _shape(chain)))
 
 
-def _constructor(chain: _Chain, short: str, index: int, rng: random.Random, scale: str) -> str:
+def _shape(chain: Chain) -> str:
+    """The chain's current output shape in module constants: the feature dim renamed, pooled dims divided."""
+    dims = list(INPUT_DIMS[chain.layout])
+    dims[FEATURE_DIM[chain.layout]] = chain.feature
+    if chain.pooled:  # only images pool: their last two dims are height and width
+        dims[-2:] = [f"{dim} // {2**chain.pooled}" for dim in dims[-2:]]
+    if chain.ended:  # a reduction over the feature dim removes it
+        del dims[FEATURE_DIM[chain.layout]]
+    return f"({', '.join(dims)})"
+
+
+def _constructor(chain: Chain, short: str, index: int, rng: random.Random, scale: str) -> str:
     if short not in SHAPED_MODULES:
         return f"nn.{short}(dim={FEATURE_DIM[chain.layout]})" if short in SOFTMAX_FAMILY else f"nn.{short}()"
     _, template, new_dim = SHAPED_MODULES[short]
@@ -280,15 +330,15 @@ def _constructor(chain: _Chain, short: str, index: int, rng: random.Random, scal
     return text
 
 
-def _init_param(chain: _Chain, constant: str) -> str:
+def _init_param(chain: Chain, constant: str) -> str:
     if constant not in chain.init_params:
         chain.init_params.append(constant)
     return constant.lower()
 
 
-def render_problem(chain: _Chain) -> str:
+def render_problem(chain: Chain) -> str:
     """The KernelBench-format source of a composed chain: constants, Model, get_inputs, get_init_inputs."""
-    dims = ["BATCH", "CHANNELS", "HEIGHT", "WIDTH"] if chain.layout == "image" else ["BATCH", "SEQUENCE", "FEATURES"]
+    dims = INPUT_DIMS[chain.layout]
     params = "".join(f", {name.lower()}: int" for name in chain.init_params)
     init_body = ["super().__init__()", *chain.init_lines]
     lines = [
@@ -366,7 +416,10 @@ def check_task(
     from kernelpilot.errors import ProblemError
     from kernelpilot.problem import load_problem
 
-    stochastic = stochastic_names(code)
+    try:
+        stochastic = stochastic_names(code)
+    except SyntaxError as err:  # a model's code, not a composed one
+        return Verdict(False, "invalid", f"Syntax error at task.py:{err.lineno}: {err.msg}.")
     if stochastic:
         return Verdict(False, "stochastic-op", f"uses {', '.join(stochastic)}")
     with tempfile.TemporaryDirectory() as folder:
@@ -375,7 +428,8 @@ def check_task(
         try:
             problem = load_problem(path)
         except ProblemError as err:
-            return Verdict(False, "invalid", err.message)
+            # Without the temporary folder, the same mistake in two tasks reads the same (and counts as one reason).
+            return Verdict(False, "invalid", err.message.replace(str(path.resolve()), path.name))
         torch.manual_seed(0)
         model = problem.make_model(device)
         inputs = problem.make_inputs(device, seed=0)
@@ -565,15 +619,26 @@ def _closest_match(task: Task, benchmark: list, similarity: float) -> tuple[Path
 
 
 @dataclass
-class SynthReport:
-    """A synthesis run: tasks composed, kept, and how many each filter dropped."""
+class Composition:
+    """What a composer made: its tasks, the replies that gave none (per reason), and the model error that ended it."""
 
-    composed: int
+    tasks: list[Task]
+    unusable: dict[str, int] = field(default_factory=dict)
+    model_error: ModelError | None = None
+
+
+@dataclass
+class SynthReport:
+    """A synthesis run: tasks composed, kept, and how many each filter (or the LLM composer's reading) dropped."""
+
+    composed: int  # candidates: composed tasks, or the LLM composer's replies
     kept: list[Task]
     dropped_by_filter: dict[str, int]
     contaminated: list[Dropped]
     skipped_operators: dict[str, str]
     seconds: float
+    composer: str = DETERMINISTIC_COMPOSER
+    model_error: ModelError | None = None  # ended an LLM composer's run early: callers raise it after writing
 
 
 def synthesize(
@@ -588,16 +653,19 @@ def synthesize(
     similarity: float = 0.9,
     timeout_s: float = 300.0,
     on_task: Callable[[Task, Verdict], None] | None = None,
+    model: Model | None = None,
 ) -> SynthReport:
     """Crawl, compose `count` candidates, filter them in one worker process per device, decontaminate.
 
-    `timeout_s` bounds one task's filters (torch.compile's first call included).
+    `timeout_s` bounds one task's filters (torch.compile's first call included). With a `model`, the LLM composer
+    writes the candidates; a model error stops it, and the tasks composed so far are still filtered and reported.
     """
     from kernelpilot.train.filter_worker import check_tasks
 
     started = time.monotonic()
     crawl = crawl_operators()
-    composed = compose_tasks(crawl.operators, count, seed=seed, scale=scale)
+    composition = _compose(crawl.operators, count, seed=seed, scale=scale, model=model)
+    composed = composition.tasks
     options = {"compile_backend": compile_backend, "runtime_range_ms": runtime_range_ms}
     verdicts = check_tasks(
         [task.code for task in composed],
@@ -606,19 +674,45 @@ def synthesize(
         timeout_s,
         on_verdict=(lambda i, v: on_task(composed[i], v)) if on_task is not None else None,
     )
-    dropped = dict.fromkeys(FILTERS, 0)
+    dropped = {**dict.fromkeys(FILTERS, 0), **composition.unusable}
     passed = []
     for task, verdict in zip(composed, verdicts):
         task.eager_ms, task.compile_ms = verdict.eager_ms, verdict.compile_ms
         if verdict.kept:
             passed.append(task)
         else:
-            dropped[verdict.reason] += 1
+            reason = _drop_reason(task, verdict)
+            dropped[reason] = dropped.get(reason, 0) + 1
     contaminated: list[Dropped] = []
     if benchmark_dir is not None:
         passed, contaminated = decontaminate(passed, benchmark_dir, similarity=similarity)
         dropped["contaminated"] = len(contaminated)
-    return SynthReport(len(composed), passed, dropped, contaminated, crawl.skipped, time.monotonic() - started)
+    return SynthReport(
+        len(composed) + sum(composition.unusable.values()),
+        passed,
+        dropped,
+        contaminated,
+        crawl.skipped,
+        time.monotonic() - started,
+        composer=f"llm:{model.name}" if model is not None else DETERMINISTIC_COMPOSER,
+        model_error=composition.model_error,
+    )
+
+
+def _compose(operators: list[Operator], count: int, *, seed: int, scale: str, model: Model | None) -> Composition:
+    if model is None:
+        return Composition(compose_tasks(operators, count, seed=seed, scale=scale))
+    from kernelpilot.train.llm_composer import compose_with_model
+
+    return compose_with_model(model, operators, count, seed=seed, scale=scale)
+
+
+def _drop_reason(task: Task, verdict: Verdict) -> str:
+    """The filter that dropped a task; for a model's problem that fails to load or run, what the model got wrong."""
+    if verdict.reason == "invalid" and task.composer != DETERMINISTIC_COMPOSER:
+        first_line = verdict.detail.strip().splitlines()[0] if verdict.detail.strip() else "no detail"
+        return f"{LLM_INVALID_PROBLEM}: {first_line}"
+    return verdict.reason
 
 
 # ------------------------------------------------------------------------------------------------ dataset
@@ -631,13 +725,15 @@ KernelBench-format problems (`class Model`, `get_inputs()`, `get_init_inputs()`)
 from {operator_count} seed operators crawled from torch.nn and torch.nn.functional (torch {torch_version}), 1-5
 operators each, filtered by running them on `{devices}`.
 
+- composer: {composer}{stopped_note}
 - composed: {composed}; kept: {kept} (seed {seed}, sizes "{scale}")
 - dropped per filter: {dropped}
 - decontaminated against: {benchmark}
 
-Fields: `task_id`, `code` (the problem source), `ops` (operator names in order), `layout` (image NCHW or rows
-B x S x F),
-`shapes` (the module constants), `eager_ms` and `compile_ms` (median CUDA-event times; null when filtered on a CPU).
+Fields: `task_id`, `code` (the problem source), `ops` (operator names in order; for an LLM-composed task, the
+sampled operators the model was asked to fuse), `layout` (image NCHW or rows B x S x F), `shapes` (the module
+constants; for an LLM-composed task, the sizes it was given), `eager_ms` and `compile_ms` (median CUDA-event times;
+null when filtered on a CPU), `composer` ("deterministic" or "llm:<model>").
 
 Load it with `datasets.load_dataset("json", data_files="{data_file}")`{parquet_note}.
 """
@@ -657,11 +753,14 @@ def write_dataset(report: SynthReport, out_dir: Path, *, settings: dict[str, Any
     if parquet is not None:
         written.append(parquet)
     summary = {key: value for key, value in dataclasses.asdict(report).items() if key != "kept"}
+    summary["model_error"] = report.model_error.message if report.model_error is not None else None
     (out_dir / "report.json").write_text(json.dumps({**summary, "settings": settings}, indent=2), encoding="utf-8")
     card = CARD_TEMPLATE.format(
         operator_count=settings.get("operator_count", "?"),
         torch_version=torch.__version__,
         devices=settings.get("devices"),
+        composer=report.composer,
+        stopped_note=f" (stopped early: {report.model_error.message})" if report.model_error is not None else "",
         composed=report.composed,
         kept=len(report.kept),
         seed=settings.get("seed"),
