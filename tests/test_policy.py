@@ -1041,12 +1041,11 @@ def judge():
         yield judge
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", SUPPORTED_EXAMPLES)
-def test_generated_kernels_pass_verification(tmp_path, judge, name):
+def assert_generated_kernels_verify(judge, problem_path: Path, folder: Path) -> None:
+    """Scaffold a workspace for the problem, write the policy's files, build, and verify them on the GPU."""
     from kernelpilot.workspace import init_workspace
 
-    ws, _ = init_workspace(EXAMPLES / f"{name}.py", tmp_path / "ws")
+    ws, _ = init_workspace(problem_path, folder / "ws")
     problem = ws.problem()
     for file in render_all(problem, analyze(problem)):
         (ws.root / file.path).write_text(file.content)
@@ -1054,6 +1053,12 @@ def test_generated_kernels_pass_verification(tmp_path, judge, name):
     assert build.ok, build.log[-3000:]
     verify = judge.verify(ws.root, build, trials=3)
     assert verify.ok, (verify.error_kind, verify.message, [t.message for t in verify.trials])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SUPPORTED_EXAMPLES)
+def test_generated_kernels_pass_verification(tmp_path, judge, name):
+    assert_generated_kernels_verify(judge, EXAMPLES / f"{name}.py", tmp_path)
 
 
 @pytest.mark.gpu

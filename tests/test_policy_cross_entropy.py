@@ -10,6 +10,7 @@ import pytest
 from conftest import EXAMPLES
 from test_policy import (
     analysed,
+    assert_generated_kernels_verify,
     check_against_model,
     compile_cu,
     needs_nvcc,
@@ -151,20 +152,7 @@ def judge():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["weighted_mean", "sum", "none", "nll_of_log_probs"])
 def test_cross_entropy_variants_pass_verification(tmp_path, judge, name):
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(cross_entropy_problem(tmp_path, name), tmp_path / "ws")
-    problem = ws.problem()
-    for file in render_all(problem, analyze(problem)):
-        (ws.root / file.path).write_text(file.content)
-    build = judge.build(ws.root)
-    assert build.ok, build.log[-3000:]
-    verify = judge.verify(ws.root, build, trials=3)
-    assert verify.ok, (
-        verify.error_kind,
-        verify.message,
-        [t.message for t in verify.trials],
-    )
+    assert_generated_kernels_verify(judge, cross_entropy_problem(tmp_path, name), tmp_path)
 
 
 def test_reduction_none_is_one_kernel_writing_a_loss_per_row(tmp_path):
