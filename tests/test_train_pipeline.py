@@ -106,3 +106,51 @@ def test_train_commands_from_the_cli(tmp_path):
     assert agentic_on_trl.exit_code == 2 and "--engine verl" in agentic_on_trl.output
     missing = runner.invoke(app, ["train", "run", "--config", str(tmp_path / "nope.toml")])
     assert missing.exit_code == 2 and "Cannot read" in missing.output
+
+
+def test_train_run_chains_synth_warmup_rft_and_critic_from_one_config(tmp_path, monkeypatch):
+    """One `train.toml`, the real CLI and real TRL runs on a tiny local model, on the CPU: every stage leaves its
+    checkpoint and the next starts from it; a second run skips them all."""
+    pytest.importorskip("trl", reason="trl is not installed (pip install 'kernelpilot[train]')")
+    from test_train_rft import tiny_model_and_tokenizer, write_transcript
+    from typer.testing import CliRunner
+
+    from kernelpilot.agent.session import SESSIONS_DIR
+    from kernelpilot.cli import app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = tiny_model_and_tokenizer()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    sessions = tmp_path / "rollouts" / "task_0" / SESSIONS_DIR  # where a rollout's workspace keeps its transcript
+    sessions.mkdir(parents=True)
+    write_transcript(sessions / "good.jsonl", reward=2)
+    (tmp_path / "train.toml").write_text(
+        CONFIG.replace('model = "base-model"', f'model = "{tmp_path / "tiny"}"')
+        + f"""
+[warmup]
+max_steps = 1
+num_generations = 2
+batch_size = 2
+max_completion_length = 16
+learning_rate = 1e-3
+devices = ["cpu"]
+
+[rft]
+transcripts = "{tmp_path / "rollouts"}"
+epochs = 1
+
+[critic]
+transcripts = "{tmp_path / "rollouts"}"
+epochs = 1
+"""
+    )
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    first = runner.invoke(app, ["train", "run", "--config", "train.toml"])
+    assert first.exit_code == 0, first.output
+    run = tmp_path / "run"
+    assert all((run / stage / STAGE_DONE).is_file() for stage in ("synth", "warmup", "rft", "critic"))
+    assert (run / "rft" / "model" / "config.json").is_file() and (run / "critic" / "model" / "config.json").is_file()
+    second = runner.invoke(app, ["train", "run", "--config", "train.toml"])
+    assert second.exit_code == 0 and second.output.count("skipped") >= 4, second.output
