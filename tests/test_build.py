@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 from kernelpilot import build
 from kernelpilot.build import (
     _toolkit_of,
+    build_lock,
     build_workspace,
     find_cublaslt,
     load_extension,
@@ -522,6 +524,86 @@ def test_loading_a_failed_build_is_a_build_error():
     failed = BuildResult(ok=False, workspace="ws", extension_name="kp_kernels", arch=ARCH, error="1 error")
     with pytest.raises(BuildError, match="the build failed"):
         load_extension(failed)
+
+
+# ------------------------------------------------------------------------------ one builder at a time
+
+
+def _python(code: str, *args: str) -> subprocess.Popen:
+    """Run `code` in a fresh interpreter that imports this checkout's kernelpilot."""
+    source_root = str(Path(build.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source_root, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+HOLD_LOCK = """
+    import sys, time
+    from pathlib import Path
+    from kernelpilot.build import build_lock
+
+    build_dir = Path(sys.argv[1])
+    with build_lock(build_dir):
+        (build_dir / "held").touch()
+        time.sleep(0.5)
+        (build_dir / "released").touch()  # before the release: whoever gets the lock next must see it
+"""
+
+
+def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
+def test_a_second_builder_waits_for_the_lock_and_proceeds_after_its_release(tmp_path):
+    build_dir = tmp_path / "build"
+    holder = _python(HOLD_LOCK, str(build_dir))
+    try:
+        _wait_for(build_dir / "held")
+        with build_lock(build_dir, timeout_s=30):
+            assert (build_dir / "released").exists()
+    finally:
+        holder.wait(timeout=30)
+    assert holder.returncode == 0
+
+
+def test_a_lock_held_past_the_timeout_is_one_sentence_with_a_hint(tmp_path):
+    build_dir = tmp_path / "build"
+    # flock locks belong to an open file, so a second opening in this process contends like another process.
+    with build_lock(build_dir), pytest.raises(BuildError) as raised:
+        with build_lock(build_dir, timeout_s=0.2):
+            pytest.fail("the lock was taken twice")
+
+    error = raised.value
+    assert str(error).startswith("Waited 0.2 s for another build of this workspace to release")
+    assert "does not say which process holds it" in str(error)
+    assert "stop it" in error.hint and "do not delete the lock file" in error.hint
+    with build_lock(build_dir, timeout_s=0.2):  # released by its holder, free again
+        pass
+
+
+BUILD_AND_PRINT = """
+    import json, sys
+    from kernelpilot.build import build_workspace
+    from kernelpilot.results import to_dict
+
+    print(json.dumps(to_dict(build_workspace(sys.argv[1], arch=sys.argv[2]))))
+"""
+
+
+@pytest.mark.cuda_build
+def test_two_processes_building_one_workspace_compile_it_once(tmp_path):
+    _version_module(tmp_path, 1)
+
+    builders = [_python(BUILD_AND_PRINT, str(tmp_path), ARCH) for _ in range(2)]
+    results = [from_dict(BuildResult, json.loads(builder.communicate(timeout=300)[0])) for builder in builders]
+
+    assert all(result.ok for result in results), [result.log for result in results]
+    assert sorted(result.compiled for result in results) == [[], ["kernels/module.cpp"]]
+    assert results[0].library == results[1].library
 
 
 # ------------------------------------------------------------------------- the scaffolded workspace

@@ -7,12 +7,14 @@ library is copied to `build/versions/<content hash>/`, a new path per build, so 
 build after build (`load_extension`). Compiler output becomes `Diagnostic`s and `-Xptxas -v` output becomes
 `KernelResources`, cached per source so every build reports the resources of all kernels. A source that
 includes cublasLt.h gets cuBLASLt's headers, and the library links it, from the CUDA toolkit or from the
-nvidia pip packages torch depends on; other builds are unchanged.
+nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
+(`build_lock`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -29,6 +31,7 @@ import sysconfig
 import time
 import types
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +42,9 @@ from kernelpilot.workspace import EXTENSION_NAME, Workspace
 NINJA_STATUS = "[kp %f/%t] "  # a prefix no compiler prints, so each edge's log block can be found
 
 _ARCH_HINT = "say which GPU to build for, e.g. --arch 9.0 (H100) or TORCH_CUDA_ARCH_LIST=9.0"
+
+BUILD_LOCK_NAME = "build.lock"
+LOCK_TIMEOUT_S = 600.0  # generous: a cold build of a few bindings takes about a minute on two cores
 
 # ------------------------------------------------------------------------------------------ toolchain
 
@@ -510,40 +516,54 @@ def _publish_version(build_dir: Path) -> Path:
 
 
 def build_workspace(
-    root: Path, *, arch: str | None = None, jobs: int | None = None, verbose: bool = False
+    root: Path,
+    *,
+    arch: str | None = None,
+    jobs: int | None = None,
+    verbose: bool = False,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
 ) -> BuildResult:
     """Build `root/kernels/*` into `root/build/kp_kernels.so`, recompiling only what changed.
 
-    A compile error is not an exception: the result has ok=False, the diagnostics and the log. A missing
-    toolchain or a folder that is not a workspace raises a KernelpilotError.
+    A build waits up to `lock_timeout_s` for another one of the same workspace to finish, then finds its work
+    done. A compile error is not an exception: the result has ok=False, the diagnostics and the log. A missing
+    toolchain, a folder that is not a workspace, or a lock wait that times out raises a KernelpilotError.
     """
     started = time.perf_counter()
     ws = Workspace(Path(root).resolve())
-    root, build_dir = ws.root, ws.build_dir
     sources = _kernel_sources(ws)
     arch = resolve_arch(arch)
     toolchain = _find_toolchain()
-    build_dir.mkdir(exist_ok=True)
+    with build_lock(ws.build_dir, timeout_s=lock_timeout_s, verbose=verbose):
+        result = _build_locked(ws.root, ws.build_dir, sources, arch, toolchain, jobs or os.cpu_count() or 1, verbose)
+    result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _build_locked(
+    root: Path, build_dir: Path, sources: list[Path], arch: str, toolchain: _Toolchain, jobs: int, verbose: bool
+) -> BuildResult:
+    """Write build.ninja, run ninja, publish the library; the caller holds the build lock."""
     _write_if_changed(build_dir / "build.ninja", _render_ninja(root, sources, toolchain, arch))
     _drop_objects_without_resources(build_dir, sources)
 
-    returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs or os.cpu_count() or 1, verbose)
+    returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs, verbose)
     edges = _edge_logs(log)
     _save_resources(root, build_dir, edges)
     diagnostics = [_relative_to(root, d) for d in parse_diagnostics(log)]
     ok = returncode == 0
+    library = _publish_version(build_dir) if ok else None
     return BuildResult(
         ok=ok,
         workspace=str(root),
         extension_name=EXTENSION_NAME,
         arch=arch,
-        library=str(_publish_version(build_dir)) if ok else None,
+        library=str(library) if library else None,
         compiled=[e.subject for e in edges if e.action == "compile"],
         linked=any(e.action == "link" and not e.failed for e in edges),
         diagnostics=diagnostics,
         resources=_load_resources(build_dir, sources),
         log=log,
-        seconds=round(time.perf_counter() - started, 3),
         error=None if ok else _failure_summary(diagnostics),
     )
 
@@ -568,6 +588,52 @@ def _failure_summary(diagnostics: list[Diagnostic]) -> str:
     place = f" in {', '.join(files)}" if files else ""
     count = f"{len(errors)} error{'s' if len(errors) != 1 else ''}"
     return f"{count}{place} (first: {where}{first.message})"
+
+
+# ------------------------------------------------------------------------------------- build lock
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, *, timeout_s: float = LOCK_TIMEOUT_S, verbose: bool = False) -> Iterator[None]:
+    """Hold the exclusive lock of `build_dir`, waiting up to `timeout_s` for another builder to release it.
+
+    Two ninjas in one folder would race on the same objects, .ninja_log and library. flock is advisory and
+    per open file: it is released when its holder exits, however it exits, so a crashed build never leaves a
+    stale lock. The lock file itself is never deleted: a builder that opened the old file and one that creates
+    a new one would both hold "the" lock.
+    """
+    build_dir.mkdir(parents=True, exist_ok=True)
+    path = build_dir / BUILD_LOCK_NAME
+    with path.open("a") as handle:  # "a": opening never truncates or replaces the file someone may hold
+        _acquire(handle.fileno(), path, timeout_s, verbose)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _acquire(descriptor: int, path: Path, timeout_s: float, verbose: bool) -> None:
+    """flock(LOCK_EX) with a deadline: flock itself blocks forever, so poll it without blocking."""
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BuildError(
+                f"Waited {timeout_s:g} s for another build of this workspace to release {path} "
+                "(a file lock does not say which process holds it).",
+                hint="wait for the other build (the agent's Compile tool, `kernelpilot watch`, another terminal) "
+                "to finish, or stop it; do not delete the lock file, it is not what holds the lock",
+            )
+        if verbose and not announced:
+            sys.stderr.write(f"waiting for another build to release {path}\n")
+            announced = True
+        time.sleep(min(0.1, remaining))
 
 
 # ---------------------------------------------------------------------------------------- loading
