@@ -23,6 +23,7 @@ from kernelpilot.build import (
     load_extension,
     parse_diagnostics,
     parse_ptxas,
+    prune_versions,
     render_build,
     resolve_arch,
     resolve_cuda_home,
@@ -526,7 +527,7 @@ def test_loading_a_failed_build_is_a_build_error():
         load_extension(failed)
 
 
-# ------------------------------------------------------------------------------ one builder at a time
+# ----------------------------------------------------------------- one builder at a time, old versions
 
 
 def _python(code: str, *args: str) -> subprocess.Popen:
@@ -583,6 +584,51 @@ def test_a_lock_held_past_the_timeout_is_one_sentence_with_a_hint(tmp_path):
     assert "stop it" in error.hint and "do not delete the lock file" in error.hint
     with build_lock(build_dir, timeout_s=0.2):  # released by its holder, free again
         pass
+
+
+def _versions(versions_dir: Path, count: int) -> list[Path]:
+    """`count` version folders, oldest first, one second apart in modification time."""
+    folders = []
+    for index in range(count):
+        folder = versions_dir / f"{index:016x}"
+        (folder / "kp_kernels.so").parent.mkdir(parents=True)
+        (folder / "kp_kernels.so").write_bytes(b"library %d" % index)
+        os.utime(folder, (1_000_000 + index, 1_000_000 + index))
+        folders.append(folder)
+    return folders
+
+
+def test_pruning_keeps_the_newest_versions_and_the_pinned_and_leaves_other_files(tmp_path):
+    versions_dir = tmp_path / "build" / "versions"
+    folders = _versions(versions_dir, 12)
+    not_a_version = [
+        versions_dir / "notes.txt", versions_dir / "by-hand" / "kp_kernels.so", tmp_path / "build" / "kp_kernels.so"
+    ]
+    for path in not_a_version:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("not a version")
+
+    deleted = prune_versions(versions_dir, keep=3, pinned=[folders[1]])
+
+    kept = [folders[1], *folders[-3:]]
+    assert sorted(deleted) == sorted(set(folders) - set(kept))
+    assert sorted(path for path in versions_dir.iterdir() if path.name in {f.name for f in folders}) == kept
+    assert all(path.is_file() for path in not_a_version)
+
+
+def test_publishing_an_older_library_again_makes_its_version_the_newest(tmp_path):
+    build_dir = tmp_path / "build"
+    library = build_dir / "kp_kernels.so"
+    library.parent.mkdir()
+    library.write_bytes(b"first")
+    first = build._publish_version(build_dir)
+    os.utime(first.parent, (1_000_000, 1_000_000))
+    library.write_bytes(b"second")
+    second = build._publish_version(build_dir)
+    library.write_bytes(b"first")  # the source edit undone: the same content, the same version folder
+
+    assert build._publish_version(build_dir) == first
+    assert prune_versions(build_dir / "versions", keep=1) == [second.parent]
 
 
 BUILD_AND_PRINT = """

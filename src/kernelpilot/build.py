@@ -8,7 +8,7 @@ build after build (`load_extension`). Compiler output becomes `Diagnostic`s and 
 `KernelResources`, cached per source so every build reports the resources of all kernels. A source that
 includes cublasLt.h gets cuBLASLt's headers, and the library links it, from the CUDA toolkit or from the
 nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
-(`build_lock`).
+(`build_lock`), and each successful build prunes `build/versions/` to the most recent few (`prune_versions`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import sysconfig
 import time
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,8 @@ _ARCH_HINT = "say which GPU to build for, e.g. --arch 9.0 (H100) or TORCH_CUDA_A
 
 BUILD_LOCK_NAME = "build.lock"
 LOCK_TIMEOUT_S = 600.0  # generous: a cold build of a few bindings takes about a minute on two cores
+KEEP_VERSIONS = 8
+_VERSION_NAME = re.compile(r"[0-9a-f]{16}")  # what _publish_version names a version folder
 
 # ------------------------------------------------------------------------------------------ toolchain
 
@@ -503,7 +505,7 @@ def _load_resources(build_dir: Path, sources: list[Path]) -> list[KernelResource
 
 
 def _publish_version(build_dir: Path) -> Path:
-    """Copy the linked library to versions/<content hash>/, a path unique to this content."""
+    """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built."""
     library = build_dir / f"{EXTENSION_NAME}.so"
     digest = hashlib.sha256(library.read_bytes()).hexdigest()[:16]
     versioned = build_dir / "versions" / digest / library.name
@@ -512,6 +514,7 @@ def _publish_version(build_dir: Path) -> Path:
         partial = versioned.with_name(versioned.name + ".partial")
         shutil.copyfile(library, partial)
         os.replace(partial, versioned)  # atomic: a concurrent loader never sees half a library
+    os.utime(versioned.parent)  # a build back to older content makes that version recent again for pruning
     return versioned
 
 
@@ -543,7 +546,7 @@ def build_workspace(
 def _build_locked(
     root: Path, build_dir: Path, sources: list[Path], arch: str, toolchain: _Toolchain, jobs: int, verbose: bool
 ) -> BuildResult:
-    """Write build.ninja, run ninja, publish the library; the caller holds the build lock."""
+    """Write build.ninja, run ninja, publish the library and prune old versions; the caller holds the build lock."""
     _write_if_changed(build_dir / "build.ninja", _render_ninja(root, sources, toolchain, arch))
     _drop_objects_without_resources(build_dir, sources)
 
@@ -553,6 +556,8 @@ def _build_locked(
     diagnostics = [_relative_to(root, d) for d in parse_diagnostics(log)]
     ok = returncode == 0
     library = _publish_version(build_dir) if ok else None
+    if library is not None:
+        prune_versions(library.parent.parent, pinned=[library.parent])
     return BuildResult(
         ok=ok,
         workspace=str(root),
@@ -590,7 +595,7 @@ def _failure_summary(diagnostics: list[Diagnostic]) -> str:
     return f"{count}{place} (first: {where}{first.message})"
 
 
-# ------------------------------------------------------------------------------------- build lock
+# ------------------------------------------------------------------------------ lock and versions
 
 
 @contextlib.contextmanager
@@ -634,6 +639,27 @@ def _acquire(descriptor: int, path: Path, timeout_s: float, verbose: bool) -> No
             sys.stderr.write(f"waiting for another build to release {path}\n")
             announced = True
         time.sleep(min(0.1, remaining))
+
+
+def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Iterable[Path] = ()) -> list[Path]:
+    """Delete the version folders of `versions_dir` but the `keep` most recently built and the `pinned` ones.
+
+    Only folders named as _publish_version names them are considered; anything else in `versions_dir` stays.
+    Deleting a library that a running process has loaded is safe on Linux: unlinking removes only the name,
+    and the process's mapping keeps the file's data until it is unmapped. Returns the folders deleted.
+    """
+    if not versions_dir.is_dir():
+        return []
+    versions = [
+        folder for folder in versions_dir.iterdir()
+        if _VERSION_NAME.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink()
+    ]
+    versions.sort(key=lambda folder: (folder.stat().st_mtime_ns, folder.name), reverse=True)
+    kept = {folder.name for folder in versions[:keep]} | {Path(folder).name for folder in pinned}
+    stale = [folder for folder in versions if folder.name not in kept]
+    for folder in stale:
+        shutil.rmtree(folder)
+    return stale
 
 
 # ---------------------------------------------------------------------------------------- loading
