@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ from typer.testing import CliRunner
 from kernelpilot import build
 from kernelpilot.build import (
     _toolkit_of,
+    build_lock,
     build_workspace,
     find_cublaslt,
     load_extension,
     parse_diagnostics,
     parse_ptxas,
+    prune_versions,
     render_build,
     resolve_arch,
     resolve_cuda_home,
@@ -522,6 +525,131 @@ def test_loading_a_failed_build_is_a_build_error():
     failed = BuildResult(ok=False, workspace="ws", extension_name="kp_kernels", arch=ARCH, error="1 error")
     with pytest.raises(BuildError, match="the build failed"):
         load_extension(failed)
+
+
+# ----------------------------------------------------------------- one builder at a time, old versions
+
+
+def _python(code: str, *args: str) -> subprocess.Popen:
+    """Run `code` in a fresh interpreter that imports this checkout's kernelpilot."""
+    source_root = str(Path(build.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source_root, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+HOLD_LOCK = """
+    import sys, time
+    from pathlib import Path
+    from kernelpilot.build import build_lock
+
+    build_dir = Path(sys.argv[1])
+    with build_lock(build_dir):
+        (build_dir / "held").touch()
+        time.sleep(0.5)
+        (build_dir / "released").touch()  # before the release: whoever gets the lock next must see it
+"""
+
+
+def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
+def test_a_second_builder_waits_for_the_lock_and_proceeds_after_its_release(tmp_path):
+    build_dir = tmp_path / "build"
+    holder = _python(HOLD_LOCK, str(build_dir))
+    try:
+        _wait_for(build_dir / "held")
+        with build_lock(build_dir, timeout_s=30):
+            assert (build_dir / "released").exists()
+    finally:
+        holder.wait(timeout=30)
+    assert holder.returncode == 0
+
+
+def test_a_lock_held_past_the_timeout_is_one_sentence_with_a_hint(tmp_path):
+    build_dir = tmp_path / "build"
+    # flock locks belong to an open file, so a second opening in this process contends like another process.
+    with build_lock(build_dir), pytest.raises(BuildError) as raised:
+        with build_lock(build_dir, timeout_s=0.2):
+            pytest.fail("the lock was taken twice")
+
+    error = raised.value
+    assert str(error).startswith("Waited 0.2 s for another build of this workspace to release")
+    assert "does not say which process holds it" in str(error)
+    assert "stop it" in error.hint and "do not delete the lock file" in error.hint
+    with build_lock(build_dir, timeout_s=0.2):  # released by its holder, free again
+        pass
+
+
+def _versions(versions_dir: Path, count: int) -> list[Path]:
+    """`count` version folders, oldest first, one second apart in modification time."""
+    folders = []
+    for index in range(count):
+        folder = versions_dir / f"{index:016x}"
+        (folder / "kp_kernels.so").parent.mkdir(parents=True)
+        (folder / "kp_kernels.so").write_bytes(b"library %d" % index)
+        os.utime(folder, (1_000_000 + index, 1_000_000 + index))
+        folders.append(folder)
+    return folders
+
+
+def test_pruning_keeps_the_newest_versions_and_the_pinned_and_leaves_other_files(tmp_path):
+    versions_dir = tmp_path / "build" / "versions"
+    folders = _versions(versions_dir, 12)
+    not_a_version = [
+        versions_dir / "notes.txt", versions_dir / "by-hand" / "kp_kernels.so", tmp_path / "build" / "kp_kernels.so"
+    ]
+    for path in not_a_version:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("not a version")
+
+    deleted = prune_versions(versions_dir, keep=3, pinned=[folders[1]])
+
+    kept = [folders[1], *folders[-3:]]
+    assert sorted(deleted) == sorted(set(folders) - set(kept))
+    assert sorted(path for path in versions_dir.iterdir() if path.name in {f.name for f in folders}) == kept
+    assert all(path.is_file() for path in not_a_version)
+
+
+def test_publishing_an_older_library_again_makes_its_version_the_newest(tmp_path):
+    build_dir = tmp_path / "build"
+    library = build_dir / "kp_kernels.so"
+    library.parent.mkdir()
+    library.write_bytes(b"first")
+    first = build._publish_version(build_dir)
+    os.utime(first.parent, (1_000_000, 1_000_000))
+    library.write_bytes(b"second")
+    second = build._publish_version(build_dir)
+    library.write_bytes(b"first")  # the source edit undone: the same content, the same version folder
+
+    assert build._publish_version(build_dir) == first
+    assert prune_versions(build_dir / "versions", keep=1) == [second.parent]
+
+
+BUILD_AND_PRINT = """
+    import json, sys
+    from kernelpilot.build import build_workspace
+    from kernelpilot.results import to_dict
+
+    print(json.dumps(to_dict(build_workspace(sys.argv[1], arch=sys.argv[2]))))
+"""
+
+
+@pytest.mark.cuda_build
+def test_two_processes_building_one_workspace_compile_it_once(tmp_path):
+    _version_module(tmp_path, 1)
+
+    builders = [_python(BUILD_AND_PRINT, str(tmp_path), ARCH) for _ in range(2)]
+    results = [from_dict(BuildResult, json.loads(builder.communicate(timeout=300)[0])) for builder in builders]
+
+    assert all(result.ok for result in results), [result.log for result in results]
+    assert sorted(result.compiled for result in results) == [[], ["kernels/module.cpp"]]
+    assert results[0].library == results[1].library
 
 
 # ------------------------------------------------------------------------- the scaffolded workspace

@@ -7,12 +7,14 @@ library is copied to `build/versions/<content hash>/`, a new path per build, so 
 build after build (`load_extension`). Compiler output becomes `Diagnostic`s and `-Xptxas -v` output becomes
 `KernelResources`, cached per source so every build reports the resources of all kernels. A source that
 includes cublasLt.h gets cuBLASLt's headers, and the library links it, from the CUDA toolkit or from the
-nvidia pip packages torch depends on; other builds are unchanged.
+nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
+(`build_lock`), and each successful build prunes `build/versions/` to the most recent few (`prune_versions`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -29,6 +31,7 @@ import sysconfig
 import time
 import types
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +42,11 @@ from kernelpilot.workspace import EXTENSION_NAME, Workspace
 NINJA_STATUS = "[kp %f/%t] "  # a prefix no compiler prints, so each edge's log block can be found
 
 _ARCH_HINT = "say which GPU to build for, e.g. --arch 9.0 (H100) or TORCH_CUDA_ARCH_LIST=9.0"
+
+BUILD_LOCK_NAME = "build.lock"
+LOCK_TIMEOUT_S = 600.0  # generous: a cold build of a few bindings takes about a minute on two cores
+KEEP_VERSIONS = 8
+_VERSION_NAME = re.compile(r"[0-9a-f]{16}")  # what _publish_version names a version folder
 
 # ------------------------------------------------------------------------------------------ toolchain
 
@@ -497,7 +505,7 @@ def _load_resources(build_dir: Path, sources: list[Path]) -> list[KernelResource
 
 
 def _publish_version(build_dir: Path) -> Path:
-    """Copy the linked library to versions/<content hash>/, a path unique to this content."""
+    """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built."""
     library = build_dir / f"{EXTENSION_NAME}.so"
     digest = hashlib.sha256(library.read_bytes()).hexdigest()[:16]
     versioned = build_dir / "versions" / digest / library.name
@@ -506,44 +514,61 @@ def _publish_version(build_dir: Path) -> Path:
         partial = versioned.with_name(versioned.name + ".partial")
         shutil.copyfile(library, partial)
         os.replace(partial, versioned)  # atomic: a concurrent loader never sees half a library
+    os.utime(versioned.parent)  # a build back to older content makes that version recent again for pruning
     return versioned
 
 
 def build_workspace(
-    root: Path, *, arch: str | None = None, jobs: int | None = None, verbose: bool = False
+    root: Path,
+    *,
+    arch: str | None = None,
+    jobs: int | None = None,
+    verbose: bool = False,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
 ) -> BuildResult:
     """Build `root/kernels/*` into `root/build/kp_kernels.so`, recompiling only what changed.
 
-    A compile error is not an exception: the result has ok=False, the diagnostics and the log. A missing
-    toolchain or a folder that is not a workspace raises a KernelpilotError.
+    A build waits up to `lock_timeout_s` for another one of the same workspace to finish, then finds its work
+    done. A compile error is not an exception: the result has ok=False, the diagnostics and the log. A missing
+    toolchain, a folder that is not a workspace, or a lock wait that times out raises a KernelpilotError.
     """
     started = time.perf_counter()
     ws = Workspace(Path(root).resolve())
-    root, build_dir = ws.root, ws.build_dir
     sources = _kernel_sources(ws)
     arch = resolve_arch(arch)
     toolchain = _find_toolchain()
-    build_dir.mkdir(exist_ok=True)
+    with build_lock(ws.build_dir, timeout_s=lock_timeout_s, verbose=verbose):
+        result = _build_locked(ws.root, ws.build_dir, sources, arch, toolchain, jobs or os.cpu_count() or 1, verbose)
+    result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _build_locked(
+    root: Path, build_dir: Path, sources: list[Path], arch: str, toolchain: _Toolchain, jobs: int, verbose: bool
+) -> BuildResult:
+    """Write build.ninja, run ninja, publish the library and prune old versions; the caller holds the build lock."""
     _write_if_changed(build_dir / "build.ninja", _render_ninja(root, sources, toolchain, arch))
     _drop_objects_without_resources(build_dir, sources)
 
-    returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs or os.cpu_count() or 1, verbose)
+    returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs, verbose)
     edges = _edge_logs(log)
     _save_resources(root, build_dir, edges)
     diagnostics = [_relative_to(root, d) for d in parse_diagnostics(log)]
     ok = returncode == 0
+    library = _publish_version(build_dir) if ok else None
+    if library is not None:
+        prune_versions(library.parent.parent, pinned=[library.parent])
     return BuildResult(
         ok=ok,
         workspace=str(root),
         extension_name=EXTENSION_NAME,
         arch=arch,
-        library=str(_publish_version(build_dir)) if ok else None,
+        library=str(library) if library else None,
         compiled=[e.subject for e in edges if e.action == "compile"],
         linked=any(e.action == "link" and not e.failed for e in edges),
         diagnostics=diagnostics,
         resources=_load_resources(build_dir, sources),
         log=log,
-        seconds=round(time.perf_counter() - started, 3),
         error=None if ok else _failure_summary(diagnostics),
     )
 
@@ -568,6 +593,73 @@ def _failure_summary(diagnostics: list[Diagnostic]) -> str:
     place = f" in {', '.join(files)}" if files else ""
     count = f"{len(errors)} error{'s' if len(errors) != 1 else ''}"
     return f"{count}{place} (first: {where}{first.message})"
+
+
+# ------------------------------------------------------------------------------ lock and versions
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, *, timeout_s: float = LOCK_TIMEOUT_S, verbose: bool = False) -> Iterator[None]:
+    """Hold the exclusive lock of `build_dir`, waiting up to `timeout_s` for another builder to release it.
+
+    Two ninjas in one folder would race on the same objects, .ninja_log and library. flock is advisory and
+    per open file: it is released when its holder exits, however it exits, so a crashed build never leaves a
+    stale lock. The lock file itself is never deleted: a builder that opened the old file and one that creates
+    a new one would both hold "the" lock.
+    """
+    build_dir.mkdir(parents=True, exist_ok=True)
+    path = build_dir / BUILD_LOCK_NAME
+    with path.open("a") as handle:  # "a": opening never truncates or replaces the file someone may hold
+        _acquire(handle.fileno(), path, timeout_s, verbose)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _acquire(descriptor: int, path: Path, timeout_s: float, verbose: bool) -> None:
+    """flock(LOCK_EX) with a deadline: flock itself blocks forever, so poll it without blocking."""
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BuildError(
+                f"Waited {timeout_s:g} s for another build of this workspace to release {path} "
+                "(a file lock does not say which process holds it).",
+                hint="wait for the other build (the agent's Compile tool, `kernelpilot watch`, another terminal) "
+                "to finish, or stop it; do not delete the lock file, it is not what holds the lock",
+            )
+        if verbose and not announced:
+            sys.stderr.write(f"waiting for another build to release {path}\n")
+            announced = True
+        time.sleep(min(0.1, remaining))
+
+
+def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Iterable[Path] = ()) -> list[Path]:
+    """Delete the version folders of `versions_dir` but the `keep` most recently built and the `pinned` ones.
+
+    Only folders named as _publish_version names them are considered; anything else in `versions_dir` stays.
+    Deleting a library that a running process has loaded is safe on Linux: unlinking removes only the name,
+    and the process's mapping keeps the file's data until it is unmapped. Returns the folders deleted.
+    """
+    if not versions_dir.is_dir():
+        return []
+    versions = [
+        folder for folder in versions_dir.iterdir()
+        if _VERSION_NAME.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink()
+    ]
+    versions.sort(key=lambda folder: (folder.stat().st_mtime_ns, folder.name), reverse=True)
+    kept = {folder.name for folder in versions[:keep]} | {Path(folder).name for folder in pinned}
+    stale = [folder for folder in versions if folder.name not in kept]
+    for folder in stale:
+        shutil.rmtree(folder)
+    return stale
 
 
 # ---------------------------------------------------------------------------------------- loading
