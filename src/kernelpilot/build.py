@@ -537,7 +537,7 @@ def build_workspace(
     sources = _kernel_sources(ws)
     arch = resolve_arch(arch)
     toolchain = _find_toolchain()
-    with build_lock(ws.build_dir, timeout_s=lock_timeout_s, verbose=verbose):
+    with build_lock(ws.build_dir, timeout_s=lock_timeout_s):
         result = _build_locked(ws.root, ws.build_dir, sources, arch, toolchain, jobs or os.cpu_count() or 1, verbose)
     result.seconds = round(time.perf_counter() - started, 3)
     return result
@@ -599,7 +599,7 @@ def _failure_summary(diagnostics: list[Diagnostic]) -> str:
 
 
 @contextlib.contextmanager
-def build_lock(build_dir: Path, *, timeout_s: float = LOCK_TIMEOUT_S, verbose: bool = False) -> Iterator[None]:
+def build_lock(build_dir: Path, *, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the exclusive lock of `build_dir`, waiting up to `timeout_s` for another builder to release it.
 
     Two ninjas in one folder would race on the same objects, .ninja_log and library. flock is advisory and
@@ -610,15 +610,16 @@ def build_lock(build_dir: Path, *, timeout_s: float = LOCK_TIMEOUT_S, verbose: b
     build_dir.mkdir(parents=True, exist_ok=True)
     path = build_dir / BUILD_LOCK_NAME
     with path.open("a") as handle:  # "a": opening never truncates or replaces the file someone may hold
-        _acquire(handle.fileno(), path, timeout_s, verbose)
+        _acquire(handle.fileno(), path, timeout_s)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _acquire(descriptor: int, path: Path, timeout_s: float, verbose: bool) -> None:
-    """flock(LOCK_EX) with a deadline: flock itself blocks forever, so poll it without blocking."""
+def _acquire(descriptor: int, path: Path, timeout_s: float) -> None:
+    """flock(LOCK_EX) with a deadline: flock itself blocks forever, so poll it without blocking. A builder that has
+    to wait says so once on stderr, so a person at `kernelpilot build` knows why nothing happens."""
     deadline = time.monotonic() + timeout_s
     announced = False
     while True:
@@ -635,7 +636,7 @@ def _acquire(descriptor: int, path: Path, timeout_s: float, verbose: bool) -> No
                 hint="wait for the other build (the agent's Compile tool, `kernelpilot watch`, another terminal) "
                 "to finish, or stop it; do not delete the lock file, it is not what holds the lock",
             )
-        if verbose and not announced:
+        if not announced:
             sys.stderr.write(f"waiting for another build to release {path}\n")
             announced = True
         time.sleep(min(0.1, remaining))
