@@ -161,6 +161,18 @@ def test_render_eval_shows_verdict_errors_times_speedups_sol_reward_and_guards()
         assert expected in text, expected
 
 
+def test_render_eval_of_a_verifier_failure_prints_its_traceback():
+    message = "kernelpilot's verifier failed, not the candidate: KeyError: 'out'. This is a bug in kernelpilot; ..."
+    traceback = "Traceback (most recent call last):\n  File \"guards.py\", line 9, in find_output_aliasing\nKeyError: 'out'"
+    verify = VerifyResult(ok=False, error_kind="harness", message=message, traceback=traceback)
+    console = Console(record=True, width=160)
+    result = EvalResult(problem_id="p", workspace="/w", verify=verify, error_kind="harness", message=message)
+    render_eval(console, result)
+    text = console.export_text()
+    assert "harness: kernelpilot's verifier failed, not the candidate" in text
+    assert "The verifier's traceback:\n" + traceback in text
+
+
 # ------------------------------------------------------------------------ whole evaluations in a worker
 
 @pytest.mark.cuda_build

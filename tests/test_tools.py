@@ -555,6 +555,18 @@ def test_eval_text_shows_times_speedups_speed_of_light_and_top_kernels():
     assert lines[top + 1] == "  0.9 ms  x2  90%  big_kernel" and lines[top + 2] == "  0.1 ms  x1  10%  small_kernel"
 
 
+def test_a_verifier_failure_is_told_as_the_verifiers_not_the_kernels():
+    verify = VerifyResult(ok=False, error_kind="harness", message="kernelpilot's verifier failed, not the candidate: "
+                          "KeyError: 'out'", traceback="Traceback (most recent call last): ...")  # fmt: skip
+    lines = eval_text(EvalResult(problem_id="p", workspace="/w", verify=verify, error_kind="harness",
+                                 message=verify.message)).splitlines()  # fmt: skip
+    assert lines[1] == (
+        "Verify did not judge the candidate: kernelpilot's verifier failed, not your kernel (0 trials passed before it did)."
+    )
+    assert lines[2] == verify.message
+    assert "FAILED" not in "\n".join(lines) and "Traceback" not in "\n".join(lines)
+
+
 def test_eval_text_of_a_tampered_workspace_says_why():
     text = eval_text(EvalResult(problem_id="p", workspace="/w", error_kind="tampered", message="model.py was changed."))
     assert text.splitlines()[1] == "tampered: model.py was changed."

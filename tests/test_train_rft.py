@@ -20,8 +20,10 @@ def _call(call_id, name, arguments):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
-def write_transcript(path: Path, *, reward=None, tool_content="ok", repeats=1, claim_success=False, filler=0):
-    """A session transcript shaped like agent/session.py writes them."""
+def write_transcript(
+    path: Path, *, reward=None, tool_content="ok", repeats=1, claim_success=False, filler=0, verify_error=None
+):
+    """A session transcript shaped like agent/session.py writes them; Verify's data says `verify_error` when given."""
     records = [
         {"type": "start", "time": 0, "problem": "p.py", "model": "test"},
         {"type": "message", "turn": 0, "message": {"role": "system", "content": "You write kernels." + "x" * filler}},
@@ -43,6 +45,7 @@ def write_transcript(path: Path, *, reward=None, tool_content="ok", repeats=1, c
                 "name": "Verify",
                 "arguments": {"trials": 3},
                 "message": {"role": "tool", "tool_call_id": call["id"], "content": tool_content},
+                "data": {"build": None, "verify": {"ok": verify_error is None, "error_kind": verify_error}},
             }
         )
     if reward is not None:
@@ -87,6 +90,7 @@ def transcripts(tmp_path):
         ),
         "loop": write_transcript(tmp_path / "loop.jsonl", reward=1, repeats=4),
         "long": write_transcript(tmp_path / "long.jsonl", reward=3, filler=200_000),
+        "verifier_failed": write_transcript(tmp_path / "harness.jsonl", reward=2, verify_error="harness"),
     }
 
 
@@ -95,7 +99,9 @@ def test_filters_keep_only_judged_positive_clean_short_trajectories(transcripts)
         [load_trajectory(p) for p in transcripts.values()], FilterLimits(max_tokens=20_000)
     )
     assert [t.path for t in kept] == [transcripts["good"]]
-    assert dropped == {"no-positive-outcome": 2, "invalid-tool-call": 1, "repeated-action": 1, "over-long": 1}
+    assert dropped == {
+        "verifier-failed": 1, "no-positive-outcome": 2, "invalid-tool-call": 1, "repeated-action": 1, "over-long": 1
+    }
 
 
 def test_sft_data_is_chat_format_with_tool_calls(transcripts, tmp_path):

@@ -90,6 +90,20 @@ def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order()
     reward.close()
 
 
+def test_a_verifier_failure_scores_minus_one_and_is_logged_as_one(caplog):
+    message = "kernelpilot's verifier failed, not the candidate: KeyError: 'out'"
+
+    def evaluate(ws_root):
+        verify = VerifyResult(ok=False, error_kind="harness", message=message)
+        return EvalResult("p", str(ws_root), verify=verify, error_kind="harness", message=message)
+
+    with caplog.at_level("WARNING", logger="kernelpilot.train.rl"):
+        assert judge_completion(TASK, completion(TORCH_COPY), evaluate) == -1.0
+    assert [record.getMessage() for record in caplog.records] == [
+        f"the verifier failed on a completion, scored -1 though it was not judged: {message}"
+    ]
+
+
 def test_a_tiny_grpo_run_reads_tasks_and_logs_rewards(tmp_path, monkeypatch):
     pytest.importorskip("trl", reason="trl is not installed (pip install 'kernelpilot[train]')")
     from test_train_rft import tiny_model_and_tokenizer

@@ -11,6 +11,7 @@ import math
 import struct
 import textwrap
 import time
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -223,6 +224,23 @@ def test_candidate_that_raises_is_a_runtime_error(relu_problem):
 
     assert not result.ok and result.error_kind == "runtime" and result.trials == []
     assert "ValueError: boom" in result.message and "second line" not in result.message
+    assert result.traceback == ""
+
+
+def test_a_problem_whose_get_inputs_raises_is_a_reference_error(tmp_path):
+    problem = write_problem(
+        tmp_path,
+        RELU_PROBLEM.replace(
+            "return [torch.randn(4, 8)]",
+            # Fine on the meta device, where loading the problem checks it; broken on a real one.
+            'assert torch.empty(0).is_meta, "no data today"\n        return [torch.randn(4, 8)]',
+        ),
+    )
+
+    result = verify(problem, HonestRelu)
+
+    assert result.error_kind == "reference"
+    assert "the problem's get_inputs() raised AssertionError: no data today" in result.message
 
 
 def test_exception_description_names_the_kernel_location():
@@ -443,6 +461,26 @@ def test_monkeypatched_event_elapsed_time_is_reported(relu_problem):
     assert torch.cuda.Event.elapsed_time is original
 
 
+def test_an_owner_replaced_by_an_object_that_raises_is_still_a_monkeypatch_finding(relu_problem, monkeypatch):
+    original = torch.cuda.Event
+    monkeypatch.setattr(torch.cuda, "Event", original)  # put back after the test even if the guard does not
+
+    class Hostile:
+        def __getattr__(self, name):
+            raise ValueError(f"no {name} here")
+
+    class ReplacesEvent(HonestRelu):
+        def forward(self, x):
+            torch.cuda.Event = Hostile()  # looking up torch.cuda.Event.record now raises ValueError
+            return super().forward(x)
+
+    result = verify(relu_problem, ReplacesEvent)
+
+    assert result.error_kind == "guard" and guard_names(result) == ["monkeypatch"]
+    assert "torch.cuda.Event" in result.guards[0].message
+    assert torch.cuda.Event is original
+
+
 def test_changed_protected_file_fails(tmp_path):
     from kernelpilot.workspace import init_workspace
 
@@ -604,3 +642,57 @@ def test_a_replacement_made_before_the_snapshot_is_still_seen():
     finally:
         time.perf_counter = original
     assert finding is not None and "time.perf_counter" in finding.message
+
+
+# ------------------------------------------------------------------------------------------ the verifier failing
+
+# A guard with a bug. A Mock, not a function defined here: this file holds the test candidates, so code in it is
+# the candidate's, and what the candidate's code raises is the candidate's error.
+def broken_guard() -> Mock:
+    return Mock(side_effect=RuntimeError("a bug in the aliasing guard"))
+
+
+def test_a_guard_that_raises_is_a_harness_error_with_its_traceback(relu_problem, monkeypatch):
+    monkeypatch.setattr(guards, "find_output_aliasing", broken_guard())
+
+    result = verify(relu_problem, HonestRelu)
+
+    assert not result.ok and result.error_kind == "harness"
+    assert result.message.startswith(
+        "kernelpilot's verifier failed, not the candidate: RuntimeError: a bug in the aliasing guard "
+        "(in _check_call, verify.py:"
+    )
+    assert "please report it with the traceback kept in the verify result's `traceback` field" in result.message
+    assert result.traceback.startswith("Traceback (most recent call last)")
+    assert "find_output_aliasing(" in result.traceback and "a bug in the aliasing guard" in result.traceback
+
+
+def test_a_guard_that_failed_before_the_verifier_broke_still_decides(relu_problem, monkeypatch):
+    monkeypatch.setattr(guards, "find_output_aliasing", broken_guard())
+
+    class TorchRelu(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    result = verify(relu_problem, TorchRelu)
+
+    assert result.error_kind == "guard" and guard_names(result) == ["torch-compute"]
+    assert "kernelpilot's verifier failed" in result.message and "a bug in the aliasing guard" in result.traceback
+
+
+def test_the_candidates_code_raising_inside_a_check_is_the_candidates_runtime_error(relu_problem):
+    class Grumpy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            raise RuntimeError("grumpy tensors refuse to be read")
+
+    class ReturnsGrumpy(nn.Module):
+        def forward(self, x):
+            return raw_relu(x, torch.empty_like(x)).as_subclass(Grumpy)
+
+    result = verify(relu_problem, ReturnsGrumpy)
+
+    assert result.error_kind == "runtime" and result.traceback == ""
+    assert result.message == (
+        "ModelNew's code raised RuntimeError: grumpy tensors refuse to be read while its results were checked"
+    )

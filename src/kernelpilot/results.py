@@ -130,6 +130,10 @@ class TrialResult:
     message: str = ""
 
 
+# The error kind of a verification that kernelpilot's own checking code broke off: the candidate was not judged.
+HARNESS_ERROR = "harness"
+
+
 @dataclass
 class VerifyResult:
     """Correctness of a candidate over several trials, with guard findings."""
@@ -139,9 +143,11 @@ class VerifyResult:
     guards: list[GuardFinding] = field(default_factory=list)
     atol: float = 1e-2
     rtol: float = 1e-2
-    error_kind: str | None = None  # None | "mismatch" | "guard" | "runtime" | "timeout" | "crash" | "oom" | ...
+    # None | "mismatch" | "guard" | "runtime" | "timeout" | "crash" | "oom" | "harness" (HARNESS_ERROR) | ...
+    error_kind: str | None = None
     message: str = ""
     seconds: float = 0.0
+    traceback: str = ""  # the full traceback of a HARNESS_ERROR, for the bug report its message asks for
 
     @property
     def max_abs_error(self) -> float | None:

@@ -51,6 +51,7 @@ CHEATS = [
     case("side_stream", "relu", "guard", {"unsynced-stream"}),
     case("patches_synchronize", "relu", "guard", {"monkeypatch"}, message="torch.cuda.synchronize"),
     case("patches_elapsed_time", "relu", "guard", {"monkeypatch"}, message="torch.cuda.Event.elapsed_time"),
+    case("hides_event", "relu", "guard", {"monkeypatch"}, message="torch.cuda.Event"),
     case("rewrites_model_py", "relu", "guard", {"protected-files"}, message="model.py"),
     case("wrong_second_seed", "scale_shift", "mismatch", message="trial 2"),
     case("partial_write", "relu", "mismatch", message="NaN at 1000 positions"),

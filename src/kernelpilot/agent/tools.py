@@ -36,6 +36,7 @@ from kernelpilot.agent import RecoverableError, Tool, ToolContext, ToolOutput
 from kernelpilot.agent.shell_guard import BOOKKEEPING_DIR, SCRATCH_DIR, WriteGuard
 from kernelpilot.config import Settings
 from kernelpilot.results import (
+    HARNESS_ERROR,
     BenchResult,
     BuildResult,
     Diagnostic,
@@ -751,9 +752,13 @@ def _location(diagnostic: Diagnostic) -> str:
 def verify_text(verify: VerifyResult) -> str:
     """A verification for the model: verdict, each trial's errors and worst element, guard findings."""
     passed = sum(1 for trial in verify.trials if trial.ok)
-    verdict = "PASSED" if verify.ok else f"FAILED ({verify.error_kind or 'mismatch'})"
-    lines = [f"Verify {verdict}: {passed}/{len(verify.trials)} trials within |actual - expected| <= "
-             f"{verify.atol:g} + {verify.rtol:g} * |expected|."]  # fmt: skip
+    if verify.error_kind == HARNESS_ERROR:  # no verdict on the kernel: the model must not "fix" it for this
+        lines = [f"Verify did not judge the candidate: kernelpilot's verifier failed, not your kernel "
+                 f"({passed} trials passed before it did)."]  # fmt: skip
+    else:
+        verdict = "PASSED" if verify.ok else f"FAILED ({verify.error_kind or 'mismatch'})"
+        lines = [f"Verify {verdict}: {passed}/{len(verify.trials)} trials within |actual - expected| <= "
+                 f"{verify.atol:g} + {verify.rtol:g} * |expected|."]  # fmt: skip
     if not verify.ok and verify.message and not any(finding.message in verify.message for finding in verify.guards):
         lines.append(verify.message)
     if verify.max_abs_error is not None:

@@ -468,7 +468,7 @@ def _current(module: str, path: str) -> Any:
         if isinstance(owner, type):
             return inspect.getattr_static(owner, attribute)
         return getattr(owner, attribute)
-    except (ImportError, AttributeError):
+    except Exception:  # noqa: BLE001 - a candidate may replace an owner (torch.cuda.Event) with anything at all
         return None
 
 

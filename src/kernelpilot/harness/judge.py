@@ -248,7 +248,8 @@ def _checked_device(device: str) -> str:
 
 
 def render_eval(console: Console, result: EvalResult) -> None:
-    """Print an EvalResult for a person: verdict, errors, times, speedups, % SOL, reward, guard findings."""
+    """Print an EvalResult for a person: verdict, errors, times, speedups, % SOL, reward, guard findings, and the
+    traceback of a verifier failure (kernelpilot's bug, which its message asks to report)."""
     from rich.table import Table
 
     table = Table(title=f"kernelpilot eval · {result.workspace}", show_header=False, title_justify="left")
@@ -259,6 +260,9 @@ def render_eval(console: Console, result: EvalResult) -> None:
     console.print(table)
     if result.bench is not None and result.bench.kernels:
         console.print(_kernel_table(result.bench))
+    if result.verify is not None and result.verify.traceback:
+        console.print("The verifier's traceback:", style="bold red")
+        console.print(result.verify.traceback, markup=False, highlight=False)
 
 
 def _summary_rows(result: EvalResult) -> Iterator[tuple[str, str]]:

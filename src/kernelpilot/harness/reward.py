@@ -32,7 +32,9 @@ def reward_of(eval_result: EvalResult, threshold: float = DEFAULT_THRESHOLD) -> 
     """The milestone reward of a judged candidate.
 
     A result with no build step (a candidate without kernel sources) counts as built; correctness is the
-    verifier's verdict, which includes its guards; speedups come only from a bench that succeeded.
+    verifier's verdict, which includes its guards; speedups come only from a bench that succeeded. A verifier that
+    failed itself (error kind "harness") gave no verdict, so the reward is -1 as well: callers tell that apart by
+    the error kind (the agent's Verify text, RFT's "verifier-failed" filter, the RL warm-up's warning).
     """
     built = eval_result.build is None or eval_result.build.ok
     correct = eval_result.verify is not None and eval_result.verify.ok

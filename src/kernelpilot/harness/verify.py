@@ -4,22 +4,29 @@ Runs inside the worker process (device "cuda"; "cpu" for tests). Each trial draw
 on clones of them, fills the allocator's free memory with NaN (CUDA), runs the candidate, compares outputs with
 `|actual - expected| <= atol + rtol * |expected|` and runs the guards of guards.py. The first failing trial ends
 the run; the result always carries max abs error, max rel error and the worst index of every trial run.
+
+Every call into the candidate's code is wrapped: what it raises is the candidate's "runtime", "oom" or "crash"
+error. An exception from anywhere else is kernelpilot's own checking code failing, reported as a "harness" error
+with its traceback, never as the candidate's fault (see `_checking_failure` for the exceptions it still blames on
+the candidate).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from traceback import extract_tb, format_exception
 from typing import Any
 
 import torch
 
 from kernelpilot.harness import guards
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
-from kernelpilot.results import GuardFinding, TrialResult, VerifyResult
+from kernelpilot.results import HARNESS_ERROR, GuardFinding, TrialResult, VerifyResult
 
 # Far apart, so that consecutive trials never draw overlapping random streams by accident.
 SEED_STRIDE = 7919
@@ -41,6 +48,7 @@ _STICKY_CUDA_ERRORS = (
     "launchfailure", "device-side assert", "illegal instruction", "illegalinstruction", "hardware stack error",
 )  # fmt: skip
 _SOURCE_LOCATION = re.compile(r"[\w./\\-]+\.(?:cu|cuh|cpp|cc|h|hpp):\d+")
+_KERNELPILOT_DIR = Path(__file__).resolve().parents[1]
 
 
 def verify_candidate(
@@ -61,6 +69,8 @@ def verify_candidate(
         verification.run(candidate_cls, trials=max(trials, 1), base_seed=base_seed)
     except _Stopped as stop:
         verification.stopped = stop
+    except Exception as exc:  # noqa: BLE001 - raised outside the candidate's wrapped calls: see _checking_failure
+        verification.stopped = _checking_failure(exc, candidate_cls, verification.workspace)
     result = verification.result()
     result.seconds = guards.perf_counter() - started
     return result
@@ -275,11 +285,11 @@ def poison_free_memory(device: torch.device, output_bytes: list[int]) -> None:
 
 
 class _Stopped(Exception):
-    """Ends the run early: the candidate (or the reference) raised, or a trial failed."""
+    """Ends the run early: the candidate (or the reference) raised, or the checking code failed."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, traceback: str = ""):
         super().__init__(message)
-        self.kind, self.message = kind, message
+        self.kind, self.message, self.traceback = kind, message, traceback
 
 
 @dataclass
@@ -324,7 +334,11 @@ class _Verification:
             self.previous = None
 
     def _run_trial(self, index: int, seed: int, *, last: bool) -> TrialResult:
-        inputs = self.problem.make_inputs(self.device, seed)
+        try:
+            inputs = self.problem.make_inputs(self.device, seed)
+        except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
+            message = f"the problem's get_inputs() raised {describe_exception(exc)} (seed {seed})"
+            raise _Stopped("reference", message) from None
         inputs_before = clone_tree(inputs)
         reference = self._run_reference(inputs, seed)
         if self.cuda:
@@ -347,7 +361,11 @@ class _Verification:
     def _build_models(self, candidate_cls: type, seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
         """The reference Model and `candidate_cls(*init_inputs)` holding the same weights, on the device."""
         torch.manual_seed(seed)
-        reference = self.problem.make_model("cpu")
+        try:
+            reference = self.problem.make_model("cpu")
+        except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
+            message = f"the reference Model(*get_init_inputs()) raised {describe_exception(exc)}"
+            raise _Stopped("reference", message) from None
         try:
             candidate = candidate_cls(*self.problem.init_inputs)
         except Exception as exc:  # noqa: BLE001 - the user's constructor failing is a result, not a crash
@@ -431,13 +449,13 @@ class _Verification:
         profile_inputs = clone_tree(inputs_before)
 
         def forward() -> None:
-            with torch.no_grad():
-                self.candidate(*profile_inputs)
+            try:
+                with torch.no_grad():
+                    self.candidate(*profile_inputs)
+            except Exception as exc:  # noqa: BLE001 - the candidate's failure, not the profiler's
+                raise _Stopped(*_failure_kind(exc, f"ModelNew.forward under the profiler (seed {seed})")) from None
 
-        try:
-            profiled = guards.profile_forward(forward, self.device)
-        except Exception as exc:  # noqa: BLE001
-            raise _Stopped(*_failure_kind(exc, f"ModelNew.forward under the profiler (seed {seed})")) from None
+        profiled = guards.profile_forward(forward, self.device)
         names = [kernel.name for kernel in profiled.kernels]
         source = guards.workspace_kernel_source(self.workspace) if self.workspace is not None else None
         self._record(guards.find_no_custom_kernel(names, source))
@@ -496,8 +514,14 @@ class _Verification:
         result = VerifyResult(ok=False, trials=self.trials, guards=self.findings, atol=self.atol, rtol=self.rtol)
         failed = [f for f in self.findings if f.severity == "fail"]
         mismatched = next((t for t in self.trials if not t.ok), None)
-        if self.stopped is not None:
-            result.error_kind, result.message = self.stopped.kind, self.stopped.message
+        stopped, notes = self.stopped, list(self.notes)
+        if stopped is not None:
+            result.traceback = stopped.traceback
+            if stopped.kind == HARNESS_ERROR and failed:
+                # A guard that failed before the checking code broke is a verdict on the candidate all the same.
+                stopped, notes = None, [*notes, stopped.message]
+        if stopped is not None:
+            result.error_kind, result.message = stopped.kind, stopped.message
         elif failed:
             result.error_kind = "guard"
             result.message = f"guard {failed[0].guard} failed: {failed[0].message}"
@@ -509,8 +533,8 @@ class _Verification:
         else:
             result.ok = True
             result.message = self._passed_message(result)
-        if self.notes:
-            result.message += " (" + "; ".join(self.notes) + ")"
+        if notes:
+            result.message += " (" + "; ".join(notes) + ")"
         if self.stopped is not None and self.stopped.kind == "oom" and self.cuda:
             torch.cuda.empty_cache()
         return result
@@ -526,6 +550,44 @@ class _Verification:
 
 def _as_float64(item: Any) -> Any:
     return item.double() if isinstance(item, torch.Tensor) and item.dtype == torch.float32 else item
+
+
+def _checking_failure(exc: Exception, candidate_cls: type, workspace: Path | None) -> _Stopped:
+    """Whose fault an exception raised outside the candidate's wrapped calls is.
+
+    A CUDA error or running out of device memory reflects the device's state, which the candidate's kernels left
+    (the checks run torch's own kernels on valid tensors); an exception raised while the candidate's code ran
+    inside a check (a method of a tensor subclass it returned, an override on its module) is the candidate's;
+    anything else is a bug in kernelpilot's checking code: a "harness" error, with the traceback for a report.
+    """
+    if isinstance(exc, (torch.OutOfMemoryError, torch.AcceleratorError)):
+        return _Stopped(*_failure_kind(exc, "checking ModelNew's results"))
+    if _ran_candidate_code(exc, candidate_cls, workspace):
+        return _Stopped("runtime", f"ModelNew's code raised {describe_exception(exc)} while its results were checked")
+    place = next((f for f in reversed(extract_tb(exc.__traceback__)) if _in_kernelpilot(f.filename)), None)
+    where = f" (in {place.name}, {Path(place.filename).name}:{place.lineno})" if place is not None else ""
+    message = (
+        f"kernelpilot's verifier failed, not the candidate: {describe_exception(exc)}{where}. This is a bug in "
+        "kernelpilot; please report it with the traceback kept in the verify result's `traceback` field "
+        "(`kernelpilot eval` prints it)."
+    )
+    return _Stopped(HARNESS_ERROR, message, "".join(format_exception(exc)))
+
+
+def _ran_candidate_code(exc: BaseException, candidate_cls: type, workspace: Path | None) -> bool:
+    """True when a frame of `exc`'s traceback is the candidate's: in its module's file or its workspace."""
+    module_file = getattr(sys.modules.get(candidate_cls.__module__), "__file__", None)
+    candidate_file = Path(module_file).resolve() if module_file else None
+    workspace_root = workspace.resolve() if workspace is not None else None
+    for frame in extract_tb(exc.__traceback__):
+        path = Path(frame.filename).resolve()
+        if path == candidate_file or (workspace_root is not None and path.is_relative_to(workspace_root)):
+            return True
+    return False
+
+
+def _in_kernelpilot(filename: str) -> bool:
+    return Path(filename).resolve().is_relative_to(_KERNELPILOT_DIR)
 
 
 def _failure_kind(exc: BaseException, during: str) -> tuple[str, str]:

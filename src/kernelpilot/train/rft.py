@@ -1,8 +1,9 @@
 """Rejection fine-tuning: keep the agent's good trajectories as chat-format SFT data, train with TRL's SFTTrainer.
 
 A trajectory is an agent session transcript (agent/session.py). It is kept only when the judge verified a candidate
-in it (an `eval` record with reward >= 1; what the model claimed in Finish counts for nothing), none of its tool
-calls was rejected, it never repeats one action in a loop, and its conversation fits the context budget.
+in it (an `eval` record with reward >= 1; what the model claimed in Finish counts for nothing), the verifier never
+failed in it (the model then acted on an observation about kernelpilot, not its kernel), none of its tool calls was
+rejected, it never repeats one action in a loop, and its conversation fits the context budget.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kernelpilot.errors import KernelpilotError
+from kernelpilot.results import HARNESS_ERROR
 
-RFT_FILTERS = ("no-positive-outcome", "invalid-tool-call", "repeated-action", "over-long")
+RFT_FILTERS = ("verifier-failed", "no-positive-outcome", "invalid-tool-call", "repeated-action", "over-long")
 TRAIN_HINT = "Install the training extras: pip install 'kernelpilot[train]'."
 
 
@@ -56,6 +58,8 @@ def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None
     """The first RFT filter a trajectory fails, or None when it is kept."""
     from kernelpilot.agent.model import count_tokens
 
+    if any(_verifier_failed(record) for record in trajectory.tool_records):
+        return "verifier-failed"
     if trajectory.best_reward < limits.min_reward:
         return "no-positive-outcome"
     if any(_rejected_call(record) for record in trajectory.tool_records):
@@ -70,6 +74,12 @@ def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None
 def _rejected_call(record: dict[str, Any]) -> bool:
     # The loop answers a call a tool refused (unknown tool, bad arguments, bad path) with "Error: ..." (loop.run_tool).
     return str(record["message"].get("content", "")).startswith("Error:")
+
+
+def _verifier_failed(record: dict[str, Any]) -> bool:
+    # Verify and Profile both keep the verifier's result under "verify" in their data (None when nothing was verified).
+    verify = (record.get("data") or {}).get("verify") or {}
+    return verify.get("error_kind") == HARNESS_ERROR
 
 
 def longest_repeat(tool_records: list[dict[str, Any]]) -> int:

@@ -3,11 +3,14 @@
 A prompt is a task (a problem's source) and the instructions to answer with the candidate's files in a fenced
 format; a completion is parsed into those files, written into a fresh workspace of the task and judged. The reward
 is the harness milestone reward (-1 broken or wrong, 1 correct, 2 beats eager, 3 beats eager and compile), computed
-by `Judge` worker processes, each step with its own timeout, one judge per device, several completions at once.
+by `Judge` worker processes, each step with its own timeout, one judge per device, several completions at once. A
+completion the verifier failed on (kernelpilot's bug, error kind "harness") scores -1 too, since nothing was
+verified, and is logged as a warning so that the failure does not pass for a wrong kernel.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 import threading
@@ -17,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelpilot.results import EvalResult
+from kernelpilot.results import HARNESS_ERROR, EvalResult
 
 FILE_BLOCK = re.compile(r"^### (?P<path>[\w./-]+)\s*\n```[\w+]*\n(?P<body>.*?)\n```", re.MULTILINE | re.DOTALL)
 EDITABLE_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
 UNPARSABLE_REWARD = -1.0
+_log = logging.getLogger(__name__)
 SYSTEM_PROMPT = """\
 You write fast, correct CUDA kernels for PyTorch models. Answer with the complete files of your candidate, each as
 a level-3 heading with its path followed by one fenced block: `### model_new.py` (class ModelNew with the same
@@ -86,7 +90,10 @@ def judge_completion(task_code: str, completion: str, evaluate: Callable[[Path],
         for relative, body in files.items():
             (ws.root / relative).parent.mkdir(parents=True, exist_ok=True)
             (ws.root / relative).write_text(body, encoding="utf-8")
-        return float(reward_of(evaluate(ws.root)))
+        result = evaluate(ws.root)
+    if result.error_kind == HARNESS_ERROR:
+        _log.warning("the verifier failed on a completion, scored -1 though it was not judged: %s", result.message)
+    return float(reward_of(result))
 
 
 class HarnessReward:
