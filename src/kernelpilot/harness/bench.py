@@ -248,7 +248,7 @@ def _time_compiled(reference, input_sets: list[list], *, device: str, **timing: 
         compiled(*input_sets[0])  # the compilation itself, outside any timed region
         return time_callable(compiled, input_sets, device=device, **timing), ""
     except Exception as err:  # noqa: BLE001 - any compiler failure is a property of the problem, not a crash
-        if _is_device_failure(err):
+        if is_device_failure(err):
             raise
         return None, f"torch.compile failed on this problem ({type(err).__name__}: {_first_line(err)})"
 
@@ -345,7 +345,7 @@ def bench_candidate(
         with torch.no_grad():
             return _bench(problem, candidate_model, device, cache_dir, min_runs, graph, ceilings)
     except Exception as err:  # noqa: BLE001 - a failing candidate is a result, not a crash
-        if _is_device_failure(err):
+        if is_device_failure(err):
             raise
         return BenchResult(
             ok=False,
@@ -390,7 +390,7 @@ def _roofline_or_note(problem, device, cache_dir, ceilings) -> tuple[Roofline | 
     try:
         return problem_roofline(problem, device=device, cache_dir=cache_dir, ceilings=ceilings), ""
     except Exception as err:  # noqa: BLE001 - % SOL is extra information; its absence must not fail the bench
-        if _is_device_failure(err):
+        if is_device_failure(err):
             raise
         return None, f"roofline unavailable ({type(err).__name__}: {_first_line(err)})"
 
@@ -399,7 +399,7 @@ def _kernels_or_note(model, inputs, device) -> tuple[list[KernelTime], str]:
     try:
         return profile_kernels(model, inputs, device=device), ""
     except Exception as err:  # noqa: BLE001 - the breakdown is extra information, like the roofline
-        if _is_device_failure(err):
+        if is_device_failure(err):
             raise
         return [], f"kernel breakdown unavailable ({type(err).__name__}: {_first_line(err)})"
 
@@ -416,7 +416,7 @@ def _sol(roofline: Roofline | None, timing: Timing | None) -> float | None:
     return roofline.floor_ms / timing.median_ms
 
 
-def _is_device_failure(err: BaseException) -> bool:
+def is_device_failure(err: BaseException) -> bool:
     """OOM and CUDA errors: the worker classifies these (and restarts when the CUDA context is poisoned)."""
     import torch
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from kernelpilot.harness import guards
+from kernelpilot.harness.bench import is_device_failure
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.results import HARNESS_ERROR, GuardFinding, TrialResult, VerifyResult
 
@@ -560,7 +561,7 @@ def _checking_failure(exc: Exception, candidate_cls: type, workspace: Path | Non
     inside a check (a method of a tensor subclass it returned, an override on its module) is the candidate's;
     anything else is a bug in kernelpilot's checking code: a "harness" error, with the traceback for a report.
     """
-    if isinstance(exc, (torch.OutOfMemoryError, torch.AcceleratorError)):
+    if is_device_failure(exc):  # OOM or a CUDA error, on every torch kernelpilot supports
         return _Stopped(*_failure_kind(exc, "checking ModelNew's results"))
     if _ran_candidate_code(exc, candidate_cls, workspace):
         return _Stopped("runtime", f"ModelNew's code raised {describe_exception(exc)} while its results were checked")
