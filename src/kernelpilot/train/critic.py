@@ -29,12 +29,17 @@ class CriticSettings:
 
 
 def value_examples(transcripts: Iterable[Path]) -> list[dict[str, Any]]:
-    """One example per transcript: its messages and the judge's best reward in it (-1 when nothing was verified)."""
-    from kernelpilot.train.rft import load_trajectory, sft_example
+    """One example per transcript: its messages and the judge's best reward in it (-1 when nothing was verified).
+
+    A transcript on which kernelpilot's verifier broke is left out: its -1 would teach the critic a harness bug.
+    """
+    from kernelpilot.train.rft import load_trajectory, sft_example, verifier_failed
 
     examples = []
     for path in transcripts:
         trajectory = load_trajectory(path)
+        if verifier_failed(trajectory):
+            continue
         examples.append({"messages": sft_example(trajectory, [])["messages"], "reward": float(trajectory.best_reward)})
     return examples
 

@@ -58,7 +58,7 @@ def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None
     """The first RFT filter a trajectory fails, or None when it is kept."""
     from kernelpilot.agent.model import count_tokens
 
-    if any(_verifier_failed(record) for record in trajectory.tool_records):
+    if verifier_failed(trajectory):
         return "verifier-failed"
     if trajectory.best_reward < limits.min_reward:
         return "no-positive-outcome"
@@ -74,6 +74,11 @@ def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None
 def _rejected_call(record: dict[str, Any]) -> bool:
     # The loop answers a call a tool refused (unknown tool, bad arguments, bad path) with "Error: ..." (loop.run_tool).
     return str(record["message"].get("content", "")).startswith("Error:")
+
+
+def verifier_failed(trajectory: Trajectory) -> bool:
+    """True when kernelpilot's verifier broke on some call: the trajectory's rewards say nothing about its kernels."""
+    return any(_verifier_failed(record) for record in trajectory.tool_records)
 
 
 def _verifier_failed(record: dict[str, Any]) -> bool:
