@@ -6,6 +6,9 @@ seconds per stage) that docs/TRAINING.md reports.
 """
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -126,3 +129,55 @@ def test_the_pipeline_runs_end_to_end_on_a_gpu(tmp_path, monkeypatch):
     steps = [entry for entry in history if "loss" in entry]
     _log("grpo 2 steps (harness reward)", seconds, seconds_per_step=seconds / 2, steps=steps)
     assert len(steps) == 2 and all("reward" in entry for entry in steps)
+
+
+TRAIN_TOML = """
+run_dir = "run"
+model = "{model}"
+
+[synth]
+count = 20
+seed = 1
+scale = "full"
+devices = ["cuda"]
+benchmark_dir = "{examples}"
+
+[warmup]
+max_steps = 2
+num_generations = 2
+batch_size = 2
+max_completion_length = 64
+learning_rate = 1e-3
+devices = ["cuda"]
+
+[rollout]
+max_turns = 6
+devices = ["cuda"]
+
+[rft]
+epochs = 1
+
+[critic]
+epochs = 1
+"""
+
+
+@pytest.mark.gpu
+def test_train_run_chains_every_stage_from_one_config_on_a_gpu(tmp_path, monkeypatch):
+    """`kernelpilot train run --config train.toml` on a GPU: synth -> GRPO warm-up -> built-in-policy rollouts -> RFT
+    -> critic, each stage starting from the last one's checkpoint, through the real CLI."""
+    pytest.importorskip("trl", reason="trl is not installed (pip install 'kernelpilot[train]')")
+    model, tokenizer = tiny_model_and_tokenizer()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "train.toml").write_text(TRAIN_TOML.format(model=tmp_path / "tiny", examples=EXAMPLES))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelpilot", "train", "run", "--config", "train.toml"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=1200, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    _log("train run (5 stages)", time.monotonic() - started, tail=done.stdout[-1500:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "run"
+    for stage in ("synth", "warmup", "rollout", "rft", "critic"):
+        assert (run / stage / "STAGE_DONE.json").is_file(), stage
