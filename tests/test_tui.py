@@ -93,8 +93,8 @@ def problem(tmp_path) -> Path:
     return write_problem(tmp_path / "project", DOUBLE_PROBLEM, "double.py")
 
 
-def scripted_run(problem_path: Path, model, max_turns: int = 10):
-    """An OpenRun as `prepared_run` gives, with a scripted model and no judge (the file tools need none)."""
+def scripted_run(problem_path: Path, model, max_turns: int = 10, judge=None):
+    """An OpenRun as `prepared_run` gives, with a scripted model and no judge unless given (the file tools need none)."""
 
     @contextmanager
     def open_run():
@@ -105,7 +105,7 @@ def scripted_run(problem_path: Path, model, max_turns: int = 10):
                     {"role": "user", "content": "Make Model faster.\n" + DOUBLE_PROBLEM}]  # fmt: skip
         for message in messages:
             session.append("message", turn=0, message=message)
-        ctx = ToolContext(workspace=ws, judge=None, state={"settings": settings})
+        ctx = ToolContext(workspace=ws, judge=judge, state={"settings": settings})
         yield AgentRun(problem_path, ws, model, default_tools(), ctx, settings, session, messages)
 
     return open_run
@@ -340,6 +340,37 @@ async def test_watch_only_a_saved_kernel_becomes_a_profile_row(workspace):
                 for row in (comparison.get_row_at(index) for index in range(comparison.row_count))}  # fmt: skip
         assert rows["kernel twice ms"] == ["0.5", "0.25", "-50.0%"]
         assert app.best.bench.candidate.median_ms == 0.25  # what accept would commit: the workspace as it is now
+
+
+class EvaluatingJudge:
+    """The run's judge as watch mode uses it after the run: `evaluate` only, answering as `evaluations` release."""
+
+    def __init__(self, evaluations: ReleasedEvaluations):
+        self.evaluations = evaluations
+
+    def evaluate(self, root, *, trials, atol, rtol) -> EvalResult:
+        return self.evaluations(Path(root))
+
+
+@pytest.mark.asyncio
+async def test_after_the_run_the_app_watches_the_workspace_with_the_runs_judge(problem):
+    root = str(problem.parent / "kp-double")
+    evaluate = ReleasedEvaluations([judged("double", root, 0.5, {"twice": 0.5}), judged("double", root, 0.2, {"twice": 0.2})])
+    app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish()), judge=EvaluatingJudge(evaluate)),
+                         debounce_s=0.05)  # fmt: skip
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ended", "the run to end")
+        await wait_for(pilot, lambda: app.watch_state == "evaluating…", "watching to start after the run")
+        evaluate.permits.release()
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+
+        (problem.parent / "kp-double" / "kernels" / "twice.cu").write_text(KERNEL)
+        await wait_for(pilot, lambda: app.watch_state == "evaluating…", "the save to start an evaluation")
+        evaluate.permits.release()
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start", "edit 1"], "the edit's row")
+        assert "saved kernels/twice.cu: building, verifying, timing…" in lines(app)
+        assert app.best.bench.candidate.median_ms == 0.2
+    assert evaluate.calls == 2 and not watch_threads()
 
 
 @pytest.mark.asyncio
