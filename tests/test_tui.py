@@ -94,7 +94,7 @@ def problem(tmp_path) -> Path:
 
 
 def scripted_run(problem_path: Path, model, max_turns: int = 10, judge=None):
-    """An OpenRun as `prepared_run` gives, with a scripted model and no judge unless given (the file tools need none)."""
+    """An OpenRun as `prepared_run` gives, with a scripted model and, unless given, no judge (file tools need none)."""
 
     @contextmanager
     def open_run():
@@ -355,7 +355,8 @@ class EvaluatingJudge:
 @pytest.mark.asyncio
 async def test_after_the_run_the_app_watches_the_workspace_with_the_runs_judge(problem):
     root = str(problem.parent / "kp-double")
-    evaluate = ReleasedEvaluations([judged("double", root, 0.5, {"twice": 0.5}), judged("double", root, 0.2, {"twice": 0.2})])
+    evaluate = ReleasedEvaluations([judged("double", root, 0.5, {"twice": 0.5}),
+                                    judged("double", root, 0.2, {"twice": 0.2})])  # fmt: skip
     app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish()), judge=EvaluatingJudge(evaluate)),
                          debounce_s=0.05)  # fmt: skip
     async with app.run_test(size=(160, 50)) as pilot:
