@@ -846,12 +846,7 @@ def test_group_norm_rows_are_cached_and_read_once():
 @pytest.mark.cuda_build
 def test_group_norm_silu_workspace_builds(tmp_path):
     from kernelpilot.build import build_workspace
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(EXAMPLES / "group_norm_silu.py", tmp_path / "ws")
-    problem = ws.problem()
-    for file in render_all(problem, analyze(problem)):
-        (ws.root / file.path).write_text(file.content)
+    ws = policy_workspace(EXAMPLES / "group_norm_silu.py", tmp_path)
     result = build_workspace(ws.root, arch="9.0")
     assert result.ok, result.log[-3000:]
     assert any("policy_g0_kernel" in kernel.kernel and kernel.spill_stores == 0 for kernel in result.resources)
@@ -860,12 +855,7 @@ def test_group_norm_silu_workspace_builds(tmp_path):
 @pytest.mark.cuda_build
 def test_generated_workspace_builds(tmp_path):
     from kernelpilot.build import build_workspace
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path / "ws")
-    problem = ws.problem()
-    for file in render_all(problem, analyze(problem)):
-        (ws.root / file.path).write_text(file.content)
+    ws = policy_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path)
     result = build_workspace(ws.root, arch="9.0")
     assert result.ok, result.log[-3000:]
     assert any("policy_g0_kernel" in kernel.kernel for kernel in result.resources)
@@ -874,12 +864,7 @@ def test_generated_workspace_builds(tmp_path):
 @pytest.mark.cuda_build
 def test_matmul_zoo_workspace_builds_and_links_cublaslt(tmp_path):
     from kernelpilot.build import build_workspace
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(matmul_zoo_problem(tmp_path), tmp_path / "ws")
-    problem = ws.problem()
-    for file in render_all(problem, analyze(problem)):
-        (ws.root / file.path).write_text(file.content)
+    ws = policy_workspace(matmul_zoo_problem(tmp_path), tmp_path)
     result = build_workspace(ws.root, arch="9.0")
     assert result.ok, result.log[-3000:]
     ninja = (ws.build_dir / "build.ninja").read_text()
@@ -1041,14 +1026,20 @@ def judge():
         yield judge
 
 
-def assert_generated_kernels_verify(judge, problem_path: Path, folder: Path) -> None:
-    """Scaffold a workspace for the problem, write the policy's files, build, and verify them on the GPU."""
+def policy_workspace(problem_path: Path, folder: Path):
+    """A workspace for the problem under `folder`, holding the policy's files (first launch configurations)."""
     from kernelpilot.workspace import init_workspace
 
     ws, _ = init_workspace(problem_path, folder / "ws")
     problem = ws.problem()
     for file in render_all(problem, analyze(problem)):
         (ws.root / file.path).write_text(file.content)
+    return ws
+
+
+def assert_generated_kernels_verify(judge, problem_path: Path, folder: Path) -> None:
+    """Build the policy's files for the problem and verify them on the GPU."""
+    ws = policy_workspace(problem_path, folder)
     build = judge.build(ws.root)
     assert build.ok, build.log[-3000:]
     verify = judge.verify(ws.root, build, trials=3)
@@ -1064,14 +1055,8 @@ def test_generated_kernels_pass_verification(tmp_path, judge, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("zoo", [zoo_problem, matmul_zoo_problem], ids=["zoo", "matmul_zoo"])
 def test_every_launch_candidate_of_the_zoo_passes_verification(tmp_path, judge, zoo):
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(zoo(tmp_path), tmp_path / "ws")
-    problem = ws.problem()
-    analysis = analyze(problem)
-    for file in render_all(problem, analysis):
-        (ws.root / file.path).write_text(file.content)
-    groups = analysis.generated_groups
+    ws = policy_workspace(zoo(tmp_path), tmp_path)
+    groups = analyze(ws.problem()).generated_groups
     for index in range(max(len(launch_candidates(g)) for g in groups)):
         for group in groups:  # the index-th candidate, or the last one a group has
             candidates = launch_candidates(group)

@@ -13,13 +13,15 @@ from test_policy import (
     assert_generated_kernels_verify,
     check_against_model,
     compile_cu,
+    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
+    policy_workspace,
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Gather, analyze
-from kernelpilot.policy.codegen import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.analysis import Gather
+from kernelpilot.policy.codegen import launch_candidates, render_kernel
 
 # 64 rows of 50 classes; about a fifth of the targets are the ignored index.
 TARGETS = "torch.where(torch.rand(64) < 0.2, {ignore}, torch.randint(0, 50, (64,)))"
@@ -129,29 +131,14 @@ def test_cross_entropy_variants_compile(tmp_path, name):
 @pytest.mark.cuda_build
 def test_cross_entropy_workspace_builds(tmp_path):
     from kernelpilot.build import build_workspace
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(
-        cross_entropy_problem(tmp_path, "weighted_mean"), tmp_path / "ws"
-    )
-    problem = ws.problem()
-    for file in render_all(problem, analyze(problem)):
-        (ws.root / file.path).write_text(file.content)
+    ws = policy_workspace(cross_entropy_problem(tmp_path, "weighted_mean"), tmp_path)
     result = build_workspace(ws.root, arch="9.0")
     assert result.ok, result.log[-3000:]
 
 
-@pytest.fixture(scope="module")
-def judge():
-    from kernelpilot.harness.judge import Judge
-
-    with Judge() as judge:
-        yield judge
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["weighted_mean", "sum", "none", "nll_of_log_probs"])
-def test_cross_entropy_variants_pass_verification(tmp_path, judge, name):
+def test_cross_entropy_variants_pass_verification(tmp_path, judge, name):  # noqa: F811
     assert_generated_kernels_verify(judge, cross_entropy_problem(tmp_path, name), tmp_path)
 
 
