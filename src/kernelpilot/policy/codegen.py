@@ -14,7 +14,7 @@ import keyword
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.analysis import (
@@ -89,21 +89,27 @@ class LaunchConfig:
 
     `shared_blocks` > 0 caches each row in shared memory, split over that many blocks of `threads` threads (a
     thread block cluster when more than one), for rows too long to cache in registers.
+
+    `persistent` launches one wave of resident blocks that loops over the work; otherwise one block per tile of
+    work (the grid-stride loop then runs once), which lets the hardware schedule blocks as SMs free up.
     """
 
     threads: int
     items: int = 1
     rows_per_block: int | None = None
     shared_blocks: int = 0
+    persistent: bool = True
 
     @property
     def label(self) -> str:
         if self.shared_blocks:
             split = f"split over a cluster of {self.shared_blocks} blocks" if self.shared_blocks > 1 else "in one block"
             return f"row cached in shared memory, {split} of {self.threads} threads, {self.items} vector(s) in flight"
+        grid = "" if self.persistent else ", one block per tile"
         if self.rows_per_block is None:
-            return f"{self.threads} threads per block, {self.items} vector(s) in flight per thread"
-        return f"{self.threads} threads per row, {self.rows_per_block} row(s) per block, {self.items} vector(s) in flight"
+            return f"{self.threads} threads per block, {self.items} vector(s) in flight per thread{grid}"
+        return (f"{self.threads} threads per row, {self.rows_per_block} row(s) per block, {self.items} vector(s) in "
+                f"flight{grid}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -253,7 +259,8 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
     if group.kind == "matmul":
         return [MatmulConfig(index) for index in range(MATMUL_CANDIDATES)]
     if group.kind == "elementwise":
-        return [LaunchConfig(256, 2), LaunchConfig(512, 1), LaunchConfig(128, 4), LaunchConfig(256, 4)]
+        return [LaunchConfig(256, 2), LaunchConfig(512, 1), LaunchConfig(128, 4), LaunchConfig(256, 4),
+                LaunchConfig(256, 2, persistent=False), LaunchConfig(128, 4, persistent=False)]  # fmt: skip
     layout = row_layout(group)
     vectors = group.row_length // layout.vec
     # About four vectors per thread; a warp-sized or smaller team for short rows, a whole block for long ones.
@@ -268,6 +275,8 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
         # Caching in shared memory reads the row once instead of once per pass: expected best, so first.
         fewer_in_flight = _row_config(group, layout, preferred, items=max(1, candidates[0].items // 2))
         candidates = [shared, *candidates] if shared else [*candidates, fewer_in_flight]
+    first_in_registers = next(c for c in candidates if not c.shared_blocks)
+    candidates.append(replace(first_in_registers, persistent=False))
     return list(dict.fromkeys(candidates))
 
 
