@@ -140,8 +140,8 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
 def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Each row of `rows` at its target column (index is constant along a row); 0 where the target is ignored."""
     target = index[..., :1]
-    column = target.long().clamp(0, rows.shape[-1] - 1)
-    return torch.where(target == gather.ignore, 0.0, rows.gather(-1, column))
+    picked = rows.gather(-1, target.long().clamp(0, rows.shape[-1] - 1))
+    return picked if gather.ignore is None else torch.where(target == gather.ignore, 0.0, picked)
 
 
 def viewed(leaf, memory: dict) -> torch.Tensor:

@@ -322,7 +322,7 @@ def _next_power_of_two(n: int) -> int:
 # ------------------------------------------------------------------------------------ C expressions
 
 # The statements of a Gather (gather_column is defined in row.cu.j2): its column, each load varying along the row
-# read at that column, and the result, 0 for a row whose target is the ignored index.
+# read at that column, and the result, 0 for a row whose target is the ignored index (where the gather ignores one).
 GATHER_C = {
     "column": "const int64_t {name} = gather_column({index});",
     "load": "const float {name} = to_float(row{access}[column_offset{access}(static_cast<int>({column}))]);",
@@ -376,6 +376,9 @@ class _Emitter:
                 self.lines.append(statement)
                 names[load] = name
         value = _Emitter(names, self.counter, self.gathered, self.lines).value(gather.value)
+        if gather.ignore is None:
+            self.names[gather] = value
+            return value
         name = f"t{next(self.counter)}"
         self.lines.append(GATHER_C["select"].format(name=name, index=index, ignore=gather.ignore, value=value))
         self.names[gather] = name
