@@ -471,7 +471,7 @@ class _GroupBuilder:
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
             if value.rows and shape == value.shape + (1,):
                 return Value(_to_full(value.expr), shape, value.dtype, value.ops)  # reduce(keepdim=False)[..., None]
-            if _is_one_per_row(value) and shape == value.shape[:-1]:
+            if name != "as_strided" and _is_one_per_row(value) and shape == value.shape[:-1]:
                 return replace(value, shape=shape, rows=True)  # reduce(keepdim=True).squeeze(-1), gather's too
             value = self.materialise(value)
         if not isinstance(value, Leaf):
