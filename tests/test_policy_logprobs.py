@@ -64,6 +64,10 @@ VARIANTS = {
     "entropy_of_log_probs_3d_fp16": (
         "x", "-(torch.softmax(x.float(), -1) * torch.log_softmax(x.float(), -1)).sum(-1)", logits((2, 24, 777), "float16"),
     ),
+    # Three levels: logsumexp, a softmax of the normalised logits (which reads it), then the weighted sum.
+    "entropy_categorical": (
+        "x", "torch.distributions.Categorical(logits=x.float(), validate_args=False).entropy()", logits((40, 999)),
+    ),
     "log_softmax": ("x", "torch.log_softmax(x, -1)", logits((64, 3000))),
     "amax": ("x", "x.amax(-1)", logits((64, 3000))),
     "max_values": ("x", "x.max(-1).values", logits((64, 3000))),
