@@ -44,7 +44,7 @@ from conftest import EXAMPLES, REPO_ROOT
 FUSED_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
     "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
-    "cross_entropy", "cross_entropy_bf16_vocab128k",
+    "cross_entropy", "cross_entropy_bf16_vocab128k", "token_logprobs_bf16", "logits_entropy_bf16",
 ]  # fmt: skip
 MATMUL_EXAMPLES = ["linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16"]
 SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES
@@ -140,8 +140,8 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
 def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Each row of `rows` at its target column (index is constant along a row); 0 where the target is ignored."""
     target = index[..., :1]
-    column = target.long().clamp(0, rows.shape[-1] - 1)
-    return torch.where(target == gather.ignore, 0.0, rows.gather(-1, column))
+    picked = rows.gather(-1, target.long().clamp(0, rows.shape[-1] - 1))
+    return picked if gather.ignore is None else torch.where(target == gather.ignore, 0.0, picked)
 
 
 def viewed(leaf, memory: dict) -> torch.Tensor:
@@ -1052,10 +1052,9 @@ def test_generated_kernels_pass_verification(tmp_path, judge, name):
     assert_generated_kernels_verify(judge, EXAMPLES / f"{name}.py", tmp_path)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("zoo", [zoo_problem, matmul_zoo_problem], ids=["zoo", "matmul_zoo"])
-def test_every_launch_candidate_of_the_zoo_passes_verification(tmp_path, judge, zoo):
-    ws = policy_workspace(zoo(tmp_path), tmp_path)
+def assert_every_launch_candidate_verifies(judge, problem_path: Path, folder: Path) -> None:
+    """Build and verify the policy's files once per launch candidate: the index-th of every group (or its last)."""
+    ws = policy_workspace(problem_path, folder)
     groups = analyze(ws.problem()).generated_groups
     for index in range(max(len(launch_candidates(g)) for g in groups)):
         for group in groups:  # the index-th candidate, or the last one a group has
@@ -1066,6 +1065,12 @@ def test_every_launch_candidate_of_the_zoo_passes_verification(tmp_path, judge, 
         assert build.ok, build.log[-3000:]
         verify = judge.verify(ws.root, build, trials=2)
         assert verify.ok, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zoo", [zoo_problem, matmul_zoo_problem], ids=["zoo", "matmul_zoo"])
+def test_every_launch_candidate_of_the_zoo_passes_verification(tmp_path, judge, zoo):
+    assert_every_launch_candidate_verifies(judge, zoo(tmp_path), tmp_path)
 
 
 # -------------------------------------------------------------------------------------------------- helpers

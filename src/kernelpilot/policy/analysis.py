@@ -170,11 +170,12 @@ class Field:
 @dataclass(frozen=True)
 class Gather:
     """`value`, an expression over rows (the last dim of `shape`), at one column per row: `index`, the row's int64
-    target (nll_loss). Rows whose target is `ignore` give 0, as nll_loss's ignore_index does."""
+    target (nll_loss) or column (gather along the last dim). Rows whose target is `ignore` give 0, as nll_loss's
+    ignore_index does; None when no index is ignored (gather)."""
 
     value: Expr
     index: Load
-    ignore: int
+    ignore: int | None
     shape: tuple[int, ...]
     dims = 1  # rows are the last dim, as a Reduce's `dims`
 
@@ -470,6 +471,8 @@ class _GroupBuilder:
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
             if value.rows and shape == value.shape + (1,):
                 return Value(_to_full(value.expr), shape, value.dtype, value.ops)  # reduce(keepdim=False)[..., None]
+            if name != "as_strided" and _is_one_per_row(value) and shape == value.shape[:-1]:
+                return replace(value, shape=shape, rows=True)  # reduce(keepdim=True).squeeze(-1), gather's too
             value = self.materialise(value)
         if not isinstance(value, Leaf):
             return self.unsupported(node, "a view of an unsupported result", args)
@@ -957,6 +960,35 @@ def _nll_loss(o: _Ops) -> tuple[Value, Value]:
     return Value(result, (), o.dtype, (op,), rows=True), Value(total_weight, (), o.dtype, (op,), rows=True)
 
 
+def _gather(o: _Ops) -> Value:
+    """gather(input, dim, index) along the last dim with one column per row (index shaped (..., 1)): a `Gather`,
+    so a log_softmax feeding it is never written and one row kernel reads the row once (selective log-softmax)."""
+    _, dim, index = o.args[:3]
+    values, shape, ops = o.row_input()
+    if dim % len(shape) != len(shape) - 1:
+        raise _NotFusible(f"gathers along dim {dim}; only gathers along the last dimension are generated")
+    if not (isinstance(index, Leaf) and index.source.dtype == "int64"):
+        raise _NotFusible("an index that is not an int64 tensor read from memory")
+    rows = shape[:-1]
+    if index.shape != rows + (1,):
+        raise _NotFusible(f"a {list(index.shape)} index into {list(shape)}; only one column per row, an index "
+                          f"shaped {list(rows + (1,))}, is generated")  # fmt: skip
+    op = f"aten.{_op_name(o.node.target)}"
+    return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
+
+
+def _max_along(o: _Ops, kind: str) -> Value | tuple:
+    """max/min: of a whole tensor, along a dim (values; the indices are not generated), or of two tensors."""
+    overload = getattr(o.node.target, "_overloadname", "")
+    if overload == "other":
+        return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
+    if overload == "default":
+        return o.reduction(kind, kind, None, False)
+    if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
+        raise _NotFusible(f"uses the arg{kind} indices; only the values of a row {kind} are generated")
+    return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
+
+
 def _divide_by_length(total: Field, length: int) -> Expr:
     return Call("mul", (total, Const(1.0 / length)))
 
@@ -975,6 +1007,9 @@ _REDUCTIONS = {
     "native_layer_norm": _layer_norm,
     "native_group_norm": _group_norm,
     "nll_loss_forward": _nll_loss,
+    "gather": _gather,
+    "max": lambda o: _max_along(o, "max"),
+    "min": lambda o: _max_along(o, "min"),
 }
 
 
@@ -1156,6 +1191,14 @@ def _to_full(expr: Expr) -> Expr:
     if isinstance(expr, Call):
         return Call(expr.op, tuple(_to_full(arg) for arg in expr.args))
     return expr
+
+
+def _is_one_per_row(value: Value) -> bool:
+    """True for a keepdim-shaped row result, (..., 1) over rows of one dim: a reduction's or a gather's."""
+    row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
+    if value.rows or not row_nodes or row_nodes[0].dims != 1:
+        return False
+    return value.shape == row_nodes[0].shape[:-1] + (1,)
 
 
 def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce) -> bool:

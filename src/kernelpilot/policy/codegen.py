@@ -305,13 +305,19 @@ def _shared_config(group: Group, layout: _Layout) -> LaunchConfig | None:
         return None
     blocks = 1
     while blocks <= MAX_CLUSTER_BLOCKS:
-        span = group.row_length // blocks
-        if group.row_length % (blocks * layout.vec) == 0 and span * 4 * len(cached) <= SHARED_CACHE_BYTES:
+        span = _span(group.row_length, blocks, layout.vec)
+        if (blocks - 1) * span < group.row_length and span * 4 * len(cached) <= SHARED_CACHE_BYTES:
             # About eight vectors per thread: enough loads in flight, few enough threads to stay busy.
             threads = min(1024, max(32, _next_power_of_two(math.ceil(span // layout.vec / 8))))
             return LaunchConfig(threads, 4, 1, shared_blocks=blocks)
         blocks *= 2
     return None
+
+
+def _span(row_length: int, blocks: int, vec: int) -> int:
+    """Columns of a row each of `blocks` blocks covers: whole vectors, the last block taking what is left (odd
+    vocabularies such as 50,257 split unevenly)."""
+    return math.ceil(row_length / (blocks * vec)) * vec
 
 
 def _passes(group: Group, layout: _Layout) -> dict[int, int]:
@@ -331,7 +337,7 @@ def _next_power_of_two(n: int) -> int:
 # ------------------------------------------------------------------------------------ C expressions
 
 # The statements of a Gather (gather_column is defined in row.cu.j2): its column, each load varying along the row
-# read at that column, and the result, 0 for a row whose target is the ignored index.
+# read at that column, and the result, 0 for a row whose target is the ignored index (where the gather ignores one).
 GATHER_C = {
     "column": "const int64_t {name} = gather_column({index});",
     "load": "const float {name} = to_float(row{access}[column_offset{access}(static_cast<int>({column}))]);",
@@ -385,6 +391,9 @@ class _Emitter:
                 self.lines.append(statement)
                 names[load] = name
         value = _Emitter(names, self.counter, self.gathered, self.lines).value(gather.value)
+        if gather.ignore is None:
+            self.names[gather] = value
+            return value
         name = f"t{next(self.counter)}"
         self.lines.append(GATHER_C["select"].format(name=name, index=index, ignore=gather.ignore, value=value))
         self.names[gather] = name
@@ -560,7 +569,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     cached = _cached(group, layout, config)
     shared = config.shared_blocks > 0
     stat_accesses = set(_stat_accesses(group, layout))
-    span = group.row_length // max(config.shared_blocks, 1)
+    span = _span(group.row_length, max(config.shared_blocks, 1), layout.vec)
     outer_dims = len(layout.shape) - layout.row_dims
     accesses = []
     for i, access in enumerate(group.accesses):
@@ -599,6 +608,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "cached": cached,
         "shared": shared,
         "cluster": max(config.shared_blocks, 1),
+        "span": span,
         "cache_bytes": span * 4 * len(stat_accesses) if shared else 0,
         "rereads": len(program.levels) > 1 or not group.per_row,  # an uncached row is read once per pass
         "all_accesses": accesses,
