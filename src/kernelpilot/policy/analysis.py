@@ -166,11 +166,6 @@ class Reduce:
         share a kernel."""
         return self.shape, self.dims, self.inner
 
-    @property
-    def kept_shape(self) -> tuple[int, ...]:
-        """The shape of a keepdim=False result: `shape` without the reduced dims."""
-        return reduced_shape(self.shape, self.dims, self.inner, keepdim=False)
-
 
 @dataclass(frozen=True)
 class Field:
@@ -190,10 +185,11 @@ class Gather:
     ignore: int
     shape: tuple[int, ...]
     dims = 1  # rows are the last dim, as a Reduce's `dims`
+    inner = 0
 
     @property
     def space(self) -> tuple[tuple[int, ...], int, int]:
-        return self.shape, self.dims, 0
+        return self.shape, self.dims, self.inner
 
 
 Expr = Union[Load, Const, Call, Reduce, Field, Gather]
@@ -1253,11 +1249,11 @@ def _to_full(expr: Expr) -> Expr:
     return expr
 
 
-def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce) -> bool:
+def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bool:
     """True when a value of `shape` can be computed in the kernel of `reduce`: one number per element of its
     iteration shape (or of a shape that one splits), or one per row (a column kernel: only one per column)."""
     if rows:
-        return shape == reduce.kept_shape
+        return shape == reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=False)
     kept = reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=True)
     return shape == kept or (not reduce.inner and _splits(shape, reduce.shape))
 
