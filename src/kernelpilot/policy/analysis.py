@@ -16,6 +16,11 @@ tensor. Other matrix ops (convolution, baddbmm, ...) are "library" groups the po
 A row may span several trailing dims of a kernel's iteration shape: group norm iterates over (N, G, C/G, H, W)
 and reduces each (sample, group) over the last three, while the tensors around it are indexed over (N, C, H, W),
 a shape that the iteration shape splits (C into G, C/G).
+
+A sum, mean, max or min (or a vector norm) over adjacent dims before the last is a "column" group: its iteration
+shape is the input's, seen as (outer, reduced, inner), and a `Reduce` with `inner` > 0 reduces the middle part
+for every (outer, inner) position. Elementwise ops on its input and on its result fuse into the same kernel; a
+result broadcast back over the reduced dims is written first (a column kernel writes one value per column).
 """
 
 from __future__ import annotations
@@ -146,17 +151,20 @@ class Call:
 
 @dataclass(frozen=True)
 class Reduce:
-    """A statistic of `value` over each row (the last `dims` dims of `shape`)."""
+    """A statistic of `value` over each row: the `dims` dims of `shape` before its last `inner` dims (the last
+    `dims` dims when `inner` is 0; a column reduction otherwise, one statistic per (outer, inner) position)."""
 
     kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
     value: Expr
     shape: tuple[int, ...]
     dims: int = 1
+    inner: int = 0
 
     @property
-    def space(self) -> tuple[tuple[int, ...], int]:
-        """The iteration shape and how many trailing dims of it form a row: statistics sharing it share a kernel."""
-        return self.shape, self.dims
+    def space(self) -> tuple[tuple[int, ...], int, int]:
+        """The iteration shape, how many dims of it are reduced and how many follow them: statistics sharing it
+        share a kernel."""
+        return self.shape, self.dims, self.inner
 
 
 @dataclass(frozen=True)
@@ -178,10 +186,11 @@ class Gather:
     ignore: int | None
     shape: tuple[int, ...]
     dims = 1  # rows are the last dim, as a Reduce's `dims`
+    inner = 0
 
     @property
-    def space(self) -> tuple[tuple[int, ...], int]:
-        return self.shape, self.dims
+    def space(self) -> tuple[tuple[int, ...], int, int]:
+        return self.shape, self.dims, self.inner
 
 
 Expr = Union[Load, Const, Call, Reduce, Field, Gather]
@@ -255,7 +264,7 @@ class Group:
     """One kernel's worth of the forward, or one library call, in execution order."""
 
     name: str  # "g0", "g1", ...
-    kind: str  # "elementwise" | "row" | "matmul" | "library"
+    kind: str  # "elementwise" | "row" | "column" | "matmul" | "library"
     ops: list[str]
     tensors: list[Source]  # what it reads, in argument order
     output: Source
@@ -264,12 +273,13 @@ class Group:
     accesses: list[Access] = field(default_factory=list)
     loads: dict[Load, int] = field(default_factory=dict)  # Load -> index into accesses
     per_row: bool = False  # a row group writing one value per row
-    row_dims: int = 1  # how many trailing dims of `shape` one row spans
+    row_dims: int = 1  # how many trailing dims of `shape` one row spans (column groups: the reduced dims)
     matmul: Matmul | None = None  # what a matmul group computes
+    inner_dims: int = 0  # column groups: how many trailing dims of `shape` follow the reduced ones
 
     @property
     def generated(self) -> bool:
-        return self.kind in ("elementwise", "row", "matmul")
+        return self.kind in ("elementwise", "row", "column", "matmul")
 
     @property
     def rows(self) -> int:
@@ -296,6 +306,10 @@ class Group:
             return f"{ops}: one cuBLASLt matmul, {batch}{m}x{k} @ {k}x{n}{fused} ({self.output.dtype})"
         if self.kind == "row":
             return f"{ops}: one row kernel over {self.rows} rows of {self.row_length} ({self.output.dtype})"
+        if self.kind == "column":
+            outer, reduced, inner = column_extents(self)
+            return (f"{ops}: one column kernel reducing {reduced} values for each of {outer} x {inner} outputs "
+                    f"({self.output.dtype})")  # fmt: skip
         return f"{ops}: one fused elementwise kernel over {shape} ({self.output.dtype})"
 
 
@@ -469,7 +483,7 @@ class _GroupBuilder:
             broadcast_fits = not reduces or _fits_rows(shape, False, reduces[0])
             if name in ("alias", "detach") or (name == "expand" and not value.rows and broadcast_fits):
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
-            if value.rows and shape == value.shape + (1,):
+            if value.rows and shape == value.shape + (1,) and not any(r.inner for r in reduces):
                 return Value(_to_full(value.expr), shape, value.dtype, value.ops)  # reduce(keepdim=False)[..., None]
             if name != "as_strided" and _is_one_per_row(value) and shape == value.shape[:-1]:
                 return replace(value, shape=shape, rows=True)  # reduce(keepdim=True).squeeze(-1), gather's too
@@ -569,17 +583,18 @@ class _GroupBuilder:
         row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
         if len({node.space for node in row_nodes}) > 1:
             raise _NotFusible("reductions over rows of different shapes in one expression")
-        row_dims = 1
+        row_dims, inner_dims = 1, 0
         if row_nodes:
             if not _fits_rows(value.shape, value.rows, row_nodes[0]):
                 raise _NotFusible("a row reduction broadcast to a different shape")
-            shape, row_dims = row_nodes[0].space
-            kind, per_row = "row", value.rows or not _splits(value.shape, shape)
+            shape, row_dims, inner_dims = row_nodes[0].space
+            kind = "column" if inner_dims else "row"
+            per_row = value.rows or inner_dims > 0 or not _splits(value.shape, shape)
         else:
             kind, shape, per_row = "elementwise", value.shape, False
         output = Source("group", f"g{len(self.groups)}", value.shape, value.dtype)
         group = Group(output.name, kind, list(value.ops), [], output, shape, value.expr, per_row=per_row,
-                      row_dims=row_dims)  # fmt: skip
+                      row_dims=row_dims, inner_dims=inner_dims)  # fmt: skip
         _resolve_accesses(group)
         if not group.tensors:
             raise _NotFusible("an output that reads no tensor")
@@ -759,7 +774,7 @@ class _Ops:
         """The reduced argument as an expression over rows (its last dim), with its shape and ops."""
         item = self.args[0]
         reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
-        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1))):
+        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1, 0))):
             item = self.builder.materialise(item)
         if isinstance(item, Leaf):
             self._check_dtype(item.source.dtype)
@@ -776,28 +791,52 @@ class _Ops:
 
     def last_dim_only(self, dims: Any, ndim: int) -> None:
         """Raise unless `dims` names exactly the last dimension."""
-        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-            dims = list(range(ndim))
-        dims = [dims] if isinstance(dims, int) else list(dims)
-        normalised = sorted({d % ndim for d in dims}) if ndim else []
-        if normalised != [ndim - 1]:
-            shown = ", ".join(str(d) for d in dims)
+        if _normalised_dims(dims, ndim) != [ndim - 1]:
+            shown = ", ".join(str(d) for d in ([dims] if isinstance(dims, int) else dims or range(ndim)))
             raise _NotFusible(f"reduces dim {shown}; only last-dimension reductions are generated")
 
-    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
-        expr, shape, ops = self.row_input()
-        self.last_dim_only(dims, len(shape))
-        stat = Field(Reduce(kind, expr, shape), field_name)
-        result = finish(stat, shape[-1]) if finish else stat
-        return self._row_value(result, shape, keepdim, ops)
+    def reduced_input(self, dims: Any, kind: str) -> tuple[Expr, tuple[int, ...], tuple[str, ...], int, int]:
+        """The argument of a `kind` reduction over `dims` as an expression, with its shape and ops, and how many
+        dims are reduced and how many follow them: (1, 0) for the last dim (a row reduction), (k, m) for k
+        adjacent dims before the last m (a column reduction)."""
+        ndim = len(getattr(self.args[0], "shape", ()))
+        reduced = _normalised_dims(dims, ndim)
+        if ndim == 0 or reduced == [ndim - 1]:
+            expr, shape, ops = self.row_input()
+            return expr, shape, ops, 1, 0
+        _check_column_dims(reduced, ndim, kind)
+        expr, shape, ops = self.column_input()
+        return expr, shape, ops, len(reduced), ndim - 1 - reduced[-1]
 
-    def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...]) -> Value:
+    def column_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The argument of a column reduction as an expression over its whole shape. A value holding reductions
+        of its own is written first: one kernel reduces over one space, and a column kernel writes no rows."""
+        item = self.args[0]
+        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr)):
+            item = self.builder.materialise(item)
+        if isinstance(item, Leaf):
+            self._check_dtype(item.source.dtype)
+            expr, shape, ops = Load(item, item.shape), item.shape, ()
+        elif isinstance(item, Value):
+            expr, shape, ops = item.expr, item.shape, item.ops
+        else:
+            raise _NotFusible("reduces the result of an unsupported op")
+        if 0 in shape:
+            raise _NotFusible("reduces an empty tensor")
+        return expr, shape, ops
+
+    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
+        expr, shape, ops, reduced, inner = self.reduced_input(dims, kind)
+        stat = Field(Reduce(kind, expr, shape, reduced, inner), field_name)
+        result = finish(stat, math.prod(shape[len(shape) - reduced - inner : len(shape) - inner])) if finish else stat
+        return self._row_value(result, shape, keepdim, ops, reduced, inner)
+
+    def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
+                   inner: int = 0) -> Value:  # fmt: skip
         op = f"aten.{_op_name(self.node.target)}"
         if self.dtype not in KERNEL_DTYPES:
             raise _NotFusible(f"computes {self.dtype} values")
-        if keepdim:
-            return Value(expr, shape[:-1] + (1,), self.dtype, ops + (op,))
-        return Value(expr, shape[:-1], self.dtype, ops + (op,), rows=True)
+        return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
 
 
 def _sum(o: _Ops) -> Value:
@@ -813,20 +852,29 @@ def _amax(o: _Ops, kind: str) -> Value:
     return o.reduction(kind, kind, o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
 
 
+def _max_or_min(o: _Ops, kind: str) -> Value | tuple:
+    """max/min(x) over every element, (values, indices) = max/min(x, dim), or the elementwise max/min(x, other)."""
+    if len(o.args) == 1:
+        return o.reduction(kind, kind, None, False)
+    if not isinstance(o.args[1], int):
+        return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
+    if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
+        raise _NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
+    return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
+
+
 def _vector_norm(o: _Ops) -> Value:
     order = float(_arg(o, 1, "ord", 2.0))
     dims, keepdim = _arg(o, 2, "dim", None), _arg(o, 3, "keepdim", False)
-    expr, shape, ops = o.row_input()
-    o.last_dim_only(dims, len(shape))
-    if order == 2.0:
-        norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape), "sum"),))
-    elif order == 1.0:
-        norm = Field(Reduce("sum", Call("abs", (expr,)), shape), "sum")
-    elif math.isinf(order) and order > 0:
-        norm = Field(Reduce("max", Call("abs", (expr,)), shape), "max")
-    else:
+    kind = "max" if math.isinf(order) and order > 0 else "sum"
+    if order not in (1.0, 2.0) and kind != "max":
         raise _NotFusible(f"a vector norm of order {order:g}")
-    return o._row_value(norm, shape, keepdim, ops)
+    expr, shape, ops, reduced, inner = o.reduced_input(dims, kind)
+    if order == 2.0:
+        norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape, reduced, inner), "sum"),))
+    else:
+        norm = Field(Reduce(kind, Call("abs", (expr,)), shape, reduced, inner), kind)
+    return o._row_value(norm, shape, keepdim, ops, reduced, inner)
 
 
 def _variance(o: _Ops, root: bool) -> Value:
@@ -977,16 +1025,42 @@ def _gather(o: _Ops) -> Value:
     return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
 
 
-def _max_along(o: _Ops, kind: str) -> Value | tuple:
-    """max/min: of a whole tensor, along a dim (values; the indices are not generated), or of two tensors."""
-    overload = getattr(o.node.target, "_overloadname", "")
-    if overload == "other":
-        return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
-    if overload == "default":
-        return o.reduction(kind, kind, None, False)
-    if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
-        raise _NotFusible(f"uses the arg{kind} indices; only the values of a row {kind} are generated")
-    return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
+# Statistics a column kernel computes (sum, mean and norms are sums; amax, amin, max and min are max and min).
+COLUMN_STATS = ("sum", "max", "min")
+
+
+def _normalised_dims(dims: Any, ndim: int) -> list[int]:
+    """The dims a reduction's `dim` argument names, non-negative and sorted; None or [] names every dim."""
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % ndim for d in dims}) if ndim else []
+
+
+def _check_column_dims(reduced: list[int], ndim: int, kind: str) -> None:
+    """Raise unless `reduced` are adjacent dims before the last, reduced by a statistic column kernels compute."""
+    shown = ", ".join(map(str, reduced))
+    adjacent = reduced == list(range(reduced[0], reduced[-1] + 1))
+    if reduced[-1] == ndim - 1 or not adjacent:
+        raise _NotFusible(f"reduces dims {shown} of a {ndim}-d tensor: generated reductions run over the last dim "
+                          "alone or over adjacent dims before it; permute the input so that the reduced dims are "
+                          "adjacent")  # fmt: skip
+    if kind not in COLUMN_STATS:
+        raise _NotFusible(f"a variance over dim {shown}, which is not the last; column reductions generate sums, "
+                          "means, norms, max and min only")  # fmt: skip
+
+
+def reduced_shape(shape: tuple[int, ...], dims: int, inner: int, keepdim: bool) -> tuple[int, ...]:
+    """The shape of a reduction over the `dims` dims of `shape` before its last `inner` ones."""
+    start, end = len(shape) - dims - inner, len(shape) - inner
+    return shape[:start] + ((1,) * dims if keepdim else ()) + shape[end:]
+
+
+def column_extents(group: Group) -> tuple[int, int, int]:
+    """A column group's (outer, reduced, inner) element counts: its iteration shape seen as three dims."""
+    end = len(group.shape) - group.inner_dims
+    start = end - group.row_dims
+    return math.prod(group.shape[:start]), math.prod(group.shape[start:end]), math.prod(group.shape[end:])
 
 
 def _divide_by_length(total: Field, length: int) -> Expr:
@@ -998,6 +1072,8 @@ _REDUCTIONS = {
     "mean": _mean,
     "amax": lambda o: _amax(o, "max"),
     "amin": lambda o: _amax(o, "min"),
+    "max": lambda o: _max_or_min(o, "max"),
+    "min": lambda o: _max_or_min(o, "min"),
     "linalg_vector_norm": _vector_norm,
     "var": lambda o: _variance(o, root=False),
     "std": lambda o: _variance(o, root=True),
@@ -1008,8 +1084,6 @@ _REDUCTIONS = {
     "native_group_norm": _group_norm,
     "nll_loss_forward": _nll_loss,
     "gather": _gather,
-    "max": lambda o: _max_along(o, "max"),
-    "min": lambda o: _max_along(o, "min"),
 }
 
 
@@ -1085,21 +1159,24 @@ def _resolve_accesses(group: Group) -> None:
         source = node.leaf.source
         if source not in group.tensors:
             group.tensors.append(source)
-        strides, offset = _strides_in(node, group.shape)
+        strides, offset = _strides_in(node, group.shape, group.inner_dims)
         access = Access(group.tensors.index(source), strides, offset)
         group.loads[node] = accesses.setdefault(access, len(accesses))
     group.accesses = list(accesses)
 
 
-def _strides_in(load: Load, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+def _strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
     """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`,
-    which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W))."""
+    which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W)).
+
+    `inner`: how many trailing dims of `shape` follow the reduced dims (a column reduction's)."""
     leaf = load.leaf
     use_strides = _broadcast_strides(leaf.shape, leaf.strides, load.use_shape)
     use_shape = load.use_shape
-    if load.rows:  # a keepdim=False result: its row dims come back as size-1 dims
-        row_dims = len(shape) - len(use_shape)
-        use_shape, use_strides = use_shape + (1,) * row_dims, use_strides + (0,) * row_dims
+    if load.rows:  # a keepdim=False result: its reduced dims come back as size-1 dims, before the inner ones
+        row_dims, at = len(shape) - len(use_shape), len(use_shape) - inner
+        use_shape = use_shape[:at] + (1,) * row_dims + use_shape[at:]
+        use_strides = use_strides[:at] + (0,) * row_dims + use_strides[at:]
     split = _split_strides(use_shape, use_strides, shape) if math.prod(use_shape) == math.prod(shape) else None
     return split if split is not None else _broadcast_strides(use_shape, use_strides, shape), leaf.offset
 
@@ -1196,18 +1273,18 @@ def _to_full(expr: Expr) -> Expr:
 def _is_one_per_row(value: Value) -> bool:
     """True for a keepdim-shaped row result, (..., 1) over rows of one dim: a reduction's or a gather's."""
     row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
-    if value.rows or not row_nodes or row_nodes[0].dims != 1:
+    if value.rows or not row_nodes or row_nodes[0].dims != 1 or row_nodes[0].inner:
         return False
     return value.shape == row_nodes[0].shape[:-1] + (1,)
 
 
-def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce) -> bool:
+def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bool:
     """True when a value of `shape` can be computed in the kernel of `reduce`: one number per element of its
-    iteration shape (or of a shape that one splits), or one per row."""
-    outer = reduce.shape[: -reduce.dims]
+    iteration shape (or of a shape that one splits), or one per row (a column kernel: only one per column)."""
     if rows:
-        return shape == outer
-    return shape == outer + (1,) * reduce.dims or _splits(shape, reduce.shape)
+        return shape == reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=False)
+    kept = reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=True)
+    return shape == kept or (not reduce.inner and _splits(shape, reduce.shape))
 
 
 def _lookup(arg: Any, env: dict) -> Any:

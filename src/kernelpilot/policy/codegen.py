@@ -123,7 +123,30 @@ class MatmulConfig:
         return f"cuBLASLt heuristic algorithm {self.algorithm + 1} of {MATMUL_CANDIDATES}"
 
 
-KernelConfig = LaunchConfig | MatmulConfig
+@dataclass(frozen=True)
+class ColumnConfig:
+    """One launch geometry of a column kernel (policy/columns.py): blocks of `columns` x `splits` threads, each
+    thread owning one vector of adjacent inner columns; the `splits` threads of a column share its reduced dim,
+    `cluster` blocks (a thread block cluster when more than one) split it again, and each thread has `items`
+    vectors in flight."""
+
+    columns: int
+    splits: int
+    cluster: int = 1
+    items: int = 4
+
+    @property
+    def threads(self) -> int:
+        return self.columns * self.splits
+
+    @property
+    def label(self) -> str:
+        split = f", each column split over a cluster of {self.cluster} blocks" if self.cluster > 1 else ""
+        return (f"{self.columns} column vector(s) x {self.splits} thread(s) along the reduced dim per block{split}, "
+                f"{self.items} vector(s) in flight")  # fmt: skip
+
+
+KernelConfig = LaunchConfig | MatmulConfig | ColumnConfig
 
 
 @dataclass(frozen=True)
@@ -261,6 +284,11 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
     if group.kind == "elementwise":
         return [LaunchConfig(256, 2), LaunchConfig(512, 1), LaunchConfig(128, 4), LaunchConfig(256, 4),
                 LaunchConfig(256, 2, persistent=False), LaunchConfig(128, 4, persistent=False)]  # fmt: skip
+    if group.kind == "column":
+        # columns.py builds on this module, so it is imported where it is needed.
+        from kernelpilot.policy.columns import column_candidates
+
+        return column_candidates(group)
     layout = row_layout(group)
     vectors = group.row_length // layout.vec
     # About four vectors per thread; a warp-sized or smaller team for short rows, a whole block for long ones.
@@ -438,6 +466,11 @@ def render_kernel(group: Group, config: KernelConfig) -> GeneratedFile:
     elif group.kind == "row":
         context = _row_context(group, config)
         template = "policy/row.cu.j2"
+    elif group.kind == "column":
+        from kernelpilot.policy.columns import column_context
+
+        context = column_context(group, config)
+        template = "policy/column.cu.j2"
     else:
         raise ValueError(f"group {group.name} is a {group.kind} group, which the policy does not generate")
     content = template_environment("templates").get_template(template).render(**context)
