@@ -109,6 +109,8 @@ def evaluate(analysis: Analysis, tensors: dict[tuple[str, str], torch.Tensor]) -
 def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
     if group.kind == "matmul":
         return evaluate_matmul(group.matmul, memory)
+    if group.kind == "conv":
+        return evaluate_conv(group.conv, memory)
     values: dict = {}
 
     def value(node):
@@ -157,6 +159,17 @@ def evaluate_matmul(matmul: Matmul, memory: dict) -> torch.Tensor:
     if matmul.activation:
         result = TORCH_OPS[matmul.activation](result)
     return result.to(getattr(torch, matmul.dtype)).contiguous()
+
+
+def evaluate_conv(conv, memory: dict) -> torch.Tensor:
+    """What cuDNN's call computes: act(convolution(input, weight) + bias), rounded once to the output dtype."""
+    bias = viewed(conv.bias, memory) if conv.bias is not None else None
+    weight = viewed(conv.weight, memory)
+    result = torch.convolution(viewed(conv.input, memory), weight, bias, list(conv.stride), list(conv.padding),
+                               list(conv.dilation), False, [0] * len(conv.stride), conv.groups)  # fmt: skip
+    if conv.activation:
+        result = TORCH_OPS[conv.activation](result)
+    return result.to(getattr(torch, conv.dtype)).contiguous()
 
 
 def statistic(reduce: Reduce, name: str, values: torch.Tensor) -> torch.Tensor:
@@ -768,8 +781,8 @@ def test_model_new_reads_parameters_by_their_names():
 
 
 def test_unsupported_analysis_is_not_rendered():
-    problem = load_problem(EXAMPLES / "conv2d_relu_bias.py")
-    with pytest.raises(ValueError, match="aten.convolution"):
+    problem = load_problem(EXAMPLES / "sum_middle_dim.py")
+    with pytest.raises(ValueError, match="aten.sum"):
         render_all(problem, analyze(problem))
 
 
@@ -785,14 +798,15 @@ needs_nvcc = pytest.mark.skipif(_nvcc() is None, reason="nvcc is not on PATH and
 def compile_cu(source: str, folder: Path) -> str:
     """Compile a torch-free .cu for sm_90 next to the workspace's kp_cuda.h, warning-free; return ptxas' report.
 
-    A source calling cuBLASLt gets its headers from where the project's build finds them."""
+    A source calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
+    from kernelpilot.build import LIBRARIES, find_library, resolve_cuda_home
+
     shutil.copy(REPO_ROOT / "templates" / "kernels" / "kp_cuda.h", folder / "kp_cuda.h")
     (folder / "kernel.cu").write_text(source)
     includes = []
-    if "#include <cublasLt.h>" in source:
-        from kernelpilot.build import find_cublaslt, resolve_cuda_home
-
-        includes = ["-isystem", str(find_cublaslt(resolve_cuda_home()).include_dir)]
+    for library in LIBRARIES:
+        if f"#include <{library.header}>" in source:
+            includes += ["-isystem", str(find_library(library, resolve_cuda_home()).include_dir)]
     done = subprocess.run(
         [_nvcc(), "-std=c++17", "-c", "-arch=sm_90", "-Xptxas", "-v", *includes, "kernel.cu", "-o", "kernel.o"],
         cwd=folder, capture_output=True, text=True, timeout=300,
@@ -988,14 +1002,14 @@ def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
 
 
 def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
-    (tmp_path / "model.py").write_text((EXAMPLES / "conv2d_relu_bias.py").read_text())
+    (tmp_path / "model.py").write_text((EXAMPLES / "sum_middle_dim.py").read_text())
     tools = ScriptedTools()
     messages = converse(BuiltinPolicy(), tmp_path, tools)
     assert actions(messages) == [["TodoWrite"], ["Finish"]]
     todos = tools.calls[0].arguments["todos"]
-    assert any("aten.convolution" in todo["content"] for todo in todos)
+    assert any("aten.sum" in todo["content"] for todo in todos)
     summary = tools.calls[-1].arguments["summary"]
-    assert summary.startswith("No kernels written") and "aten.convolution" in summary
+    assert summary.startswith("No kernels written") and "aten.sum" in summary
 
 
 def test_policy_accepts_a_problem_path():
