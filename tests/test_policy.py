@@ -48,7 +48,8 @@ FUSED_EXAMPLES = [
     "channel_amax_bf16",
 ]  # fmt: skip
 MATMUL_EXAMPLES = ["linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16"]
-SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES
+CONV_EXAMPLES = ["conv2d_relu_bias"]
+SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
 
 
 def write_problem(folder: Path, name: str, forward: str, inputs: str, init: str = "") -> Path:
@@ -110,6 +111,8 @@ def evaluate(analysis: Analysis, tensors: dict[tuple[str, str], torch.Tensor]) -
 def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
     if group.kind == "matmul":
         return evaluate_matmul(group.matmul, memory)
+    if group.kind == "conv":
+        return evaluate_conv(group.conv, memory)
     values: dict = {}
 
     def value(node):
@@ -159,6 +162,17 @@ def evaluate_matmul(matmul: Matmul, memory: dict) -> torch.Tensor:
     if matmul.activation:
         result = TORCH_OPS[matmul.activation](result)
     return result.to(getattr(torch, matmul.dtype)).contiguous()
+
+
+def evaluate_conv(conv, memory: dict) -> torch.Tensor:
+    """What cuDNN's call computes: act(convolution(input, weight) + bias), rounded once to the output dtype."""
+    bias = viewed(conv.bias, memory) if conv.bias is not None else None
+    weight = viewed(conv.weight, memory)
+    result = torch.convolution(viewed(conv.input, memory), weight, bias, list(conv.stride), list(conv.padding),
+                               list(conv.dilation), False, [0] * len(conv.stride), conv.groups)  # fmt: skip
+    if conv.activation:
+        result = TORCH_OPS[conv.activation](result)
+    return result.to(getattr(torch, conv.dtype)).contiguous()
 
 
 def statistic(reduce: Reduce, name: str, values: torch.Tensor) -> torch.Tensor:
@@ -299,17 +313,37 @@ def test_small_mlp_block_is_a_matmul_then_one_row_kernel():
     assert row.kind == "row" and row.ops == ["aten.gelu", "aten.add", "aten.native_layer_norm"]
 
 
-@pytest.mark.parametrize(
-    ("name", "op", "reason"),
-    [
-        ("conv2d_relu_bias", "aten.convolution", "needs cuBLAS/cuDNN"),
-    ],
-)
-def test_unsupported_ops_are_named(name, op, reason):
-    analysis = analysed(EXAMPLES / f"{name}.py")
+# Every example is supported now: a running sum along the rows is a pattern the policy does not generate.
+UNSUPPORTED_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=-1) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 1024)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def unsupported_problem(folder: Path) -> Path:
+    path = folder / "model.py"
+    path.write_text(UNSUPPORTED_PROBLEM)
+    return path
+
+
+def test_unsupported_ops_are_named(tmp_path):
+    analysis = analysed(unsupported_problem(tmp_path))
     assert not analysis.supported
     blockers = analysis.blockers()
-    assert blockers.startswith("Not supported by the built-in policy: ") and op in blockers and reason in blockers
+    assert blockers.startswith("Not supported by the built-in policy: ") and "aten.cumsum" in blockers
 
 
 def test_group_norm_is_one_welford_row_kernel_per_sample_and_group():
@@ -714,6 +748,8 @@ def test_launch_candidates_are_distinct_and_fit_a_block():
             if group.kind == "matmul":
                 assert candidates == [MatmulConfig(i) for i in range(4)]  # the heuristic's best four, in order
                 continue
+            if group.kind == "conv":
+                continue  # cuDNN's ranked algorithms (tests/test_policy_conv.py)
             for config in candidates:
                 assert config.threads * (getattr(config, "rows_per_block", None) or 1) <= 1024
 
@@ -770,9 +806,9 @@ def test_model_new_reads_parameters_by_their_names():
     assert "def __init__(self, hidden, eps):" in model_new.content
 
 
-def test_unsupported_analysis_is_not_rendered():
-    problem = load_problem(EXAMPLES / "conv2d_relu_bias.py")
-    with pytest.raises(ValueError, match="aten.convolution"):
+def test_unsupported_analysis_is_not_rendered(tmp_path):
+    problem = load_problem(unsupported_problem(tmp_path))
+    with pytest.raises(ValueError, match="aten.cumsum"):
         render_all(problem, analyze(problem))
 
 
@@ -788,14 +824,15 @@ needs_nvcc = pytest.mark.skipif(_nvcc() is None, reason="nvcc is not on PATH and
 def compile_cu(source: str, folder: Path) -> str:
     """Compile a torch-free .cu for sm_90 next to the workspace's kp_cuda.h, warning-free; return ptxas' report.
 
-    A source calling cuBLASLt gets its headers from where the project's build finds them."""
+    A source calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
+    from kernelpilot.build import LIBRARIES, find_library, resolve_cuda_home
+
     shutil.copy(REPO_ROOT / "templates" / "kernels" / "kp_cuda.h", folder / "kp_cuda.h")
     (folder / "kernel.cu").write_text(source)
     includes = []
-    if "#include <cublasLt.h>" in source:
-        from kernelpilot.build import find_cublaslt, resolve_cuda_home
-
-        includes = ["-isystem", str(find_cublaslt(resolve_cuda_home()).include_dir)]
+    for library in LIBRARIES:
+        if f"#include <{library.header}>" in source:
+            includes += ["-isystem", str(find_library(library, resolve_cuda_home()).include_dir)]
     done = subprocess.run(
         [_nvcc(), "-std=c++17", "-c", "-arch=sm_90", "-Xptxas", "-v", *includes, "kernel.cu", "-o", "kernel.o"],
         cwd=folder, capture_output=True, text=True, timeout=300,
@@ -991,14 +1028,14 @@ def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
 
 
 def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
-    (tmp_path / "model.py").write_text((EXAMPLES / "conv2d_relu_bias.py").read_text())
+    unsupported_problem(tmp_path)
     tools = ScriptedTools()
     messages = converse(BuiltinPolicy(), tmp_path, tools)
     assert actions(messages) == [["TodoWrite"], ["Finish"]]
     todos = tools.calls[0].arguments["todos"]
-    assert any("aten.convolution" in todo["content"] for todo in todos)
+    assert any("aten.cumsum" in todo["content"] for todo in todos)
     summary = tools.calls[-1].arguments["summary"]
-    assert summary.startswith("No kernels written") and "aten.convolution" in summary
+    assert summary.startswith("No kernels written") and "aten.cumsum" in summary
 
 
 def test_policy_accepts_a_problem_path():

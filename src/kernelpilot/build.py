@@ -6,8 +6,8 @@ every change, and with it `-DTORCH_EXTENSION_NAME`, which invalidates every obje
 library is copied to `build/versions/<content hash>/`, a new path per build, so one long-lived process can load
 build after build (`load_extension`). Compiler output becomes `Diagnostic`s and `-Xptxas -v` output becomes
 `KernelResources`, cached per source so every build reports the resources of all kernels. A source that
-includes cublasLt.h gets cuBLASLt's headers, and the library links it, from the CUDA toolkit or from the
-nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
+includes cublasLt.h (cudnn.h) gets cuBLASLt's (cuDNN's) headers, and the library links it, from the CUDA toolkit
+or from the nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
 (`build_lock`), and each successful build prunes `build/versions/` to the most recent few (`prune_versions`).
 """
 
@@ -160,38 +160,63 @@ def _find_ninja() -> str:
     return on_path
 
 
-# ------------------------------------------------------------------------------------------ cuBLASLt
-
-_CUBLASLT_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]cublasLt\.h[>"]', re.MULTILINE)
+# --------------------------------------------------------------------------------- cuBLASLt and cuDNN
 
 
 @dataclass(frozen=True)
-class _CublasLt:
-    """Where cuBLASLt's header and shared library are."""
+class _Library:
+    """A library kernels may call, by the header that marks a source calling it: where its header and shared
+    library are found, and how the error names it when they are not."""
+
+    name: str  # "cuBLASLt"
+    header: str  # "cublasLt.h"
+    stem: str  # "libcublasLt.so": the unversioned name; libcublasLt.so.<major> will do
+    hint: str
+
+    def included_by(self, source: Path) -> bool:
+        pattern = rf'^\s*#\s*include\s*[<"]{re.escape(self.header)}[>"]'
+        return re.search(pattern, source.read_text(errors="replace"), re.MULTILINE) is not None
+
+
+CUBLASLT = _Library("cuBLASLt", "cublasLt.h", "libcublasLt.so",
+                    "install a CUDA toolkit with cuBLAS and point CUDA_HOME at it, or pip install the nvidia cuBLAS "
+                    "wheel of your torch's CUDA version")  # fmt: skip
+CUDNN = _Library("cuDNN", "cudnn.h", "libcudnn.so",
+                 "install cuDNN into the CUDA toolkit CUDA_HOME points at, or pip install the nvidia-cudnn wheel of "
+                 "your torch's CUDA version (torch's CUDA wheels depend on it)")  # fmt: skip
+LIBRARIES = (CUBLASLT, CUDNN)
+
+
+@dataclass(frozen=True)
+class _FoundLibrary:
+    """Where a library's header and shared library are."""
 
     include_dir: Path
     library: Path
 
 
-def _includes_cublaslt(source: Path) -> bool:
-    return _CUBLASLT_INCLUDE.search(source.read_text(errors="replace")) is not None
-
-
-def find_cublaslt(cuda_home: Path) -> _CublasLt:
-    """cuBLASLt from the toolkit (include/, lib64/ or lib/), else from the nvidia pip packages (nvidia/*/include,
-    lib/: torch's CUDA wheels bring it there, often with only the versioned libcublasLt.so.<major>)."""
+def find_library(library: _Library, cuda_home: Path) -> _FoundLibrary:
+    """The library from the toolkit (include/, lib64/ or lib/), else from the nvidia pip packages (nvidia/*/include,
+    lib/: torch's CUDA wheels bring them there, often with only the versioned lib<name>.so.<major>)."""
     toolkit = [(cuda_home / "include", cuda_home / "lib64"), (cuda_home / "include", cuda_home / "lib")]
     packages = [(folder / "include", folder / "lib") for folder in _nvidia_package_folders()]
     for include_dir, library_dir in toolkit + packages:
-        library = _cublaslt_library(library_dir)
-        if (include_dir / "cublasLt.h").is_file() and library is not None:
-            return _CublasLt(include_dir, library)
+        shared = _shared_library(library_dir, library.stem)
+        if (include_dir / library.header).is_file() and shared is not None:
+            return _FoundLibrary(include_dir, shared)
     raise BuildError(
-        f"A kernel includes cublasLt.h, but no cuBLASLt (cublasLt.h with libcublasLt.so) was found under "
-        f"{cuda_home} or in the nvidia pip packages.",
-        hint="install a CUDA toolkit with cuBLAS and point CUDA_HOME at it, or pip install the nvidia cuBLAS wheel "
-        "of your torch's CUDA version",
+        f"A kernel includes {library.header}, but no {library.name} ({library.header} with {library.stem}) was found "
+        f"under {cuda_home} or in the nvidia pip packages.",
+        hint=library.hint,
     )
+
+
+def find_cublaslt(cuda_home: Path) -> _FoundLibrary:
+    return find_library(CUBLASLT, cuda_home)
+
+
+def find_cudnn(cuda_home: Path) -> _FoundLibrary:
+    return find_library(CUDNN, cuda_home)
 
 
 def _nvidia_package_folders() -> list[Path]:
@@ -203,17 +228,17 @@ def _nvidia_package_folders() -> list[Path]:
     return sorted(folder for root in nvidia.__path__ for folder in Path(root).iterdir() if folder.is_dir())
 
 
-def _cublaslt_library(folder: Path) -> Path | None:
-    """libcublasLt.so, else the newest versioned libcublasLt.so.<major> in `folder`."""
-    if (folder / "libcublasLt.so").is_file():
-        return folder / "libcublasLt.so"
-    versioned = [path for path in folder.glob("libcublasLt.so.*") if path.suffix.lstrip(".").isdigit()]
+def _shared_library(folder: Path, stem: str) -> Path | None:
+    """`stem` (libcublasLt.so), else the newest versioned `stem`.<major> in `folder`."""
+    if (folder / stem).is_file():
+        return folder / stem
+    versioned = [path for path in folder.glob(f"{stem}.*") if path.suffix.lstrip(".").isdigit()]
     return max(versioned, key=lambda path: int(path.suffix.lstrip(".")), default=None)
 
 
-def _cublaslt_link_flags(cublaslt: _CublasLt) -> list[str]:
+def _library_link_flags(found: _FoundLibrary) -> list[str]:
     # The full path: a folder with only libcublasLt.so.13 has nothing -lcublasLt would find.
-    return [str(cublaslt.library), f"-Wl,-rpath,{cublaslt.library.parent}"]
+    return [str(found.library), f"-Wl,-rpath,{found.library.parent}"]
 
 
 # -------------------------------------------------------------------------------------------- flags
@@ -367,9 +392,10 @@ def _ninja_value(args: list[str]) -> str:
 def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: str) -> str:
     torch_flags = _torch_flags()
     common = _compile_flags(root, toolchain, torch_flags)
-    cublaslt_sources = {source for source in sources if _includes_cublaslt(source)}
-    cublaslt = find_cublaslt(toolchain.cuda_home) if cublaslt_sources else None
-    link_flags = _link_flags(toolchain, torch_flags) + (_cublaslt_link_flags(cublaslt) if cublaslt else [])
+    # The libraries each source calls (by the headers it includes), found once per build.
+    callers = {library: [source for source in sources if library.included_by(source)] for library in LIBRARIES}
+    found = {library: find_library(library, toolchain.cuda_home) for library in LIBRARIES if callers[library]}
+    link_flags = _link_flags(toolchain, torch_flags) + [flag for lib in found.values() for flag in _library_link_flags(lib)]
     lines = [
         "# Written by kernelpilot's build.py; rewritten only when its content changes.",
         "ninja_required_version = 1.3",
@@ -402,15 +428,17 @@ def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: 
         objects.append(_ninja_path(_object_name(source)))
         lines.append(f"build {objects[-1]}: {rule} {_ninja_path(str(source))}")
         lines.append(f"  source = {source.relative_to(root).as_posix().replace('$', '$$')}")
-        if source in cublaslt_sources:
-            # Only these edges see cuBLASLt's headers (after the toolkit's, so its CUDA headers win): the
+        includes = [str(found[lib].include_dir) for lib in found if source in callers[lib]]
+        if includes:
+            # Only these edges see the libraries' headers (after the toolkit's, so its CUDA headers win): the
             # commands of all other edges stay as they were, and so do their objects.
-            with_cublaslt = [*common, "-isystem", str(cublaslt.include_dir)]
-            flags = _cuda_flags(with_cublaslt, arch, toolchain, torch_flags) if source.suffix == ".cu" else _cxx_flags(with_cublaslt)
+            with_library = [*common, *(flag for folder in includes for flag in ("-isystem", folder))]
+            flags = _cuda_flags(with_library, arch, toolchain, torch_flags) if source.suffix == ".cu" else _cxx_flags(with_library)
             lines.append(f"  {'cuda' if source.suffix == '.cu' else 'cxx'}_flags = {_ninja_value(flags)}")
     library = f"{EXTENSION_NAME}.so"
-    # The linked cuBLASLt is an implicit input: a different library file relinks.
-    implicit = f" | {_ninja_path(str(cublaslt.library))}" if cublaslt else ""
+    # The linked libraries are implicit inputs: a different library file relinks.
+    implicit = "".join(f" {_ninja_path(str(lib.library))}" for lib in found.values())
+    implicit = f" |{implicit}" if implicit else ""
     lines += ["", f"build {library}: link {' '.join(objects)}{implicit}", f"default {library}", ""]
     return "\n".join(lines)
 

@@ -361,7 +361,7 @@ _TORCH_KERNEL_MARKERS = ("at::", "at_cuda_detail", "c10::", "pytorch_flash", "fm
 # compute, but not the workspace's own kernel either.
 _LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::")
 # Calls by which workspace code runs a library's GEMM or convolution itself: their kernels are its work.
-_LIBRARY_CALLS = re.compile(r"\b(?:cublasLtMatmul|cublas\w*[Gg]emm\w*|cudnnConvolutionForward)\s*\(")
+_LIBRARY_CALLS = re.compile(r"\b(?:cublasLtMatmul|cublas\w*[Gg]emm\w*|cudnnConvolution(?:BiasActivation)?Forward)\s*\(")
 # Torch kernels that only initialise memory (torch.zeros / fill_), which forward may use.
 _INITIALISING_KERNEL_MARKERS = ("FillFunctor",)
 

@@ -11,7 +11,8 @@ Matrix products (mm, addmm, bmm on float32, float16, bfloat16) become "matmul" g
 The product stays pending while the ops after it fit cuBLASLt's epilogue, D = act(A @ B + C + bias): a bias
 along the last dim, a whole output-shaped residual added before the activation, then ReLU or tanh-GELU. The
 first op that does not fit materialises it, and the elementwise/row machinery reads its output like any
-tensor. Other matrix ops (convolution, baddbmm, ...) are "library" groups the policy does not generate.
+tensor. Convolutions become "conv" groups, one cuDNN call each, the same way (see convolution.py). Other matrix
+ops (baddbmm, ...) are "library" groups the policy does not generate.
 
 A row may span several trailing dims of a kernel's iteration shape: group norm iterates over (N, G, C/G, H, W)
 and reduces each (sample, group) over the last three, while the tensors around it are indexed over (N, C, H, W),
@@ -40,7 +41,7 @@ KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
 # Dtypes a kernel only reads: int64 class targets, gathered from as integers and otherwise converted to float as
 # torch's `.float()` does (exact below 2^24).
 READ_ONLY_DTYPES = ("int64",)
-LIBRARY_OPS = frozenset({"baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution", "conv2d", "einsum"})
+LIBRARY_OPS = frozenset({"baddbmm", "addbmm", "matmul", "linear", "_convolution", "conv2d", "einsum"})
 # Matrix products run by cuBLASLt, on these operand dtypes (all computed in plain float32: no TF32, as torch).
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
 MATMUL_DTYPES = ("float32", "float16", "bfloat16")
@@ -251,6 +252,31 @@ class Matmul:
 
 
 @dataclass(frozen=True)
+class Conv:
+    """What a conv group computes: act(convolution(input, weight) + bias) in one cuDNN call.
+
+    `input` (N, C, *spatial) and `weight` (K, C/groups, *kernel) are contiguous views (offsets aligned to 16
+    bytes); `bias` has K values; `shape` is the output's, (N, K, *spatial), contiguous. One to three spatial dims.
+    """
+
+    input: Leaf
+    weight: Leaf
+    shape: tuple[int, ...]
+    dtype: str
+    ops: tuple[str, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+    bias: Leaf | None = None
+    activation: str | None = None  # "relu", only with a bias (cudnnConvolutionBiasActivationForward)
+
+    def epilogue(self) -> str:
+        """The epilogue in words, e.g. "bias, ReLU"; "" when there is none."""
+        return ", ".join(["bias"] * bool(self.bias) + (["ReLU"] if self.activation == "relu" else []))
+
+
+@dataclass(frozen=True)
 class Access:
     """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset."""
 
@@ -264,7 +290,7 @@ class Group:
     """One kernel's worth of the forward, or one library call, in execution order."""
 
     name: str  # "g0", "g1", ...
-    kind: str  # "elementwise" | "row" | "column" | "matmul" | "library"
+    kind: str  # "elementwise" | "row" | "column" | "matmul" | "conv" | "library"
     ops: list[str]
     tensors: list[Source]  # what it reads, in argument order
     output: Source
@@ -276,10 +302,11 @@ class Group:
     row_dims: int = 1  # how many trailing dims of `shape` one row spans (column groups: the reduced dims)
     matmul: Matmul | None = None  # what a matmul group computes
     inner_dims: int = 0  # column groups: how many trailing dims of `shape` follow the reduced ones
+    conv: Conv | None = None  # what a conv group computes
 
     @property
     def generated(self) -> bool:
-        return self.kind in ("elementwise", "row", "column", "matmul")
+        return self.kind in ("elementwise", "row", "column", "matmul", "conv")
 
     @property
     def rows(self) -> int:
@@ -298,6 +325,10 @@ class Group:
         shape = "x".join(map(str, self.shape or self.output.shape)) or "scalar"
         if self.kind == "library":
             return f"{ops}: a matrix op for cuBLAS/cuDNN (the built-in policy does not generate it)"
+        if self.kind == "conv":
+            from kernelpilot.policy.convolution import describe_conv
+
+            return f"{ops}: {describe_conv(self.conv)}"
         if self.kind == "matmul":
             m, n, k = self.matmul.mnk
             batch = f"{self.matmul.batch} x " if self.matmul.batch > 1 else ""
@@ -426,11 +457,13 @@ class _GroupBuilder:
     def __init__(self) -> None:
         self.groups: list[Group] = []
         self.unsupported_ops: list[Unsupported] = []
-        self._materialised: dict[Value | Matmul, Leaf] = {}
+        self._materialised: dict[Value | Matmul | Conv, Leaf] = {}
 
     # ---------------------------------------------------------------------------------- node kinds
 
     def visit(self, node: Any, env: dict) -> Any:
+        from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv
+
         if node.target is operator.getitem:
             return env[node.args[0]][node.args[1]]
         name = _op_name(node.target)
@@ -441,11 +474,17 @@ class _GroupBuilder:
                 folded = _fold_into_matmul(node, name, args, kwargs)
                 if folded is not None:
                     return folded
-                args = [self.settle(arg) for arg in args]
+            if any(isinstance(arg, PendingConv) for arg in args):
+                folded = fold_into_conv(node, name, args)
+                if folded is not None:
+                    return folded
+            args = [self.settle(arg, reader=name) for arg in args]
             if name in VIEW_OPS:
                 return self._view(node, args, kwargs)
             if name in MATMUL_OPS:
                 return self._matmul(node, name, args, kwargs)
+            if name == "convolution":
+                return convolution(self, node, args)
             if name in LIBRARY_OPS:
                 return self._library(node, name, args)
             built = _Ops(self, node, args, kwargs).build(name)
@@ -535,18 +574,27 @@ class _GroupBuilder:
             raise _NotFusible("multiplies the result of an unsupported op")
         return self.materialise(item)
 
-    def settle(self, item: Any) -> Any:
-        """A pending matmul as its output tensor (the group is written now); anything else as it is."""
+    def settle(self, item: Any, reader: str | None = None) -> Any:
+        """A pending matmul or convolution as its output (the group is written now); anything else as it is.
+
+        `reader` is the op reading it, if one does (see `settle_conv`)."""
+        from kernelpilot.policy.convolution import PendingConv, settle_conv
+
+        if isinstance(item, PendingConv):
+            return settle_conv(self, item, fuses_elementwise(reader))
         if not isinstance(item, _PendingMatmul):
             return item
         matmul = item.matmul
-        if matmul not in self._materialised:
-            output = Source("group", f"g{len(self.groups)}", matmul.shape, matmul.dtype)
-            operands = [matmul.a, matmul.b, matmul.bias, matmul.residual]
+        return self.library_call("matmul", matmul, [matmul.a, matmul.b, matmul.bias, matmul.residual], matmul=matmul)
+
+    def library_call(self, kind: str, call: Matmul | Conv, operands: list[Leaf | None], **what: Any) -> Leaf:
+        """The output of a matmul or conv group computing `call` (one group per distinct call)."""
+        if call not in self._materialised:
+            output = Source("group", f"g{len(self.groups)}", call.shape, call.dtype)
             tensors = _unique(leaf.source for leaf in operands if leaf is not None)
-            self.groups.append(Group(output.name, "matmul", list(matmul.ops), tensors, output, matmul.shape, matmul=matmul))
-            self._materialised[matmul] = Leaf.whole(output)
-        return self._materialised[matmul]
+            self.groups.append(Group(output.name, kind, list(call.ops), tensors, output, call.shape, **what))
+            self._materialised[call] = Leaf.whole(output)
+        return self._materialised[call]
 
     # ------------------------------------------------------------------------------ materialising
 
@@ -837,6 +885,14 @@ class _Ops:
         if self.dtype not in KERNEL_DTYPES:
             raise _NotFusible(f"computes {self.dtype} values")
         return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
+
+
+def fuses_elementwise(name: str | None) -> bool:
+    """True when `_Ops` folds the op `name` into an expression (elementwise ops and row reductions)."""
+    if name is None:
+        return False
+    elementwise = name in _SPECIAL_ELEMENTWISE or (name in C_OPS and name not in _INTERNAL_OPS)
+    return elementwise or name in _ALIASES or name in _REDUCTIONS or name == "_to_copy"
 
 
 def _sum(o: _Ops) -> Value:

@@ -1,5 +1,5 @@
 """Render an Analysis into workspace files from templates/policy/: per generated group a torch-free .cu (kernel and
-launcher, or a cuBLASLt call for a matmul group) and a *_binding.cpp, plus model_new.py whose forward only calls
+launcher, or a cuBLASLt call for a matmul group, or a cuDNN call for a conv group) and a *_binding.cpp, plus model_new.py whose forward only calls
 them.
 
 Python decides the layout (dims merged where every access allows, 16-byte vectors where alignment allows, which
@@ -55,6 +55,8 @@ EPILOGUES = {
 # Heuristic algorithms a matmul group times, and the workspace it gives them (what torch gives cuBLASLt on Hopper).
 MATMUL_CANDIDATES = 4
 MATMUL_WORKSPACE_BYTES = 32 * 1024 * 1024
+# Ranked cuDNN algorithms a conv group times (the heuristic's best first).
+CONV_CANDIDATES = 4
 VECTOR_BYTES = 16
 # Floats of a row one thread may keep in registers across passes; beyond this the row is streamed again.
 REGISTER_BUDGET = 64
@@ -146,7 +148,24 @@ class ColumnConfig:
                 f"{self.items} vector(s) in flight")  # fmt: skip
 
 
-KernelConfig = LaunchConfig | MatmulConfig | ColumnConfig
+@dataclass(frozen=True)
+class ConvConfig:
+    """Which of cuDNN's ranked forward algorithms a conv group runs: the `algorithm`-th usable one, best first.
+
+    `fused_relu`: the ReLU runs in the call, which cuDNN allows with one algorithm only (implicit precomputed GEMM).
+    """
+
+    algorithm: int
+    fused_relu: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.fused_relu:
+            return "cuDNN's implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
+        return f"cuDNN heuristic algorithm {self.algorithm + 1} of {CONV_CANDIDATES}"
+
+
+KernelConfig = LaunchConfig | MatmulConfig | ColumnConfig | ConvConfig
 
 
 @dataclass(frozen=True)
@@ -281,6 +300,10 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
     """A few launch geometries (matmuls: heuristic algorithms) worth timing, the expected best first."""
     if group.kind == "matmul":
         return [MatmulConfig(index) for index in range(MATMUL_CANDIDATES)]
+    if group.kind == "conv":
+        from kernelpilot.policy.convolution import conv_candidates
+
+        return conv_candidates(group)
     if group.kind == "elementwise":
         return [LaunchConfig(256, 2), LaunchConfig(512, 1), LaunchConfig(128, 4), LaunchConfig(256, 4),
                 LaunchConfig(256, 2, persistent=False), LaunchConfig(128, 4, persistent=False)]  # fmt: skip
@@ -460,6 +483,11 @@ def render_kernel(group: Group, config: KernelConfig) -> GeneratedFile:
     if group.kind == "matmul":
         context = matmul_context(group, config)
         template = "policy/matmul.cu.j2"
+    elif group.kind == "conv":
+        from kernelpilot.policy.convolution import conv_context
+
+        context = conv_context(group, config)
+        template = "policy/conv.cu.j2"
     elif group.kind == "elementwise":
         context = _elementwise_context(group, config)
         template = "policy/elementwise.cu.j2"
@@ -491,8 +519,22 @@ def render_binding(group: Group) -> GeneratedFile:
         out_shape=list(group.output.shape),
         out_scalar_type=SCALAR_TYPES[group.output.dtype],
         workspace_bytes=MATMUL_WORKSPACE_BYTES if group.kind == "matmul" else 0,
+        **_conv_binding_context(group),
     )
     return GeneratedFile(f"kernels/{kernel_stem(group)}_binding.cpp", content)
+
+
+def _conv_binding_context(group: Group) -> dict[str, Any]:
+    """A conv group's launcher asks for the workspace its algorithm needs, and takes torch's TF32 switch for
+    cuDNN convolutions (float32 only: the math a reference convolution runs with)."""
+    if group.kind != "conv":
+        return {"workspace_query": None, "settings": []}
+    from kernelpilot.policy.convolution import workspace_query_name
+
+    allow_tf32 = "at::globalContext().allowTF32CuDNN(at::Float32Op::CONV)" if group.conv.dtype == "float32" else "false"
+    setting = {"type": "bool", "name": "allow_tf32", "value": allow_tf32,
+               "comment": "TF32 for float32 convolutions, as torch.backends.cudnn.allow_tf32 says"}  # fmt: skip
+    return {"workspace_query": workspace_query_name(group), "settings": [setting]}
 
 
 def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:

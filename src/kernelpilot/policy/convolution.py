@@ -1,0 +1,196 @@
+"""Convolutions through cuDNN: aten.convolution as a "conv" group, and what templates/policy/conv.cu.j2 needs.
+
+A forward convolution (1 to 3 spatial dims, any stride, padding, dilation and groups, an optional bias) on
+float32, float16 or bfloat16 tensors is one cuDNN call (the legacy API of cudnn_cnn.h). Like a matmul it stays
+pending while the op after it fits the call: a ReLU after a biased convolution joins it as
+cudnnConvolutionBiasActivationForward's activation. cuDNN runs a fused ReLU only with its implicit precomputed
+GEMM algorithm, so a ReLU followed by more elementwise work is given back to the elementwise kernel that does
+that work anyway (`settle_conv`), leaving cuDNN free to pick among its algorithms; only a ReLU whose result is
+read as it is (returned, viewed, or fed to a matrix op) stays in the call.
+
+Transposed convolutions are not generated. Inputs and weights that are not contiguous (or whose offset is off
+16 bytes) are copied by an elementwise group first, as matmul operands are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.policy.analysis import (
+    MATMUL_DTYPES,
+    Call,
+    Conv,
+    Leaf,
+    Load,
+    Value,
+    _contiguous_strides,
+    _dtype_name,
+    _NotFusible,
+)
+from kernelpilot.policy.codegen import CONV_CANDIDATES, ITEM_SIZES, ConvConfig, launcher_name
+
+if TYPE_CHECKING:
+    from kernelpilot.policy.analysis import Group, _GroupBuilder
+
+# Operand dtypes cuDNN convolves here, as cuBLASLt multiplies (float32 accumulation in every case).
+CONV_DTYPES = MATMUL_DTYPES
+# Byte alignment of every operand; a view off it is copied first (vectorised algorithms want 16 bytes).
+CONV_ALIGNMENT = 16
+CUDNN_DATA_TYPES = {"float32": "CUDNN_DATA_FLOAT", "float16": "CUDNN_DATA_HALF", "bfloat16": "CUDNN_DATA_BFLOAT16"}
+# The most workspace an algorithm may ask for: beyond this (FFT on large images) the next algorithm runs.
+CONV_MAX_WORKSPACE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class PendingConv:
+    """A convolution not yet written, so a ReLU after it may still join the call; `users`: nodes reading it."""
+
+    conv: Conv
+    users: int
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+
+def convolution(builder: _GroupBuilder, node: Any, args: list) -> PendingConv:
+    """aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)."""
+    source, weight, bias, stride, padding, dilation, transposed, _, groups = args
+    if transposed:
+        raise _NotFusible("a transposed convolution; only forward convolutions are generated (through cuDNN)")
+    value = node.meta["val"]
+    dtype = _dtype_name(value.dtype)
+    if dtype not in CONV_DTYPES:
+        raise _NotFusible(f"convolves {dtype} tensors; generated convolutions take float32, float16 or bfloat16")
+    if not 3 <= value.dim() <= 5:
+        raise _NotFusible(f"a convolution over {value.dim() - 2} spatial dims; cuDNN convolutions here take 1 to 3")
+    if 0 in value.shape or 0 in getattr(source, "shape", ()):
+        raise _NotFusible("convolves an empty tensor")
+    operands = [_operand(builder, item, dtype) if item is not None else None for item in (source, weight, bias)]
+    conv = Conv(*operands[:2], tuple(value.shape), dtype, ("aten.convolution",), tuple(stride), tuple(padding),
+                tuple(dilation), int(groups), bias=operands[2])  # fmt: skip
+    return PendingConv(conv, len(node.users))
+
+
+def _operand(builder: _GroupBuilder, item: Any, dtype: str) -> Leaf:
+    """An operand cuDNN can read in place (contiguous, aligned); a computed value or another view is copied."""
+    if isinstance(item, Leaf) and item.source.dtype != dtype:
+        raise _NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
+    if isinstance(item, Leaf) and (item.source.kind == "unsupported" or _readable_in_place(item)):
+        return item
+    if isinstance(item, Leaf):
+        item = Value(Load(item, item.shape), item.shape, item.source.dtype, ("copy",))
+    if not isinstance(item, Value):
+        raise _NotFusible("convolves the result of an unsupported op")
+    return builder.materialise(item)
+
+
+def _readable_in_place(leaf: Leaf) -> bool:
+    aligned = (leaf.offset * ITEM_SIZES[leaf.source.dtype]) % CONV_ALIGNMENT == 0
+    return aligned and leaf.strides == _contiguous_strides(leaf.shape)
+
+
+def fold_into_conv(node: Any, name: str, args: list) -> PendingConv | None:
+    """The pending convolution in `args` with a ReLU joined to it, or None when the op is not that ReLU.
+
+    cudnnConvolutionBiasActivationForward needs a bias, and only a convolution nothing else reads may take it.
+    """
+    pending = next(arg for arg in args if isinstance(arg, PendingConv))
+    conv = pending.conv
+    value = node.meta.get("val")
+    if name != "relu" or pending.users != 1 or conv.bias is None or conv.activation is not None:
+        return None
+    if _dtype_name(getattr(value, "dtype", None)) != conv.dtype:
+        return None
+    return PendingConv(replace(conv, activation="relu", ops=conv.ops + ("aten.relu",)), len(node.users))
+
+
+def settle_conv(builder: _GroupBuilder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
+    """The convolution's output; a folded ReLU read by an op that is fused into an elementwise or row kernel
+    anyway goes to that kernel (relu(Load(conv))), so cuDNN may run any algorithm (see the module docstring)."""
+    conv = pending.conv
+    if epilogue_follows and conv.activation == "relu":
+        plain = replace(conv, activation=None, ops=conv.ops[:-1])
+        output = builder.library_call("conv", plain, [plain.input, plain.weight, plain.bias], conv=plain)
+        return Value(Call("relu", (Load(output, output.shape),)), conv.shape, conv.dtype, ("aten.relu",))
+    return builder.library_call("conv", conv, [conv.input, conv.weight, conv.bias], conv=conv)
+
+
+def describe_conv(conv: Conv) -> str:
+    """E.g. "one cuDNN convolution, 32x64x128x128 * 128x64x3x3 (padding 1) with a fused bias, ReLU epilogue"."""
+    settings = [f"{name} {_sizes(values)}" for name, values, plain in
+                (("stride", conv.stride, 1), ("padding", conv.padding, 0), ("dilation", conv.dilation, 1))
+                if any(v != plain for v in values)]  # fmt: skip
+    settings += [f"{conv.groups} groups"] if conv.groups > 1 else []
+    shown = f" ({', '.join(settings)})" if settings else ""
+    epilogue = conv.epilogue()
+    fused = f" with a fused {epilogue} epilogue" if epilogue else ""
+    shapes = f"{_shape(conv.input.shape)} * {_shape(conv.weight.shape)}"
+    return f"one cuDNN convolution, {shapes}{shown}{fused} ({conv.dtype})"
+
+
+def _sizes(values: tuple[int, ...]) -> str:
+    return str(values[0]) if len(set(values)) == 1 else "x".join(map(str, values))
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
+# ---------------------------------------------------------------------------------------- generation
+
+
+def conv_candidates(group: Group) -> list[ConvConfig]:
+    """The ranked algorithms worth timing: a fused ReLU has one (implicit precomputed GEMM), others the top few."""
+    return [ConvConfig(0, fused_relu=True)] if group.conv.activation else [ConvConfig(i) for i in range(CONV_CANDIDATES)]
+
+
+def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
+    """What conv.cu.j2 needs: cuDNN's NCHW-style dims (a 1-d convolution as 2-d over a height of 1), the
+    convolution's settings, the epilogue and where each operand is."""
+    conv = group.conv
+    lift = (1,) if len(conv.shape) == 3 else ()  # cuDNN wants at least 4-d tensors
+    index = {source: i for i, source in enumerate(group.tensors)}
+
+    def dims(shape: tuple[int, ...]) -> list[int]:
+        return [*shape[:2], *lift, *shape[2:]]
+
+    def operand(leaf: Leaf) -> dict[str, Any]:
+        return {"tensor": index[leaf.source], "offset_bytes": leaf.offset * ITEM_SIZES[leaf.source.dtype]}
+
+    formula = "conv(x, w)" + " + bias" * bool(conv.bias)
+    formula = f"ReLU({formula})" if conv.activation else formula
+    for name, value in (("input", conv.input.shape), ("weight", conv.weight.shape), ("output", conv.shape)):
+        if math.prod(value) >= 2**31:
+            raise ValueError(f"group {group.name}: the convolution's {name} has 2^31 elements or more, beyond cuDNN's int dims")
+    return {
+        "description": group.describe(),
+        "config": config,
+        "candidates": 1 if config.fused_relu else CONV_CANDIDATES,
+        "formula": formula,
+        "data_type": CUDNN_DATA_TYPES[conv.dtype],
+        "float32": conv.dtype == "float32",
+        "lifted": bool(lift),
+        "input_dims": dims(conv.input.shape),
+        "weight_dims": dims(conv.weight.shape),
+        "output_dims": dims(conv.shape),
+        "stride": [*lift, *conv.stride],
+        "padding": [0] * len(lift) + list(conv.padding),
+        "dilation": [*lift, *conv.dilation],
+        "groups": conv.groups,
+        "input": operand(conv.input),
+        "weight": operand(conv.weight),
+        "bias": operand(conv.bias) if conv.bias else None,
+        "activation": "CUDNN_ACTIVATION_RELU" if conv.activation == "relu" else "CUDNN_ACTIVATION_IDENTITY",
+        "alignment": CONV_ALIGNMENT,
+        "max_workspace_bytes": CONV_MAX_WORKSPACE_BYTES,
+        "tensor_count": len(group.tensors),
+        "launcher": launcher_name(group),
+        "workspace_query": workspace_query_name(group),
+    }
+
+
+def workspace_query_name(group: Group) -> str:
+    """The .cu function the binding asks for the workspace the chosen algorithm needs."""
+    return f"{launcher_name(group)}_workspace_bytes"

@@ -1,0 +1,354 @@
+"""Convolutions in the built-in policy: aten.convolution as one cuDNN call, its epilogue fused or handed on.
+
+The partition is checked with test_policy's CPU `evaluate` against Model on small inputs (every conv group
+computed by torch.convolution in float64); the generated sources are compiled (and the workspace linked against
+cuDNN) here, and verified through the judge on a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from conftest import EXAMPLES
+from test_policy import (
+    analysed,
+    assert_generated_kernels_verify,
+    check_against_model,
+    compile_cu,
+    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
+    needs_nvcc,
+    only_group,
+    policy_workspace,
+    write_problem,
+)
+
+from kernelpilot import build
+from kernelpilot.errors import BuildError
+from kernelpilot.harness import guards
+from kernelpilot.policy.analysis import analyze
+from kernelpilot.policy.codegen import ConvConfig, launch_candidates, render_all, render_kernel
+from kernelpilot.policy.convolution import conv_context
+
+CONV_INIT = """
+self.conv = nn.Conv2d(8, 16, 3, padding=1)
+self.shift = nn.Parameter(torch.randn(16, 1, 1) * 0.1)
+"""
+X = "torch.randn(2, 8, 12, 12)"
+
+# name: (forward, inputs, __init__ lines, expected group kinds, the conv group's epilogue)
+CONV_PROBLEMS = {
+    "relu_then_shift": (
+        "def forward(self, x):\n    return torch.relu(self.conv(x)) + self.shift", X, CONV_INIT,
+        ["conv", "elementwise"], "bias",
+    ),
+    "relu_returned": ("def forward(self, x):\n    return torch.relu(self.conv(x))", X, CONV_INIT, ["conv"], "bias, ReLU"),
+    "relu_viewed": (
+        "def forward(self, x):\n    return torch.relu(self.conv(x)).flatten(1)", X, CONV_INIT, ["conv"], "bias, ReLU",
+    ),
+    "no_bias_relu": (
+        "def forward(self, x):\n    return torch.relu(self.conv(x))", X,
+        "self.conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)", ["conv", "elementwise"], "",
+    ),
+    "stride_2_dilation_2": (
+        "def forward(self, x):\n    return self.conv(x)", X,
+        "self.conv = nn.Conv2d(8, 12, 3, stride=2, padding=2, dilation=2)", ["conv"], "bias",
+    ),
+    "groups": (
+        "def forward(self, x):\n    return torch.relu(self.conv(x))", X,
+        "self.conv = nn.Conv2d(8, 8, 3, padding=1, groups=4)", ["conv"], "bias, ReLU",
+    ),
+    "depthwise_then_softmax": (
+        "def forward(self, x):\n    return torch.softmax(torch.relu(self.conv(x)), dim=-1)", X,
+        "self.conv = nn.Conv2d(8, 8, 3, padding=1, groups=8)", ["conv", "row"], "bias",
+    ),
+    "conv1d": (
+        "def forward(self, x):\n    return self.conv(x)", "torch.randn(2, 8, 20)",
+        "self.conv = nn.Conv1d(8, 6, 5, padding=2)", ["conv"], "bias",
+    ),
+    "conv3d_silu": (
+        "def forward(self, x):\n    return F.silu(self.conv(x))", "torch.randn(1, 4, 6, 6, 6)",
+        "self.conv = nn.Conv3d(4, 8, 3, padding=1)", ["conv", "elementwise"], "bias",
+    ),
+    "transposed_input_copied": (
+        "def forward(self, x):\n    return self.conv(x.transpose(2, 3))", "torch.randn(2, 8, 12, 10)", CONV_INIT,
+        ["elementwise", "conv"], "bias",
+    ),
+    "computed_input": (
+        "def forward(self, x):\n    return self.conv(x * 2 + 1)", X, CONV_INIT, ["elementwise", "conv"], "bias",
+    ),
+    "fp16": (
+        "def forward(self, x):\n    return torch.relu(self.conv(x)) * 2", "torch.randn(2, 8, 10, 10, dtype=torch.float16)",
+        "self.conv = nn.Conv2d(8, 16, 1).half()", ["conv", "elementwise"], "bias",
+    ),
+    "bf16": (
+        "def forward(self, x):\n    return torch.relu(self.conv(x))", "torch.randn(2, 8, 9, 9, dtype=torch.bfloat16)",
+        "self.conv = nn.Conv2d(8, 16, 3).to(torch.bfloat16)", ["conv"], "bias, ReLU",
+    ),
+}  # fmt: skip
+LOW_PRECISION = {"fp16", "bf16"}
+
+
+def conv_problem(folder, name: str):
+    forward, inputs, init, *_ = CONV_PROBLEMS[name]
+    return write_problem(folder, name, forward, inputs, init)
+
+
+# Every convolution and epilogue in one problem, so the build and GPU tests make one workspace for all of them.
+CONV_ZOO = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.plain = nn.Conv2d(8, 16, 3, padding=1)
+        self.strided = nn.Conv2d(8, 12, 3, stride=2, padding=2, dilation=2, bias=False)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=4)
+        self.line = nn.Conv1d(8, 6, 5, padding=2)
+        self.volume = nn.Conv3d(4, 8, 3, padding=1)
+        self.fp16 = nn.Conv2d(8, 16, 1).half()
+        self.bf16 = nn.Conv2d(8, 16, 3).to(torch.bfloat16)
+        self.shift = nn.Parameter(torch.randn(16, 1, 1) * 0.1)
+
+    def forward(self, x, seq, vol, xh, xb):
+        return (
+            torch.relu(self.plain(x)) + self.shift,  # ReLU handed on to the elementwise kernel with the shift
+            self.strided(x),  # stride 2, dilation 2, no bias: cudnnConvolutionForward
+            torch.relu(self.grouped(x)),  # groups; ReLU fused (implicit precomputed GEMM)
+            self.line(seq),  # 1-d, run as 2-d over a height of 1
+            F.silu(self.volume(vol)),  # 3-d
+            torch.relu(self.fp16(xh)) * 2,  # fp16
+            torch.relu(self.bf16(xb.transpose(2, 3))),  # bf16, a transposed input copied first, ReLU fused
+        )
+
+
+def get_inputs():
+    return [
+        torch.randn(2, 8, 12, 12),
+        torch.randn(2, 8, 20),
+        torch.randn(1, 4, 6, 6, 6),
+        torch.randn(2, 8, 10, 10, dtype=torch.float16),
+        torch.randn(2, 8, 9, 9, dtype=torch.bfloat16),
+    ]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def conv_zoo_problem(folder):
+    path = folder / "conv_zoo.py"
+    path.write_text(CONV_ZOO)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- analysis
+
+
+def test_conv2d_relu_bias_is_a_cudnn_call_then_one_elementwise_kernel():
+    analysis = analysed(EXAMPLES / "conv2d_relu_bias.py")
+    assert analysis.supported, analysis.blockers()
+    conv, epilogue = analysis.groups
+    assert conv.kind == "conv" and conv.conv.epilogue() == "bias" and conv.conv.padding == (1, 1)
+    assert [t.name for t in conv.tensors] == ["x", "conv.weight", "conv.bias"]
+    # The ReLU joins the shift's kernel, which reads the convolution once: cuDNN may pick any algorithm.
+    assert epilogue.kind == "elementwise" and epilogue.ops == ["aten.relu", "aten.add"]
+    assert [c.label for c in launch_candidates(conv)] == [f"cuDNN heuristic algorithm {i} of 4" for i in (1, 2, 3, 4)]
+    assert conv.describe() == ("aten.convolution: one cuDNN convolution, 32x64x128x128 * 128x64x3x3 (padding 1) "
+                               "with a fused bias epilogue (float32)")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CONV_PROBLEMS))
+def test_conv_groups_compute_what_the_model_computes(tmp_path, name):
+    *_, kinds, epilogue = CONV_PROBLEMS[name]
+    analysis = check_against_model(conv_problem(tmp_path, name), atol=1e-2 if name in LOW_PRECISION else 1e-5)
+    assert [g.kind for g in analysis.groups] == kinds
+    assert [g.conv.epilogue() for g in analysis.groups if g.kind == "conv"] == [epilogue]
+
+
+def test_conv_zoo_computes_what_the_model_computes(tmp_path):
+    analysis = check_against_model(conv_zoo_problem(tmp_path), atol=1e-2)  # fp16 and bf16 outputs round
+    convs = [g.conv for g in analysis.groups if g.kind == "conv"]
+    assert len(convs) == 7 and [c.activation for c in convs].count("relu") == 2
+
+
+def test_a_fused_relu_has_one_candidate_the_implicit_precomputed_gemm(tmp_path):
+    group = only_group(analysed(conv_problem(tmp_path, "relu_returned")))
+    assert launch_candidates(group) == [ConvConfig(0, fused_relu=True)]
+    source = render_kernel(group, launch_candidates(group)[0]).content
+    assert "CUDNN_ACTIVATION_RELU" in source and "cudnnConvolutionBiasActivationForward(" in source
+    assert "if (result.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) return false;" in source
+
+
+def test_a_bias_without_relu_is_an_identity_activation_any_algorithm_may_run(tmp_path):
+    group = only_group(analysed(conv_problem(tmp_path, "stride_2_dilation_2")))
+    source = render_kernel(group, ConvConfig(2)).content
+    assert "CUDNN_ACTIVATION_IDENTITY" in source and "IMPLICIT_PRECOMP_GEMM) return false" not in source
+    assert "constexpr int kAlgorithm = 2;" in source
+    assert "constexpr int kStride[kDims - 2] = {2, 2};" in source and "kDilation[kDims - 2] = {2, 2};" in source
+
+
+def test_a_convolution_without_bias_is_a_plain_forward_call(tmp_path):
+    conv, _ = analysed(conv_problem(tmp_path, "no_bias_relu")).groups
+    source = render_kernel(conv, launch_candidates(conv)[0]).content
+    assert "cudnnConvolutionForward(" in source and "BiasActivation" not in source
+
+
+def test_math_follows_torch_tf32_switch_for_float32_and_tensor_ops_for_16_bit(tmp_path):
+    (fp32,) = analysed(conv_problem(tmp_path, "stride_2_dilation_2")).groups
+    (bf16,) = analysed(conv_problem(tmp_path, "bf16")).groups
+    fp32_files = {f.path: f.content for f in render_all(*_problem_and_analysis(conv_problem(tmp_path, "stride_2_dilation_2")))}
+    assert "allowTF32CuDNN(at::Float32Op::CONV)" in fp32_files["kernels/policy_g0_binding.cpp"]
+    fp32_source = render_kernel(fp32, ConvConfig(0)).content
+    assert "return allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;" in fp32_source
+    assert "if (!allow_tf32 && tensor_ops) return false;" in fp32_source
+    bf16_source = render_kernel(bf16, ConvConfig(0, fused_relu=True)).content
+    assert "return CUDNN_TENSOR_OP_MATH;" in bf16_source and "CUDNN_DATA_BFLOAT16" in bf16_source
+
+
+def test_a_1d_convolution_runs_as_2d_over_a_height_of_one(tmp_path):
+    (group,) = analysed(conv_problem(tmp_path, "conv1d")).groups
+    context = conv_context(group, ConvConfig(0))
+    assert context["input_dims"] == [2, 8, 1, 20] and context["weight_dims"] == [6, 8, 1, 5]
+    assert context["output_dims"] == [2, 6, 1, 20]
+    assert (context["stride"], context["padding"], context["dilation"]) == ([1, 1], [0, 2], [1, 1])
+
+
+def test_a_3d_convolution_keeps_five_dims(tmp_path):
+    conv, _ = analysed(conv_problem(tmp_path, "conv3d_silu")).groups
+    context = conv_context(conv, ConvConfig(0))
+    assert context["input_dims"] == [1, 4, 6, 6, 6] and context["padding"] == [1, 1, 1]
+
+
+def test_the_binding_allocates_the_workspace_the_algorithm_asks_for(tmp_path):
+    files = {f.path: f.content for f in render_all(*_problem_and_analysis(EXAMPLES / "conv2d_relu_bias.py"))}
+    binding = files["kernels/policy_g0_binding.cpp"]
+    assert "size_t kp_policy_g0_launch_workspace_bytes(bool allow_tf32);" in binding
+    assert "kp_policy_g0_launch_workspace_bytes(allow_tf32)" in binding
+    assert re.search(r"workspace\.data_ptr\(\), kWorkspaceBytes,\s+allow_tf32,\s+c10::cuda::getCurrentCUDAStream", binding)
+    assert "kp_kernels.policy_g0(x, self.conv.weight, self.conv.bias)" in files["model_new.py"]
+    assert "kp_kernels.policy_g1(out_g0, self.bias)" in files["model_new.py"]
+
+
+@pytest.mark.parametrize(
+    ("forward", "inputs", "init", "reason"),
+    [
+        (
+            "def forward(self, x):\n    return self.up(x)", X, "self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)",
+            "aten.convolution (a transposed convolution; only forward convolutions are generated (through cuDNN))",
+        ),
+        (
+            "def forward(self, x):\n    return self.conv(x)", "torch.randn(2, 8, 12, 12, dtype=torch.float64)",
+            "self.conv = nn.Conv2d(8, 16, 3).double()",
+            "aten.convolution (convolves float64 tensors; generated convolutions take float32, float16 or bfloat16)",
+        ),
+    ],
+    ids=["transposed", "float64"],
+)  # fmt: skip
+def test_unsupported_convolutions_are_named_in_one_sentence(tmp_path, forward, inputs, init, reason):
+    analysis = analysed(write_problem(tmp_path, "unsupported", forward, inputs, init))
+    assert not analysis.supported
+    assert analysis.blockers() == f"Not supported by the built-in policy: {reason}."
+
+
+# -------------------------------------------------------------------------------------- build and guards
+
+
+def test_cudnn_comes_from_the_toolkit_first_then_from_the_nvidia_packages(monkeypatch, tmp_path):
+    package = tmp_path / "nvidia" / "cudnn"
+    (package / "include").mkdir(parents=True)
+    (package / "include" / "cudnn.h").write_text("")
+    (package / "lib").mkdir()
+    for name in ("libcudnn.so.8", "libcudnn.so.9", "libcudnn_cnn.so.9"):
+        (package / "lib" / name).write_text("")
+    monkeypatch.setattr(build, "_nvidia_package_folders", lambda: [package])
+    found = build.find_cudnn(tmp_path / "toolkit")
+    assert found.include_dir == package / "include" and found.library.name == "libcudnn.so.9"
+    (tmp_path / "toolkit" / "include").mkdir(parents=True)
+    (tmp_path / "toolkit" / "include" / "cudnn.h").write_text("")
+    (tmp_path / "toolkit" / "lib64").mkdir()
+    (tmp_path / "toolkit" / "lib64" / "libcudnn.so").write_text("")
+    assert build.find_cudnn(tmp_path / "toolkit").library == tmp_path / "toolkit" / "lib64" / "libcudnn.so"
+
+
+def test_missing_cudnn_is_one_sentence_with_a_hint(monkeypatch, tmp_path):
+    monkeypatch.setattr(build, "_nvidia_package_folders", list)
+    with pytest.raises(BuildError, match=r"includes cudnn\.h, but no cuDNN \(cudnn\.h with libcudnn\.so\)") as raised:
+        build.find_cudnn(tmp_path)
+    assert "nvidia-cudnn" in raised.value.hint
+
+
+def test_a_fused_cudnn_call_counts_as_the_candidates_own_work():
+    source = "cudnnConvolutionBiasActivationForward(handle, &one, x_desc, x, ...);"
+    assert guards.find_no_custom_kernel(["sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nchwkcrs_nchw"], source) is None
+    assert guards.find_no_custom_kernel(["sm90_xmma_fprop_implicit_gemm"], "int main() {}") is not None
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["conv2d_relu_bias"])
+def test_conv_example_sources_compile(tmp_path, name):
+    for group in analysed(EXAMPLES / f"{name}.py").generated_groups:
+        source = render_kernel(group, launch_candidates(group)[0]).content
+        compile_cu(source, tmp_path)
+        if group.kind == "conv":
+            assert "#include <cudnn.h>" in source and "__global__" not in source  # cuDNN's kernels, none of ours
+
+
+@needs_nvcc
+def test_every_launch_candidate_of_the_conv_zoo_compiles(tmp_path):
+    for group in analysed(conv_zoo_problem(tmp_path)).generated_groups:
+        for config in launch_candidates(group)[: 4 if group.kind == "conv" else 1]:
+            compile_cu(render_kernel(group, config).content, tmp_path)
+
+
+@pytest.mark.cuda_build
+def test_conv_zoo_workspace_builds_and_links_cudnn(tmp_path):
+    ws = policy_workspace(conv_zoo_problem(tmp_path), tmp_path)
+    result = build.build_workspace(ws.root, arch="9.0")
+    assert result.ok, result.log[-3000:]
+    ninja = (ws.build_dir / "build.ninja").read_text()
+    assert re.search(r"^link_flags = .*libcudnn\.so", ninja, re.MULTILINE)
+    linked = subprocess.run(["ldd", result.library], capture_output=True, text=True, check=True).stdout
+    assert "libcudnn.so" in linked
+    # cuDNN's headers reach only the sources that include them: a fused kernel's command is unchanged.
+    fused = next(line for line in ninja.splitlines() if line.startswith("cuda_flags = "))
+    assert "cudnn" not in fused
+    assert build.build_workspace(ws.root, arch="9.0").compiled == []  # nothing changed, nothing rebuilt
+
+
+# --------------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_conv2d_relu_bias_passes_verification(tmp_path, judge):  # noqa: F811 - the shared fixture
+    assert_generated_kernels_verify(judge, EXAMPLES / "conv2d_relu_bias.py", tmp_path)
+
+
+@pytest.mark.gpu
+def test_every_launch_candidate_of_the_conv_zoo_passes_verification(tmp_path, judge):  # noqa: F811
+    ws = policy_workspace(conv_zoo_problem(tmp_path), tmp_path)
+    groups = analyze(ws.problem()).generated_groups
+    for index in range(max(len(launch_candidates(g)) for g in groups)):
+        for group in groups:  # the index-th candidate, or the last one a group has
+            candidates = launch_candidates(group)
+            kernel = render_kernel(group, candidates[min(index, len(candidates) - 1)])
+            (ws.root / kernel.path).write_text(kernel.content)
+        result = judge.build(ws.root)
+        assert result.ok, result.log[-3000:]
+        verify = judge.verify(ws.root, result, trials=2)
+        assert verify.ok, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
+
+
+# -------------------------------------------------------------------------------------------------- helpers
+
+
+def _problem_and_analysis(path):
+    from kernelpilot.problem import load_problem
+
+    problem = load_problem(path)
+    return problem, analyze(problem)
