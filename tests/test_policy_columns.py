@@ -63,7 +63,7 @@ def column_zoo(folder):
     names = [name for name in COLUMN_PROBLEMS if "b" not in COLUMN_PROBLEMS[name][0].replace("abs", "")]
     shapes = [COLUMN_PROBLEMS[name][1] for name in names]
     arguments = ", ".join(f"x{i}" for i in range(len(names)))
-    outputs = ", ".join(COLUMN_PROBLEMS[name][0].replace("x", f"x{i}") for i, name in enumerate(names))
+    outputs = ", ".join(re.sub(r"\bx\b", f"x{i}", COLUMN_PROBLEMS[name][0]) for i, name in enumerate(names))
     return write_problem(folder, "column_zoo", f"def forward(self, {arguments}):\n    return ({outputs},)",
                          ", ".join(shapes))  # fmt: skip
 
@@ -182,7 +182,11 @@ def test_every_candidate_of_the_column_examples_compiles_without_spills(tmp_path
 
 @needs_nvcc
 def test_the_column_zoo_compiles(tmp_path):
-    for group in analysed(column_zoo(tmp_path)).generated_groups:
+    analysis = analysed(column_zoo(tmp_path))
+    assert analysis.supported, analysis.blockers()
+    zoo = [name for name in COLUMN_PROBLEMS if "b" not in COLUMN_PROBLEMS[name][0].replace("abs", "")]
+    assert len([g for g in analysis.generated_groups if g.kind == "column"]) == len(zoo)  # one kernel per problem
+    for group in analysis.generated_groups:
         compile_cu(render_kernel(group, launch_candidates(group)[0]).content, tmp_path)
 
 
