@@ -13,17 +13,16 @@ import pytest
 from conftest import EXAMPLES
 from test_policy import (
     analysed,
+    assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
     check_against_model,
     compile_cu,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
-    policy_workspace,
     write_problem,
 )
 
-from kernelpilot.policy.analysis import analyze
 from kernelpilot.policy.codegen import ColumnConfig, launch_candidates, render_kernel
 from kernelpilot.policy.columns import MAX_CLUSTER_BLOCKS, column_layout
 
@@ -201,18 +200,10 @@ def test_column_examples_pass_verification(tmp_path, judge, name):  # noqa: F811
 
 @pytest.mark.gpu
 def test_every_launch_candidate_of_the_column_zoo_passes_verification(tmp_path, judge):  # noqa: F811 - the fixture
-    ws = policy_workspace(column_zoo(tmp_path), tmp_path)
-    groups = analyze(ws.problem()).generated_groups
+    zoo = column_zoo(tmp_path)
+    groups = analysed(zoo).generated_groups
     assert len(groups) == len(COLUMN_PROBLEMS) - 2 and all(group.kind == "column" for group in groups)
-    for index in range(max(len(launch_candidates(g)) for g in groups)):
-        for group in groups:  # the index-th candidate, or the last one a group has
-            candidates = launch_candidates(group)
-            kernel = render_kernel(group, candidates[min(index, len(candidates) - 1)])
-            (ws.root / kernel.path).write_text(kernel.content)
-        build = judge.build(ws.root)
-        assert build.ok, build.log[-3000:]
-        verify = judge.verify(ws.root, build, trials=2)
-        assert verify.ok, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
+    assert_every_launch_candidate_verifies(judge, zoo, tmp_path / "zoo")
 
 
 @pytest.mark.gpu

@@ -14,6 +14,7 @@ import pytest
 from conftest import EXAMPLES
 from test_policy import (
     analysed,
+    assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
     check_against_model,
     compile_cu,
@@ -331,17 +332,7 @@ def test_conv2d_relu_bias_passes_verification(tmp_path, judge):  # noqa: F811 - 
 
 @pytest.mark.gpu
 def test_every_launch_candidate_of_the_conv_zoo_passes_verification(tmp_path, judge):  # noqa: F811
-    ws = policy_workspace(conv_zoo_problem(tmp_path), tmp_path)
-    groups = analyze(ws.problem()).generated_groups
-    for index in range(max(len(launch_candidates(g)) for g in groups)):
-        for group in groups:  # the index-th candidate, or the last one a group has
-            candidates = launch_candidates(group)
-            kernel = render_kernel(group, candidates[min(index, len(candidates) - 1)])
-            (ws.root / kernel.path).write_text(kernel.content)
-        result = judge.build(ws.root)
-        assert result.ok, result.log[-3000:]
-        verify = judge.verify(ws.root, result, trials=2)
-        assert verify.ok, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
+    assert_every_launch_candidate_verifies(judge, conv_zoo_problem(tmp_path), tmp_path)
 
 
 # -------------------------------------------------------------------------------------------------- helpers

@@ -824,18 +824,21 @@ class _Ops:
         reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
         if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1, 0))):
             item = self.builder.materialise(item)
-        if isinstance(item, Leaf):
-            self._check_dtype(item.source.dtype)
-            expr, shape, ops = Load(item, item.shape), item.shape, ()
-        elif isinstance(item, Value):
-            expr, shape, ops = item.expr, item.shape, item.ops
-        else:
-            raise _NotFusible("reduces the result of an unsupported op")
+        expr, shape, ops = self._reduced_expr(item)
         if not shape:
             raise _NotFusible("reduces a 0-d tensor")
         if not 0 < shape[-1] < 2**31:  # columns are 32-bit in the kernels
             raise _NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
         return expr, shape, ops
+
+    def _reduced_expr(self, item: Any) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """A reduction's argument (a tensor read from memory, or a fused value) as an expression, shape and ops."""
+        if isinstance(item, Leaf):
+            self._check_dtype(item.source.dtype)
+            return Load(item, item.shape), item.shape, ()
+        if isinstance(item, Value):
+            return item.expr, item.shape, item.ops
+        raise _NotFusible("reduces the result of an unsupported op")
 
     def last_dim_only(self, dims: Any, ndim: int) -> None:
         """Raise unless `dims` names exactly the last dimension."""
@@ -862,13 +865,7 @@ class _Ops:
         item = self.args[0]
         if isinstance(item, Value) and (item.rows or walk_reduces(item.expr)):
             item = self.builder.materialise(item)
-        if isinstance(item, Leaf):
-            self._check_dtype(item.source.dtype)
-            expr, shape, ops = Load(item, item.shape), item.shape, ()
-        elif isinstance(item, Value):
-            expr, shape, ops = item.expr, item.shape, item.ops
-        else:
-            raise _NotFusible("reduces the result of an unsupported op")
+        expr, shape, ops = self._reduced_expr(item)
         if 0 in shape:
             raise _NotFusible("reduces an empty tensor")
         return expr, shape, ops
