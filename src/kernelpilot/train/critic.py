@@ -14,18 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelpilot.train.rft import TrainerKnobs
+
 
 @dataclass
-class CriticSettings:
+class CriticSettings(TrainerKnobs):
     """What `run_critic` trains: the base model (local path or hub id), the transcripts, and the main knobs."""
 
     model: str
     output_dir: Path
-    epochs: float = 1.0
-    max_steps: int = -1
-    learning_rate: float = 1e-5
-    batch_size: int = 1
-    max_length: int = 8192
 
 
 def value_examples(transcripts: Iterable[Path]) -> list[dict[str, Any]]:

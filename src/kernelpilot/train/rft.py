@@ -175,18 +175,24 @@ def find_transcripts(root: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------- train
 
 
-@dataclass
-class SftSettings:
-    """What `run_sft` trains: the base model (a local path or hub id), the data, and TRL's main knobs."""
+@dataclass(kw_only=True)
+class TrainerKnobs:
+    """The knobs every trainer run here shares (SFT, critic), given by keyword after a settings' own fields."""
 
-    model: str
-    data: Path
-    output_dir: Path
     epochs: float = 1.0
     max_steps: int = -1
     learning_rate: float = 1e-5
     batch_size: int = 1
     max_length: int = 8192
+
+
+@dataclass
+class SftSettings(TrainerKnobs):
+    """What `run_sft` trains: the base model (a local path or hub id), the data, and TRL's main knobs."""
+
+    model: str
+    data: Path
+    output_dir: Path
     lora_rank: int = 0  # 0: full fine-tuning; > 0: LoRA adapters of this rank through peft
 
 
