@@ -305,8 +305,8 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
 
         return conv_candidates(group)
     if group.kind == "elementwise":
-        # One block per tile first: on an H100 it beat the one-wave grid-stride loop on every example timed (by
-        # 4-7%, BENCHMARKS.md); the one-wave grid stays as the last try.
+        # One block per tile first: on an H100 it beat the one-wave grid-stride loop on every elementwise example
+        # timed (by 4-6%, BENCHMARKS.md); the one-wave grid stays as the last try.
         tiles = [LaunchConfig(threads, items, persistent=False) for threads, items in ((256, 2), (128, 4), (512, 1))]
         return [*tiles, LaunchConfig(256, 2)]
     if group.kind == "column":
