@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from kernelpilot.agent.loop import assistant_message
 from kernelpilot.agent.tools import default_tools, tool_schemas
 from kernelpilot.policy import BuiltinPolicy
-from kernelpilot.policy.analysis import Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, analyze, walk
+from kernelpilot.policy.analysis import (
+    Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack, analyze, walk,
+)  # fmt: skip
 from kernelpilot.policy.codegen import (
     ITEM_SIZES,
     LaunchConfig,
@@ -45,7 +47,7 @@ FUSED_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
     "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
     "cross_entropy", "cross_entropy_bf16_vocab128k", "token_logprobs_bf16", "logits_entropy_bf16", "sum_middle_dim",
-    "channel_amax_bf16",
+    "channel_amax_bf16", "distill_kl_bf16", "cross_entropy_z_loss_bf16",
 ]  # fmt: skip
 MATMUL_EXAMPLES = ["linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16"]
 CONV_EXAMPLES = ["conv2d_relu_bias"]
@@ -93,7 +95,7 @@ TORCH_OPS = {
     "mul": torch.mul, "div": torch.div, "maximum": torch.maximum, "minimum": torch.minimum,
     "where": lambda c, a, b: torch.where(c != 0, a, b), "logsumexp_finish": lambda m, s: m + torch.log(s),
     "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
-    "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(),
+    "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(), "xlogy": torch.xlogy,
 }  # fmt: skip
 
 
@@ -131,12 +133,15 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             result = statistic(node.reduce, node.name, value(node.reduce.value).expand(node.reduce.shape))
         elif isinstance(node, Gather):
             result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
+        elif isinstance(node, Stack):  # several values per row, written one after another
+            result = torch.stack([value(item).expand(group.shape) for item in node.values])
         values[node] = result
         return result
 
-    result = value(group.expr).expand(group.shape)
+    stacked = (len(group.expr.values),) if isinstance(group.expr, Stack) else ()
+    result = value(group.expr).expand(*stacked, *group.shape)
     if group.per_row:  # one value per row or column: the first along the reduced dims
-        start = len(group.shape) - group.row_dims - group.inner_dims
+        start = result.dim() - group.row_dims - group.inner_dims
         result = result[(slice(None),) * start + (slice(0, 1),) * group.row_dims]
     # A kernel writes its output contiguously; later groups and outputs view that memory.
     return result.reshape(group.output.shape).to(getattr(torch, group.output.dtype)).contiguous()

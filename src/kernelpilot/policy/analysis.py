@@ -22,6 +22,10 @@ A sum, mean, max or min (or a vector norm) over adjacent dims before the last is
 shape is the input's, seen as (outer, reduced, inner), and a `Reduce` with `inner` > 0 reduces the middle part
 for every (outer, inner) position. Elementwise ops on its input and on its result fuse into the same kernel; a
 result broadcast back over the reduced dims is written first (a column kernel writes one value per column).
+
+A sum, mean, max or min over every dim of a tensor of two or more dims is a row statistic written per row, then
+the same statistic of those partial results in a one-row kernel (the batch mean of a loss). After the walk,
+per-row kernels that share a row statistic are merged into one kernel writing several values per row (merge.py).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ C_OPS = {
     "softplus": "({0} * {1} > {2} ? {0} : log1pf(expf({0} * {1})) / {1})",
     "where": "({0} != 0.0f ? {1} : {2})", "clamp": "fminf(fmaxf({0}, {1}), {2})",
     "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}",
+    "xlogy": "({0} == 0.0f && !isnan({1}) ? 0.0f : {0} * logf({1}))",
     # Row statistics: softmax-style outputs use the fast exponential, as every tuned softmax does.
     "exp_fast": "__expf({0})",
     "logsumexp_finish": "({0} == -INFINITY ? {0} : {0} + logf({1}))",
@@ -194,7 +199,15 @@ class Gather:
         return self.shape, self.dims, self.inner
 
 
-Expr = Union[Load, Const, Call, Reduce, Field, Gather]
+@dataclass(frozen=True)
+class Stack:
+    """Several one-value-per-row expressions of one row kernel, written one after another: the kernel's output
+    holds `values[k]` for every row at [k, row] (see merge.py)."""
+
+    values: tuple[Expr, ...]
+
+
+Expr = Union[Load, Const, Call, Reduce, Field, Gather, Stack]
 STAT_FIELDS = {
     "sum": ("sum",),
     "max": ("max",),
@@ -336,7 +349,8 @@ class Group:
             fused = f" with a fused {epilogue} epilogue" if epilogue else ""
             return f"{ops}: one cuBLASLt matmul, {batch}{m}x{k} @ {k}x{n}{fused} ({self.output.dtype})"
         if self.kind == "row":
-            return f"{ops}: one row kernel over {self.rows} rows of {self.row_length} ({self.output.dtype})"
+            stacked = f", {len(self.expr.values)} values per row" if isinstance(self.expr, Stack) else ""
+            return f"{ops}: one row kernel over {self.rows} rows of {self.row_length}{stacked} ({self.output.dtype})"
         if self.kind == "column":
             outer, reduced, inner = column_extents(self)
             return (f"{ops}: one column kernel reducing {reduced} values for each of {outer} x {inner} outputs "
@@ -391,6 +405,8 @@ def analyze(problem: Problem) -> Analysis:
     """Trace `problem`'s forward on meta tensors and partition it into groups (see the module docstring)."""
     import torch
 
+    from kernelpilot.policy.merge import merge_row_outputs
+
     with torch.device("meta"):
         model = problem.make_model()
         inputs = problem.make_inputs()
@@ -411,7 +427,8 @@ def analyze(problem: Problem) -> Analysis:
         elif node.op == "output":
             outputs = [builder.output(env[item]) for item in node.args[0]]
     ignored = [name for name, value in zip(_forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
-    return Analysis(problem.name, builder.groups, outputs, container, builder.unsupported_ops, ignored)
+    groups = merge_row_outputs(builder.groups, outputs)
+    return Analysis(problem.name, groups, outputs, container, builder.unsupported_ops, ignored)
 
 
 def _trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, list[Source], str]:
@@ -855,6 +872,9 @@ class _Ops:
         if ndim == 0 or reduced == [ndim - 1]:
             expr, shape, ops = self.row_input()
             return expr, shape, ops, 1, 0
+        if len(reduced) == ndim:  # sums, means, max and min over every dim are split by `whole_reduction`
+            raise _NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max "
+                              "and min only; write a norm as x.abs().sum() or x.pow(2).sum().sqrt()")  # fmt: skip
         _check_column_dims(reduced, ndim, kind)
         expr, shape, ops = self.column_input()
         return expr, shape, ops, len(reduced), ndim - 1 - reduced[-1]
@@ -871,10 +891,31 @@ class _Ops:
         return expr, shape, ops
 
     def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
+        ndim = len(getattr(self.args[0], "shape", ()))
+        if ndim > 1 and kind in COLUMN_STATS and len(_normalised_dims(dims, ndim)) == ndim:
+            return self.whole_reduction(kind, keepdim, finish)
         expr, shape, ops, reduced, inner = self.reduced_input(dims, kind)
         stat = Field(Reduce(kind, expr, shape, reduced, inner), field_name)
         result = finish(stat, math.prod(shape[len(shape) - reduced - inner : len(shape) - inner])) if finish else stat
         return self._row_value(result, shape, keepdim, ops, reduced, inner)
+
+    def whole_reduction(self, kind: str, keepdim: bool, finish=None) -> Value:
+        """A sum, mean, max or min over every element of a tensor of two or more dims: each row's statistic (over
+        its last dim) is written first, in float32, then a one-row kernel reduces those partial results, as the
+        mean of row losses is (a few microseconds for 10^4 rows). Values that are already one per row (row
+        losses) are written as they are and reduced in the one-row kernel alone."""
+        item = self.args[0]
+        if isinstance(item, Value) and item.rows:
+            partials = self.builder.materialise(item)
+        else:
+            expr, shape, ops = self.row_input()
+            partials = self.builder.materialise(Value(Field(Reduce(kind, expr, shape), kind), shape[:-1], "float32",
+                                                      ops, rows=True))  # fmt: skip
+        count, shape = math.prod(partials.shape), item.shape
+        row_shape = (1,) * (len(shape) - 1) + (count,) if keepdim else (count,)
+        flat = Leaf(partials.source, row_shape, _contiguous_strides(row_shape), partials.offset)
+        stat = Field(Reduce(kind, Load(flat, row_shape), row_shape), kind)
+        return self._row_value(finish(stat, math.prod(shape)) if finish else stat, row_shape, keepdim, ())
 
     def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
                    inner: int = 0) -> Value:  # fmt: skip
@@ -1294,6 +1335,9 @@ def walk(expr: Expr | None) -> list[Expr]:
         elif isinstance(node, Gather):
             visit(node.value)
             visit(node.index)
+        elif isinstance(node, Stack):
+            for value in node.values:
+                visit(value)
         seen[node] = None
 
     if expr is not None:

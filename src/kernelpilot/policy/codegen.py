@@ -33,6 +33,7 @@ from kernelpilot.policy.analysis import (
     Load,
     Reduce,
     Source,
+    Stack,
     matrix_strides,
     walk,
 )
@@ -853,10 +854,11 @@ class _RowProgram:
     def _output(self) -> dict[str, Any]:
         expr = self.group.expr
         start = len(self.row.lines)
-        self._hoist(expr)
         if self.group.per_row:
-            value = self.row.value(expr)
-            return {"row_code": self.row.lines[start:], "element_code": [], "value": value, "accesses": []}
+            # Merged groups write several values per row (merge.py), the others one.
+            values = [self.row.value(value) for value in (expr.values if isinstance(expr, Stack) else (expr,))]
+            return {"row_code": self.row.lines[start:], "element_code": [], "values": values, "accesses": []}
+        self._hoist(expr)
         row_code = self.row.lines[start:]
         emitter, loads = self._element_emitter([expr])
         value = emitter.value(expr)

@@ -1,0 +1,113 @@
+"""Merge per-row row kernels that share row statistics into one kernel writing several values per row.
+
+Cross-entropy plus a z-loss asks for each row's target log-probability and for its logsumexp: two per-row values
+from the same online-softmax statistics of the same logits row. Analysed one op at a time they are two row
+kernels, each reading the logits from memory; merged, one kernel reads each row once and writes both values,
+stacked (its output is [values, rows]: value k of every row at [k, row]). The groups reading the old outputs
+read views of the stacked one, and the merged kernel runs where the first of the two did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kernelpilot.policy.analysis import (
+    Call,
+    Expr,
+    Field,
+    Gather,
+    Group,
+    Leaf,
+    Load,
+    Reduce,
+    Source,
+    Stack,
+    _resolve_accesses,
+)
+
+# Kinds of group whose reads are Loads in an expression, which `_relocate` can point at the stacked output.
+_EXPRESSION_KINDS = ("elementwise", "row", "column")
+
+
+def merge_row_outputs(groups: list[Group], returned: list[Leaf]) -> list[Group]:
+    """`groups` with every pair of per-row row groups that share a row statistic merged (see the module
+    docstring); the returned tensors (`returned`, which forward hands back whole) are left as they are."""
+    groups = list(groups)
+    first = 0
+    while first < len(groups):
+        later = next((j for j in range(first + 1, len(groups)) if _mergeable(groups, first, j, returned)), None)
+        if later is None:
+            first += 1
+        else:
+            groups = _merged(groups, first, later)
+    return groups
+
+
+def _mergeable(groups: list[Group], first: int, later: int, returned: list[Leaf]) -> bool:
+    a, b = groups[first], groups[later]
+    same_rows = all(g.kind == "row" and g.per_row and not g.inner_dims for g in (a, b)) and (
+        (a.shape, a.row_dims, a.output.dtype) == (b.shape, b.row_dims, b.output.dtype)
+    )
+    if not same_rows or not set(a.reduces()) & set(b.reduces()):
+        return False
+    earlier_outputs = {g.output for g in groups[:first]}
+    # The later group moves up to the first one's place: it may read only what exists there.
+    if any(t.kind not in ("input", "parameter") and t not in earlier_outputs for t in b.tensors):
+        return False
+    outputs = {a.output, b.output}
+    readers = [g for g in groups if outputs & set(g.tensors)]
+    return all(g.kind in _EXPRESSION_KINDS for g in readers) and not outputs & {leaf.source for leaf in returned}
+
+
+def _merged(groups: list[Group], first: int, later: int) -> list[Group]:
+    a, b = groups[first], groups[later]
+    values = _stacked(a) + _stacked(b)
+    output = Source("group", a.name, (len(values), a.rows), a.output.dtype)
+    # Where each old output's values now start in the stacked one.
+    moves = {a.output: (output, 0), b.output: (output, len(_stacked(a)) * a.rows)}
+    merged = Group(a.name, "row", a.ops + b.ops, [], output, a.shape, Stack(values), per_row=True, row_dims=a.row_dims)
+    _resolve_accesses(merged)
+    result = []
+    for index, group in enumerate(groups):
+        if index == first:
+            result.append(merged)
+        elif index != later:
+            result.append(_reading_moved(group, moves))
+    return result
+
+
+def _stacked(group: Group) -> tuple[Expr, ...]:
+    return group.expr.values if isinstance(group.expr, Stack) else (group.expr,)
+
+
+def _reading_moved(group: Group, moves: dict[Source, tuple[Source, int]]) -> Group:
+    """`group` reading the moved outputs where they now are; unchanged when it reads none of them."""
+    if not set(moves) & set(group.tensors):
+        return group
+    relocated = replace(group, expr=_relocate(group.expr, moves, {}), tensors=[], accesses=[], loads={})
+    _resolve_accesses(relocated)
+    return relocated
+
+
+def _relocate(expr: Expr, moves: dict[Source, tuple[Source, int]], done: dict[Expr, Expr]) -> Expr:
+    """`expr` with its loads of moved tensors reading the same elements at their new place."""
+    if expr in done:
+        return done[expr]
+    if isinstance(expr, Load) and expr.leaf.source in moves:
+        source, start = moves[expr.leaf.source]
+        result: Expr = replace(expr, leaf=replace(expr.leaf, source=source, offset=expr.leaf.offset + start))
+    elif isinstance(expr, Call):
+        result = Call(expr.op, tuple(_relocate(arg, moves, done) for arg in expr.args))
+    elif isinstance(expr, Reduce):
+        result = replace(expr, value=_relocate(expr.value, moves, done))
+    elif isinstance(expr, Field):
+        result = replace(expr, reduce=_relocate(expr.reduce, moves, done))
+    elif isinstance(expr, Gather):
+        result = replace(expr, value=_relocate(expr.value, moves, done), index=_relocate(expr.index, moves, done))
+    elif isinstance(expr, Stack):
+        result = Stack(tuple(_relocate(value, moves, done) for value in expr.values))
+    else:
+        result = expr
+    done[expr] = result
+    return result
+

@@ -1,0 +1,261 @@
+"""Large-vocabulary losses in the built-in policy: knowledge distillation (KL between temperature-softened teacher
+and student distributions) and cross-entropy plus PaLM's z-loss.
+
+Each reads its logits rows from memory as few times as the row program allows: the distillation loss is one row
+kernel over both rows (both softmax statistics, then the KL sum that reads them: the rows are cached in a
+cluster's shared memory between the two passes), and cross-entropy with z-loss is one row kernel writing both the
+target's loss and logsumexp(z)^2 per row (merged from two row kernels sharing the online softmax statistics,
+merge.py). A one-row kernel then takes the means. The partition is checked with test_policy's CPU `evaluate`
+against Model, the generated CUDA is compiled here and verified through the judge on a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import EXAMPLES
+from test_policy import (
+    analysed,
+    assert_every_launch_candidate_verifies,
+    check_against_model,
+    compile_cu,
+    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
+    needs_nvcc,
+    policy_workspace,
+    write_problem,
+)
+
+from kernelpilot.policy.analysis import Field, Gather, Stack, walk
+from kernelpilot.policy.codegen import launch_candidates, render_kernel
+
+# kl_div's reduction='mean' (a variant below) warns that it differs from 'batchmean'; that is the point of it.
+pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning")
+
+T = 2.0
+KL = f"F.kl_div(F.log_softmax(s.float() / {T}, -1), F.log_softmax(t.float() / {T}, -1), reduction='{{reduction}}', log_target=True) * {T * T}"  # noqa: E501
+KL_OF_PROBABILITIES = f"F.kl_div(F.log_softmax(s / {T}, -1), F.softmax(t / {T}, -1), reduction='batchmean') * {T * T}"
+KL_WRITTEN_OUT = (f"(F.softmax(t.float() / {T}, -1) * (F.log_softmax(t.float() / {T}, -1) - F.log_softmax(s.float() / {T}, -1)))"
+                  f".sum(-1).mean() * {T * T}")  # fmt: skip
+Z_LOSS = "torch.logsumexp(x.float(), -1).pow(2).mean()"
+CE_Z_LOSS = f"F.cross_entropy(x.float(), t{{options}}) + 1e-4 * {Z_LOSS}"
+
+
+def logits(shape: tuple[int, ...], dtype: str = "float32") -> str:
+    return f"(torch.randn{shape} * 2).to(torch.{dtype})"
+
+
+def targets(shape: tuple[int, ...], ignore: int = -100) -> str:
+    """Class targets for logits of `shape`, about a fifth of them the ignored index."""
+    rows, classes = shape[:-1], shape[-1]
+    return f"torch.where(torch.rand{rows} < 0.2, {ignore}, torch.randint(0, {classes}, {rows}))"
+
+
+def two_logits(shape: tuple[int, ...], dtype: str = "float32") -> str:
+    return f"{logits(shape, dtype)}, {logits(shape, dtype)}"
+
+
+# name -> (forward's arguments, its return expression, get_inputs' tensors)
+VARIANTS = {
+    "kl_fp32": ("s, t", KL.format(reduction="batchmean"), two_logits((48, 1000))),
+    "kl_fp16": ("s, t", KL.format(reduction="batchmean"), two_logits((48, 1000), "float16")),
+    "kl_bf16_gpt2_vocab": ("s, t", KL.format(reduction="batchmean"), two_logits((6, 50257), "bfloat16")),
+    "kl_3d": ("s, t", KL.format(reduction="batchmean"), two_logits((2, 24, 777))),
+    "kl_sum": ("s, t", KL.format(reduction="sum"), two_logits((40, 999))),
+    "kl_mean": ("s, t", KL.format(reduction="mean"), two_logits((40, 999))),
+    "kl_of_probabilities": ("s, t", KL_OF_PROBABILITIES, two_logits((32, 1000))),  # xlogy(p, p) - p * log q
+    "kl_written_out": ("s, t", KL_WRITTEN_OUT, two_logits((32, 1000), "bfloat16")),
+    "z_loss_fp32": ("x, t", CE_Z_LOSS.format(options=""), f"{logits((64, 1000))}, {targets((64, 1000))}"),
+    "z_loss_fp16": ("x, t", CE_Z_LOSS.format(options=""), f"{logits((64, 1000), 'float16')}, {targets((64, 1000))}"),
+    "z_loss_bf16_gpt2_vocab": (
+        "x, t", CE_Z_LOSS.format(options=""), f"{logits((6, 50257), 'bfloat16')}, {targets((6, 50257))}",
+    ),
+    "z_loss_ignore_index": (
+        "x, t", CE_Z_LOSS.format(options=", ignore_index=7"), f"{logits((64, 500))}, {targets((64, 500), ignore=7)}",
+    ),
+    "z_loss_sum": ("x, t", CE_Z_LOSS.format(options=", reduction='sum'"), f"{logits((64, 500))}, {targets((64, 500))}"),
+    # (batch, sequence, vocabulary) logits as a trainer passes them: flattened to tokens first.
+    "z_loss_3d": (
+        "x, t",
+        "F.cross_entropy(x.flatten(0, 1).float(), t.flatten()) + 1e-4 * torch.logsumexp(x.flatten(0, 1).float(), -1).pow(2).mean()",
+        f"{logits((2, 24, 777), 'bfloat16')}, {targets((2, 24, 777))}",
+    ),
+    # The z-loss over (batch, sequence) rows while the loss flattens them: statistics over two iteration shapes,
+    # (2, 24, 777) and (48, 777), so two row kernels (not merged); the z-loss mean reads the (2, 24) values flat.
+    "z_loss_of_3d_rows": (
+        "x, t",
+        "F.cross_entropy(x.float().flatten(0, 1), t.flatten()) + 1e-4 * torch.logsumexp(x.float(), -1).pow(2).mean()",
+        f"{logits((2, 24, 777))}, {targets((2, 24, 777))}",
+    ),
+}  # fmt: skip
+
+
+def variant_problem(folder, name: str):
+    arguments, returned, inputs = VARIANTS[name]
+    return write_problem(folder, name, f"def forward(self, {arguments}):\n    return {returned}", inputs)
+
+
+def rendered(group, config) -> str:
+    return render_kernel(group, config).content
+
+
+def row_reads(source: str, access: int) -> int:
+    """How many times a kernel's passes load access `access` (a logits row) from memory: once per streaming pass."""
+    return len(re.findall(rf"load_elements<VEC, false>\(row{access} \+", source))
+
+
+# ------------------------------------------------------------------------------------------ analysis
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_groups_compute_what_the_model_computes(tmp_path, name):
+    check_against_model(variant_problem(tmp_path, name), atol=1e-4)
+
+
+def test_distillation_example_is_one_two_level_row_kernel_over_both_rows_then_the_batch_mean():
+    analysis = analysed(EXAMPLES / "distill_kl_bf16.py")
+    assert analysis.supported, analysis.blockers()
+    kl, mean = analysis.groups
+    assert kl.kind == "row" and kl.per_row and (kl.rows, kl.row_length) == (4096, 128256)
+    assert {t.name for t in kl.tensors} == {"student_logits", "teacher_logits"}
+    assert len([a for a in kl.accesses if a.strides[-1] != 0]) == 2  # each logits tensor is one access
+    *softmaxes, kl_sum = kl.reduces()
+    assert [r.kind for r in softmaxes] == ["online_softmax", "online_softmax"] and kl_sum.kind == "sum"
+    # The KL sum reads both distributions' statistics (log q - log p needs both logsumexps): a second level.
+    assert {node.reduce for node in walk(kl_sum.value) if isinstance(node, Field)} == set(softmaxes)
+    assert (mean.kind, mean.rows, mean.row_length, mean.output.shape) == ("row", 1, 4096, ())
+    assert [t.name for t in mean.tensors] == [kl.name]
+
+
+def test_distillation_reads_both_rows_once_from_a_cluster_and_twice_when_streamed():
+    kl = analysed(EXAMPLES / "distill_kl_bf16.py").groups[0]
+    clustered, *streamed = launch_candidates(kl)
+    # Two float rows of 128,256: 1 MB, split over a cluster of eight blocks (128 KB of shared memory each).
+    assert clustered.shared_blocks == 8 and all(config.shared_blocks == 0 for config in streamed)
+    source = rendered(kl, clustered)
+    assert "// Level 1: sum" in source and "// Level 2" not in source
+    assert row_reads(source, 0) == 1 and row_reads(source, 1) == 1
+    assert all(row_reads(rendered(kl, c), 0) == 2 and row_reads(rendered(kl, c), 1) == 2 for c in streamed)
+
+
+def test_z_loss_example_merges_the_loss_and_the_logsumexp_into_one_row_kernel():
+    analysis = analysed(EXAMPLES / "cross_entropy_z_loss_bf16.py")
+    assert analysis.supported, analysis.blockers()
+    rows, means = analysis.groups
+    assert rows.kind == "row" and rows.per_row and (rows.rows, rows.row_length) == (4096, 128256)
+    assert isinstance(rows.expr, Stack) and rows.output.shape == (2, 4096)
+    assert [r.kind for r in rows.reduces()] == ["online_softmax"]  # the two values share one statistic
+    assert any(isinstance(node, Gather) and node.ignore == -100 for node in walk(rows.expr))
+    assert [t.name for t in rows.tensors] == ["logits", "targets"]
+    assert len([a for a in rows.accesses if a.strides[-1] != 0]) == 1
+    # The means read the two halves of the stacked output (and the targets, to count those not ignored).
+    assert (means.rows, means.row_length, means.output.shape) == (1, 4096, ())
+    assert {t.name for t in means.tensors} == {rows.name, "targets"}
+    assert sorted(a.offset for a in means.accesses if means.tensors[a.tensor].name == rows.name) == [0, 4096]
+    assert "2 values per row" in rows.describe()
+
+
+def test_z_loss_streams_each_row_once_and_writes_both_values():
+    rows = analysed(EXAMPLES / "cross_entropy_z_loss_bf16.py").groups[0]
+    candidates = launch_candidates(rows)
+    assert all(config.shared_blocks == 0 for config in candidates)  # one level, nothing read twice: no cache
+    for config in candidates:
+        source = rendered(rows, config)
+        assert "// Level 0: online softmax" in source and "// Level 1" not in source
+        assert "the row is streamed once" in source and row_reads(source, 0) == 1
+        assert "out[row] = " in source and "out[1 * kRows + row] = " in source
+
+
+@pytest.mark.parametrize("name", ["z_loss_3d", "z_loss_sum", "z_loss_ignore_index", "z_loss_bf16_gpt2_vocab"])
+def test_z_loss_variants_are_one_merged_row_kernel_and_one_mean(tmp_path, name):
+    rows, means = analysed(variant_problem(tmp_path, name)).groups
+    assert isinstance(rows.expr, Stack) and rows.output.shape == (2, rows.rows) and means.output.shape == ()
+
+
+def test_a_z_loss_over_other_rows_than_the_loss_is_a_kernel_of_its_own(tmp_path):
+    losses, z_loss, means = analysed(variant_problem(tmp_path, "z_loss_of_3d_rows")).groups
+    assert z_loss.shape == (2, 24, 777) and losses.shape == (48, 777) and not isinstance(losses.expr, Stack)
+    assert {t.name for t in means.tensors} == {z_loss.name, losses.name, "t"}
+
+
+@pytest.mark.parametrize("name", ["kl_3d", "kl_sum", "kl_mean", "kl_of_probabilities", "kl_written_out"])
+def test_distillation_variants_are_one_row_kernel_and_one_reduction(tmp_path, name):
+    kl, total = analysed(variant_problem(tmp_path, name)).groups
+    assert kl.per_row and len(kl.reduces()) == 3 and (total.rows, total.output.shape) == (1, ())
+
+
+def test_a_whole_tensor_max_is_a_row_max_then_a_one_row_max(tmp_path):
+    problem = write_problem(tmp_path, "max", "def forward(self, x):\n    return x.max() * 2", "torch.randn(8, 50)")
+    rows, whole = check_against_model(problem).groups
+    assert [r.kind for r in rows.reduces()] == ["max"] and rows.output.shape == (8,)
+    assert [r.kind for r in whole.reduces()] == ["max"] and whole.output.shape == ()
+
+
+def test_per_row_values_of_unrelated_statistics_stay_apart(tmp_path):
+    # logsumexp and a row max of another tensor share no statistic: two kernels, neither reads the other's rows.
+    forward = "def forward(self, x, y):\n    return torch.logsumexp(x, -1).mean() + y.amax(-1).mean()"
+    analysis = check_against_model(write_problem(tmp_path, "apart", forward, two_logits((16, 300))))
+    assert not any(isinstance(group.expr, Stack) for group in analysis.groups)
+
+
+def test_a_returned_row_value_is_not_merged(tmp_path):
+    # forward hands back the log-probabilities whole: they stay their own tensor.
+    forward = ("def forward(self, x, t):\n    lse = torch.logsumexp(x, -1)\n"
+               "    return lse, F.cross_entropy(x, t, reduction='none')")  # fmt: skip
+    analysis = check_against_model(write_problem(tmp_path, "returned", forward, f"{logits((16, 300))}, {targets((16, 300))}"))
+    assert not any(isinstance(group.expr, Stack) for group in analysis.groups)
+
+
+@pytest.mark.parametrize(
+    ("forward", "op", "reason"),
+    [
+        ("torch.linalg.vector_norm(x)", "aten.linalg_vector_norm", "reduces all 2 dims of a 2-d tensor"),
+        ("x.var()", "aten.var", "generated for sums, means, max and min only"),
+    ],
+)
+def test_whole_tensor_norms_and_variances_stay_unsupported(tmp_path, forward, op, reason):
+    analysis = analysed(write_problem(tmp_path, "whole", f"def forward(self, x):\n    return {forward}", "torch.randn(8, 50)"))
+    assert not analysis.supported and op in analysis.blockers() and reason in analysis.blockers()
+
+
+# ------------------------------------------------------------------------------------------- compiling
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16"])
+def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
+    for group in analysed(EXAMPLES / f"{name}.py").generated_groups:
+        for config in launch_candidates(group):
+            compile_cu(rendered(group, config), tmp_path)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["kl_bf16_gpt2_vocab", "kl_3d", "kl_of_probabilities", "z_loss_fp16", "z_loss_of_3d_rows"])
+def test_every_launch_candidate_of_the_variants_compiles(tmp_path, name):
+    for group in analysed(variant_problem(tmp_path, name)).generated_groups:
+        for config in launch_candidates(group):
+            compile_cu(rendered(group, config), tmp_path)
+
+
+@pytest.mark.cuda_build
+def test_z_loss_workspace_builds(tmp_path):
+    from kernelpilot.build import build_workspace
+
+    ws = policy_workspace(variant_problem(tmp_path, "z_loss_of_3d_rows"), tmp_path)
+    result = build_workspace(ws.root, arch="9.0")
+    assert result.ok, result.log[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16"])
+def test_every_launch_candidate_of_the_examples_passes_verification(tmp_path, judge, name):  # noqa: F811
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / f"{name}.py", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_launch_candidate_of_the_variants_passes_verification(tmp_path, judge, name):  # noqa: F811
+    assert_every_launch_candidate_verifies(judge, variant_problem(tmp_path, name), tmp_path)
