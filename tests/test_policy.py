@@ -847,6 +847,13 @@ def compile_cu(source: str, folder: Path) -> str:
     return done.stderr
 
 
+def assert_every_launch_candidate_compiles(problem_path: Path, folder: Path) -> None:
+    """nvcc-compile every launch candidate of every generated group of a problem (compile-only, sm_90)."""
+    for group in analysed(problem_path).generated_groups:
+        for config in launch_candidates(group):
+            compile_cu(render_kernel(group, config).content, folder)
+
+
 @needs_nvcc
 @pytest.mark.parametrize("name", FUSED_EXAMPLES)
 def test_example_kernels_compile_without_spills(tmp_path, name):

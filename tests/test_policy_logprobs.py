@@ -16,9 +16,9 @@ import pytest
 from conftest import EXAMPLES
 from test_policy import (
     analysed,
+    assert_every_launch_candidate_compiles,
     assert_every_launch_candidate_verifies,
     check_against_model,
-    compile_cu,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
@@ -198,18 +198,14 @@ def test_unsupported_forms_name_the_op_and_why(tmp_path, forward, inputs, op, re
 @pytest.mark.parametrize("name", ["token_logprobs_bf16", "logits_entropy_bf16"])
 def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
     # The first candidate's spills are checked with the other examples' (test_policy's FUSED_EXAMPLES).
-    group = only_group(analysed(EXAMPLES / f"{name}.py"))
-    for config in launch_candidates(group):
-        compile_cu(rendered(group, config), tmp_path)
+    assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path)
 
 
 @needs_nvcc
 @pytest.mark.parametrize("name", ["logprobs_3d", "logprobs_ratio", "entropy_bf16_gpt2_vocab",
                                   "entropy_of_log_probs_3d_fp16", "max_values"])  # fmt: skip
 def test_every_launch_candidate_of_the_variants_compiles(tmp_path, name):
-    for group in analysed(variant_problem(tmp_path, name)).generated_groups:
-        for config in launch_candidates(group):
-            compile_cu(rendered(group, config), tmp_path)
+    assert_every_launch_candidate_compiles(variant_problem(tmp_path, name), tmp_path)
 
 
 @pytest.mark.cuda_build

@@ -17,9 +17,9 @@ import pytest
 from conftest import EXAMPLES
 from test_policy import (
     analysed,
+    assert_every_launch_candidate_compiles,
     assert_every_launch_candidate_verifies,
     check_against_model,
-    compile_cu,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     policy_workspace,
@@ -224,17 +224,13 @@ def test_whole_tensor_norms_and_variances_stay_unsupported(tmp_path, forward, op
 @needs_nvcc
 @pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16"])
 def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
-    for group in analysed(EXAMPLES / f"{name}.py").generated_groups:
-        for config in launch_candidates(group):
-            compile_cu(rendered(group, config), tmp_path)
+    assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path)
 
 
 @needs_nvcc
 @pytest.mark.parametrize("name", ["kl_bf16_gpt2_vocab", "kl_3d", "kl_of_probabilities", "z_loss_fp16", "z_loss_of_3d_rows"])
 def test_every_launch_candidate_of_the_variants_compiles(tmp_path, name):
-    for group in analysed(variant_problem(tmp_path, name)).generated_groups:
-        for config in launch_candidates(group):
-            compile_cu(rendered(group, config), tmp_path)
+    assert_every_launch_candidate_compiles(variant_problem(tmp_path, name), tmp_path)
 
 
 @pytest.mark.cuda_build
