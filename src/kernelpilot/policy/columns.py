@@ -104,8 +104,9 @@ def column_candidates(group: Group) -> list[ColumnConfig]:
 
     first = config(width, 256, 4)
     if first.cluster == MAX_CLUSTER_BLOCKS and _threads(columns, first) < BUSY_THREADS:
-        # Few columns even with the widest split: more threads per block keep more loads in flight (expected best).
-        first, second = config(width, 1024, 2), first
+        # Few columns even with the widest split: more threads per block keep more loads in flight. Second, not
+        # first: on an H100, channel_amax_bf16 ran 0.237 ms with it and 0.204 ms with 256 threads (BENCHMARKS.md).
+        second = config(width, 1024, 2)
     else:
         second = config(width, 512, 2)
     narrower = config(max(1, width // 2), 256, 4)
