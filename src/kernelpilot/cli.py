@@ -180,8 +180,9 @@ def optimize(
     settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
                                   target_speedup=target, workspace=workspace, output=output, device=device))
     if settings.model is None and not as_json:
-        err_console.print("No model configured: using the built-in policy (fused kernels for elementwise chains and "
-                          "last-dimension reductions); pass --model to use an LLM.", highlight=False, soft_wrap=True)
+        err_console.print("No model configured: using the built-in policy (fused elementwise chains and reductions, "
+                          "cuBLASLt matmuls and cuDNN convolutions with fused epilogues; see docs/POLICY.md); pass "
+                          "--model to use an LLM.", highlight=False, soft_wrap=True)  # fmt: skip
     if tui and commit:
         raise KernelpilotError("--commit does not apply to --tui, which commits with its own accept key.",
                                hint="Press a in the TUI once the run is over, or run without --tui.")
