@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
 
@@ -583,12 +584,17 @@ class _GroupBuilder:
         """A matrix operand cuBLASLt can read in place; a computed value or an unusual view is copied first."""
         if isinstance(item, Leaf) and item.source.dtype not in MATMUL_DTYPES:
             raise _NotFusible(f"multiplies {item.source.dtype} matrices; generated matmuls take float32, float16 or bfloat16")
-        if isinstance(item, Leaf) and (item.source.kind == "unsupported" or _readable_in_place(item)):
+        return self.library_operand(item, _readable_in_place, "multiplies")
+
+    def library_operand(self, item: Any, readable: Callable[[Leaf], bool], verb: str) -> Leaf:
+        """An operand a library call reads: a tensor in memory when `readable` says the library can read it in
+        place, or else a copy (a computed value, or a view the library cannot describe) written first."""
+        if isinstance(item, Leaf) and (item.source.kind == "unsupported" or readable(item)):
             return item
         if isinstance(item, Leaf):
             item = Value(Load(item, item.shape), item.shape, item.source.dtype, ("copy",))
         if not isinstance(item, Value):
-            raise _NotFusible("multiplies the result of an unsupported op")
+            raise _NotFusible(f"{verb} the result of an unsupported op")
         return self.materialise(item)
 
     def settle(self, item: Any, reader: str | None = None) -> Any:

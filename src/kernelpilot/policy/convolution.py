@@ -77,13 +77,7 @@ def _operand(builder: _GroupBuilder, item: Any, dtype: str) -> Leaf:
     """An operand cuDNN can read in place (contiguous, aligned); a computed value or another view is copied."""
     if isinstance(item, Leaf) and item.source.dtype != dtype:
         raise _NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
-    if isinstance(item, Leaf) and (item.source.kind == "unsupported" or _readable_in_place(item)):
-        return item
-    if isinstance(item, Leaf):
-        item = Value(Load(item, item.shape), item.shape, item.source.dtype, ("copy",))
-    if not isinstance(item, Value):
-        raise _NotFusible("convolves the result of an unsupported op")
-    return builder.materialise(item)
+    return builder.library_operand(item, _readable_in_place, "convolves")
 
 
 def _readable_in_place(leaf: Leaf) -> bool:
