@@ -323,8 +323,8 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
         preferred = 32  # no statistics: a row is read at its gathered column only, by one thread
 
     teams = dict.fromkeys(t for t in (preferred, preferred // 2, preferred * 2) if 4 <= t <= 1024)
-    # One block per group of rows (as for elementwise kernels, it beat the one-wave loop on every row example
-    # timed); the one-wave loop stays as the last try.
+    # One block per group of rows (as for elementwise kernels, it beat the one-wave loop on most row examples timed,
+    # not on long rows with a gathered target); the one-wave loop stays as the last try.
     candidates = [replace(_row_config(group, layout, threads, items=4), persistent=False) for threads in teams]
     if not _cached(group, layout, candidates[0]):
         shared = _shared_config(group, layout)
