@@ -847,6 +847,21 @@ def compile_cu(source: str, folder: Path) -> str:
     return done.stderr
 
 
+def built_workspace(problem_path: Path, folder: Path):
+    """The policy's workspace for a problem, built compile-only for sm_90; the build must succeed."""
+    from kernelpilot.build import build_workspace
+
+    ws = policy_workspace(problem_path, folder)
+    result = build_workspace(ws.root, arch="9.0")
+    assert result.ok, result.log[-3000:]
+    return ws, result
+
+
+def forward_problem(folder: Path, name: str, arguments: str, returned: str, inputs: str) -> Path:
+    """A problem whose forward takes `arguments` and returns the expression `returned`."""
+    return write_problem(folder, name, f"def forward(self, {arguments}):\n    return {returned}", inputs)
+
+
 def assert_every_launch_candidate_compiles(problem_path: Path, folder: Path) -> None:
     """nvcc-compile every launch candidate of every generated group of a problem (compile-only, sm_90)."""
     for group in analysed(problem_path).generated_groups:
@@ -897,28 +912,21 @@ def test_group_norm_rows_are_cached_and_read_once():
 
 @pytest.mark.cuda_build
 def test_group_norm_silu_workspace_builds(tmp_path):
-    from kernelpilot.build import build_workspace
-    ws = policy_workspace(EXAMPLES / "group_norm_silu.py", tmp_path)
-    result = build_workspace(ws.root, arch="9.0")
-    assert result.ok, result.log[-3000:]
+    _, result = built_workspace(EXAMPLES / "group_norm_silu.py", tmp_path)
     assert any("policy_g0_kernel" in kernel.kernel and kernel.spill_stores == 0 for kernel in result.resources)
 
 
 @pytest.mark.cuda_build
 def test_generated_workspace_builds(tmp_path):
-    from kernelpilot.build import build_workspace
-    ws = policy_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path)
-    result = build_workspace(ws.root, arch="9.0")
-    assert result.ok, result.log[-3000:]
+    _, result = built_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path)
     assert any("policy_g0_kernel" in kernel.kernel for kernel in result.resources)
 
 
 @pytest.mark.cuda_build
 def test_matmul_zoo_workspace_builds_and_links_cublaslt(tmp_path):
     from kernelpilot.build import build_workspace
-    ws = policy_workspace(matmul_zoo_problem(tmp_path), tmp_path)
-    result = build_workspace(ws.root, arch="9.0")
-    assert result.ok, result.log[-3000:]
+
+    ws, result = built_workspace(matmul_zoo_problem(tmp_path), tmp_path)
     ninja = (ws.build_dir / "build.ninja").read_text()
     assert re.search(r"^link_flags = .*libcublasLt\.so", ninja, re.MULTILINE)
     linked = subprocess.run(["ldd", result.library], capture_output=True, text=True, check=True).stdout

@@ -17,6 +17,7 @@ from test_policy import (
     assert_generated_kernels_verify,
     check_against_model,
     compile_cu,
+    forward_problem,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
@@ -54,7 +55,7 @@ COLUMN_PROBLEMS = {
 def column_problem(folder, name: str):
     expression, inputs = COLUMN_PROBLEMS[name]
     arguments = "x, b" if "b" in expression.replace("abs", "") else "x"
-    return write_problem(folder, name, f"def forward(self, {arguments}):\n    return {expression}", inputs)
+    return forward_problem(folder, name, arguments, expression, inputs)
 
 
 def column_zoo(folder):

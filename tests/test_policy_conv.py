@@ -16,12 +16,12 @@ from test_policy import (
     analysed,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
+    built_workspace,
     check_against_model,
     compile_cu,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
-    policy_workspace,
     write_problem,
 )
 
@@ -309,9 +309,7 @@ def test_every_launch_candidate_of_the_conv_zoo_compiles(tmp_path):
 
 @pytest.mark.cuda_build
 def test_conv_zoo_workspace_builds_and_links_cudnn(tmp_path):
-    ws = policy_workspace(conv_zoo_problem(tmp_path), tmp_path)
-    result = build.build_workspace(ws.root, arch="9.0")
-    assert result.ok, result.log[-3000:]
+    ws, result = built_workspace(conv_zoo_problem(tmp_path), tmp_path)
     ninja = (ws.build_dir / "build.ninja").read_text()
     assert re.search(r"^link_flags = .*libcudnn\.so", ninja, re.MULTILINE)
     linked = subprocess.run(["ldd", result.library], capture_output=True, text=True, check=True).stdout

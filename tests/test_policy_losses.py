@@ -19,10 +19,11 @@ from test_policy import (
     analysed,
     assert_every_launch_candidate_compiles,
     assert_every_launch_candidate_verifies,
+    built_workspace,
     check_against_model,
+    forward_problem,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
-    policy_workspace,
     write_problem,
 )
 
@@ -91,8 +92,7 @@ VARIANTS = {
 
 
 def variant_problem(folder, name: str):
-    arguments, returned, inputs = VARIANTS[name]
-    return write_problem(folder, name, f"def forward(self, {arguments}):\n    return {returned}", inputs)
+    return forward_problem(folder, name, *VARIANTS[name])
 
 
 def rendered(group, config) -> str:
@@ -235,11 +235,7 @@ def test_every_launch_candidate_of_the_variants_compiles(tmp_path, name):
 
 @pytest.mark.cuda_build
 def test_z_loss_workspace_builds(tmp_path):
-    from kernelpilot.build import build_workspace
-
-    ws = policy_workspace(variant_problem(tmp_path, "z_loss_of_3d_rows"), tmp_path)
-    result = build_workspace(ws.root, arch="9.0")
-    assert result.ok, result.log[-3000:]
+    built_workspace(variant_problem(tmp_path, "z_loss_of_3d_rows"), tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------ GPU
