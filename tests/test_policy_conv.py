@@ -417,7 +417,14 @@ def test_conv2d_relu_bias_passes_verification(tmp_path, judge):  # noqa: F811 - 
 
 @pytest.mark.gpu
 def test_every_launch_candidate_of_the_conv_zoo_passes_verification(tmp_path, judge):  # noqa: F811
+    """NCHW and NHWC candidates alike: the zoo's 1-d, 2-d, strided, dilated, grouped, fp16 and bf16 convolutions."""
     assert_every_launch_candidate_verifies(judge, conv_zoo_problem(tmp_path), tmp_path)
+
+
+@pytest.mark.gpu
+def test_every_launch_candidate_of_conv2d_relu_bias_passes_verification(tmp_path, judge):  # noqa: F811
+    """At the example's size, where cuDNN's NHWC tensor-core kernels run and the transposes span many tiles."""
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / "conv2d_relu_bias.py", tmp_path)
 
 
 # -------------------------------------------------------------------------------------------------- helpers

@@ -8,6 +8,12 @@ GEMM algorithm, so a ReLU followed by more elementwise work is given back to the
 that work anyway (`settle_conv`), leaving cuDNN free to pick among its algorithms; only a ReLU whose result is
 read as it is (returned, viewed, or fed to a matrix op) stays in the call.
 
+A 1-d or 2-d convolution also gets NHWC candidates (`channels_last_applies`): generated tiled transposes
+(templates/policy/channels_last.cuh.j2) copy the input and weight into channels-last scratch, cuDNN convolves in
+NHWC, where Hopper's tensor-core kernels need no transform of their own, and the write-back to the NCHW output the
+forward returns adds the bias and applies a fused ReLU, so cuDNN may run any algorithm there. The weight is copied
+on every call rather than cached: it is small, and the harness builds a new model with new weights each trial.
+
 Transposed convolutions are not generated. Inputs and weights that are not contiguous (or whose offset is off
 16 bytes) are copied by an elementwise group first, as matmul operands are.
 """
