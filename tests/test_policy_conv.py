@@ -7,10 +7,13 @@ cuDNN) here, and verified through the judge on a GPU.
 
 from __future__ import annotations
 
+import math
 import re
+import string
 import subprocess
 
 import pytest
+import torch
 from conftest import EXAMPLES
 from test_policy import (
     analysed,
@@ -20,6 +23,7 @@ from test_policy import (
     check_against_model,
     compile_cu,
     judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
+    _nvcc,
     needs_nvcc,
     only_group,
     write_problem,
@@ -159,7 +163,10 @@ def test_conv2d_relu_bias_is_a_cudnn_call_then_one_elementwise_kernel():
     assert [t.name for t in conv.tensors] == ["x", "conv.weight", "conv.bias"]
     # The ReLU joins the shift's kernel, which reads the convolution once: cuDNN may pick any algorithm.
     assert epilogue.kind == "elementwise" and epilogue.ops == ["aten.relu", "aten.add"]
-    assert [c.label for c in launch_candidates(conv)] == [f"cuDNN heuristic algorithm {i} of 4" for i in (1, 2, 3, 4)]
+    labels = [c.label for c in launch_candidates(conv)]
+    assert labels[:4] == [f"cuDNN NCHW, heuristic algorithm {i} of 4" for i in (1, 2, 3, 4)]
+    assert labels[4:] == [f"cuDNN NHWC, heuristic algorithm {i} of 4 (input and weight transposed to NHWC, output back to "
+                          "NCHW)" for i in (1, 2, 3, 4)]  # fmt: skip
     assert conv.describe() == ("aten.convolution: one cuDNN convolution, 32x64x128x128 * 128x64x3x3 (padding 1) "
                                "with a fused bias epilogue (float32)")  # fmt: skip
 
@@ -178,9 +185,10 @@ def test_conv_zoo_computes_what_the_model_computes(tmp_path):
     assert len(convs) == 7 and [c.activation for c in convs].count("relu") == 2
 
 
-def test_a_fused_relu_has_one_candidate_the_implicit_precomputed_gemm(tmp_path):
+def test_a_fused_relu_has_one_nchw_candidate_the_implicit_precomputed_gemm_and_four_nhwc(tmp_path):
     group = only_group(analysed(conv_problem(tmp_path, "relu_returned")))
-    assert launch_candidates(group) == [ConvConfig(0, fused_relu=True)]
+    nhwc = [ConvConfig(i, channels_last=True) for i in range(4)]
+    assert launch_candidates(group) == [ConvConfig(0, fused_relu=True), *nhwc]
     source = render_kernel(group, launch_candidates(group)[0]).content
     assert "CUDNN_ACTIVATION_RELU" in source and "cudnnConvolutionBiasActivationForward(" in source
     assert "if (result.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) return false;" in source
@@ -224,6 +232,80 @@ def test_a_3d_convolution_keeps_five_dims(tmp_path):
     conv, _ = analysed(conv_problem(tmp_path, "conv3d_silu")).groups
     context = conv_context(conv, ConvConfig(0))
     assert context["input_dims"] == [1, 4, 6, 6, 6] and context["padding"] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("name", sorted(CONV_PROBLEMS))
+def test_nhwc_candidates_follow_for_1d_and_2d_convolutions_not_3d(tmp_path, name):
+    group = next(g for g in analysed(conv_problem(tmp_path, name)).groups if g.kind == "conv")
+    nhwc = [config for config in launch_candidates(group) if config.channels_last]
+    if name == "conv3d_silu":
+        assert nhwc == []
+        with pytest.raises(ValueError, match="NHWC candidates are generated for 1-d and 2-d convolutions only"):
+            conv_context(group, ConvConfig(0, channels_last=True))
+    else:
+        assert nhwc == [ConvConfig(i, channels_last=True) for i in range(4)]
+        assert launch_candidates(group)[0].channels_last is False  # NCHW first: the layout measured so far
+
+
+def test_an_nhwc_candidate_fuses_the_bias_and_relu_into_the_nchw_write_back(tmp_path):
+    group = only_group(analysed(conv_problem(tmp_path, "relu_returned")))
+    source = render_kernel(group, ConvConfig(1, channels_last=True)).content
+    # The ReLU leaves the cuDNN call, so any ranked algorithm may run, not only implicit precomputed GEMM.
+    assert "cudnnConvolutionForward(" in source and "BiasActivation" not in source
+    assert "IMPLICIT_PRECOMP_GEMM) return false" not in source and "constexpr int kAlgorithm = 1;" in source
+    assert "cudnnSetFilterNdDescriptor(plan.w, kDataType, CUDNN_TENSOR_NHWC, kDims, kWeightDims)" in source
+    assert "using InputTranspose = Transpose<2, 8, 144>;" in source  # N of C x H*W
+    assert "using WeightTranspose = Transpose<16, 8, 9>;" in source  # K of C x R*S
+    assert "using OutputTranspose = Transpose<2, 144, 16>;" in source  # N of H*W x K
+    assert "OutputTranspose::run<true, true>(y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), stream);" in source
+    assert "kScratchBytes + plan_for_current_device(allow_tf32).workspace_bytes" in source
+
+
+@pytest.mark.parametrize(
+    ("name", "transposes", "epilogue"),
+    [
+        ("conv1d", ("<2, 8, 20>", "<6, 8, 5>", "<2, 20, 6>"), "<true, false>"),  # a height of 1
+        ("groups", ("<2, 8, 144>", "<8, 2, 9>", "<2, 144, 8>"), "<true, true>"),  # C / groups per filter
+        ("stride_2_dilation_2", ("<2, 8, 144>", "<12, 8, 9>", "<2, 36, 12>"), "<true, false>"),
+        ("no_bias_relu", ("<2, 8, 144>", "<16, 8, 9>", "<2, 144, 16>"), "<false, false>"),  # the ReLU is handed on
+        ("bf16", ("<2, 8, 81>", "<16, 8, 9>", "<2, 49, 16>"), "<true, true>"),
+    ],
+)  # fmt: skip
+def test_nhwc_transposes_have_the_shapes_of_the_convolution(tmp_path, name, transposes, epilogue):
+    group = next(g for g in analysed(conv_problem(tmp_path, name)).groups if g.kind == "conv")
+    source = render_kernel(group, ConvConfig(0, channels_last=True)).content
+    for role, shape in zip(("Input", "Weight", "Output"), transposes):
+        assert f"using {role}Transpose = Transpose{shape};" in source
+    assert f"OutputTranspose::run{epilogue}(" in source
+    if name == "bf16":
+        assert "using Element = __nv_bfloat16;" in source and "CUDNN_DATA_BFLOAT16" in source
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["relu_returned", "conv1d", "groups", "stride_2_dilation_2", "fp16"])
+def test_nhwc_transposes_move_every_element_where_a_permute_puts_it(tmp_path, name):
+    """Walks every block of the three generated transposes on the host (their index helpers are host-callable):
+    each source element is read once and written where torch's permute to (or from) channels-last puts it, and
+    the write-back adds the bias of its output channel."""
+    group = next(g for g in analysed(conv_problem(tmp_path, name)).groups if g.kind == "conv")
+    walked = _walk_transposes(group, tmp_path)
+    conv = group.conv
+    image, filters, result = (_spatial_2d(conv.input.shape), _spatial_2d(conv.weight.shape), _spatial_2d(conv.shape))
+    expected = {
+        "input": _numbered(image).permute(0, 2, 3, 1),  # NCHW -> NHWC
+        "weight": _numbered(filters).permute(0, 2, 3, 1),  # KCRS -> KRSC
+        # The NHWC result (numbered in its own memory order) -> NCHW.
+        "output": _numbered((result[0], *result[2:], result[1])).permute(0, 3, 1, 2),
+    }
+    for role, (source, destination, bias_index) in walked.items():
+        numel = expected[role].numel()
+        assert sorted(source) == list(range(numel)), f"{role}: every source element read exactly once"
+        moved = torch.empty(numel, dtype=torch.long)
+        moved[torch.tensor(destination)] = torch.tensor(source)
+        assert torch.equal(moved, expected[role].flatten()), role
+        if role == "output":  # the bias of each written element's output channel
+            channels = (torch.tensor(destination) // math.prod(result[2:])) % result[1]
+            assert torch.equal(torch.tensor(bias_index), channels)
 
 
 def test_the_binding_allocates_the_workspace_the_algorithm_asks_for(tmp_path):
@@ -298,12 +380,17 @@ def test_conv_example_sources_compile(tmp_path, name):
         compile_cu(source, tmp_path)
         if group.kind == "conv":
             assert "#include <cudnn.h>" in source and "__global__" not in source  # cuDNN's kernels, none of ours
+            nhwc = render_kernel(group, ConvConfig(0, channels_last=True)).content
+            report = compile_cu(nhwc, tmp_path)
+            # The transposes: one kernel per shape and epilogue, none spilling.
+            assert report.count("Compiling entry function") == 3 and "transpose_kernel" in report
+            assert "0 bytes spill stores" in report and not re.search(r"[1-9]\d* bytes spill stores", report)
 
 
 @needs_nvcc
 def test_every_launch_candidate_of_the_conv_zoo_compiles(tmp_path):
     for group in analysed(conv_zoo_problem(tmp_path)).generated_groups:
-        for config in launch_candidates(group)[: 4 if group.kind == "conv" else 1]:
+        for config in launch_candidates(group)[: None if group.kind == "conv" else 1]:
             compile_cu(render_kernel(group, config).content, tmp_path)
 
 
@@ -330,10 +417,75 @@ def test_conv2d_relu_bias_passes_verification(tmp_path, judge):  # noqa: F811 - 
 
 @pytest.mark.gpu
 def test_every_launch_candidate_of_the_conv_zoo_passes_verification(tmp_path, judge):  # noqa: F811
+    """NCHW and NHWC candidates alike: the zoo's 1-d, 2-d, strided, dilated, grouped, fp16 and bf16 convolutions."""
     assert_every_launch_candidate_verifies(judge, conv_zoo_problem(tmp_path), tmp_path)
 
 
+@pytest.mark.gpu
+def test_every_launch_candidate_of_conv2d_relu_bias_passes_verification(tmp_path, judge):  # noqa: F811
+    """At the example's size, where cuDNN's NHWC tensor-core kernels run and the transposes span many tiles."""
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / "conv2d_relu_bias.py", tmp_path)
+
+
 # -------------------------------------------------------------------------------------------------- helpers
+
+
+def _spatial_2d(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A 1-d convolution's shape as the 2-d one it runs as (a height of 1)."""
+    return (*shape[:2], 1, shape[2]) if len(shape) == 3 else shape
+
+
+def _numbered(shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.arange(math.prod(shape)).reshape(shape)
+
+
+# Prints, for every element each transpose of an NHWC candidate moves, its source and destination offsets and
+# the bias index the write-back would add, walking tile_of's blocks as the kernel's threads do.
+WALK_MAIN = string.Template("""
+#include <cstdio>
+
+template <int kRows, int kCols>
+void walk(const char* role, int64_t blocks) {
+  for (unsigned block = 0; block < blocks; ++block) {
+    const Tile origin = tile_of<kRows, kCols>(block);
+    for (int r = 0; r < kTile; ++r) {
+      for (int c = 0; c < kTile; ++c) {
+        const int row = origin.row + r, col = origin.col + c;
+        if (row < kRows && col < kCols) {
+          std::printf("%s %lld %lld %d\\n", role, static_cast<long long>(source_offset<kRows, kCols>(origin.matrix, row, col)),
+                      static_cast<long long>(destination_offset<kRows, kCols>(origin.matrix, row, col)), col);
+        }
+      }
+    }
+  }
+}
+
+int main() {
+  walk<$input>("input", InputTranspose::kBlocks);
+  walk<$weight>("weight", WeightTranspose::kBlocks);
+  walk<$output>("output", OutputTranspose::kBlocks);
+}
+""")
+
+
+def _walk_transposes(group, folder) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """Compile the NHWC candidate with WALK_MAIN on the host (linked against cuDNN, no GPU call made) and run it."""
+    from kernelpilot.build import find_cudnn, resolve_cuda_home
+
+    transposes = conv_context(group, ConvConfig(0, channels_last=True))["transposes"]
+    shapes = {role: f"{t['rows']}, {t['cols']}" for role, t in transposes.items()}
+    compile_cu(render_kernel(group, ConvConfig(0, channels_last=True)).content + WALK_MAIN.substitute(shapes), folder)
+    cudnn = find_cudnn(resolve_cuda_home()).library
+    command = [_nvcc(), "kernel.o", "-o", "walk", f"-L{cudnn.parent}", f"-l:{cudnn.name}", f"-Xlinker=-rpath={cudnn.parent}"]
+    linked = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+    assert linked.returncode == 0, linked.stderr[-3000:]
+    ran = subprocess.run([str(folder / "walk")], capture_output=True, text=True, check=True, timeout=300)
+    walked: dict[str, tuple[list[int], list[int], list[int]]] = {role: ([], [], []) for role in transposes}
+    for line in ran.stdout.splitlines():
+        role, source, destination, bias_index = line.split()
+        for column, value in zip(walked[role], (source, destination, bias_index)):
+            column.append(int(value))
+    return walked
 
 
 def _problem_and_analysis(path):

@@ -154,16 +154,21 @@ class ConvConfig:
     """Which of cuDNN's ranked forward algorithms a conv group runs: the `algorithm`-th usable one, best first.
 
     `fused_relu`: the ReLU runs in the call, which cuDNN allows with one algorithm only (implicit precomputed GEMM).
+    `channels_last`: cuDNN convolves NHWC copies of the input and weight, and a generated kernel writes the NHWC
+    result back as the NCHW output with the bias and ReLU applied (templates/policy/channels_last.cuh.j2).
     """
 
     algorithm: int
     fused_relu: bool = False
+    channels_last: bool = False
 
     @property
     def label(self) -> str:
         if self.fused_relu:
-            return "cuDNN's implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
-        return f"cuDNN heuristic algorithm {self.algorithm + 1} of {CONV_CANDIDATES}"
+            return "cuDNN NCHW, its implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
+        layout = "NHWC" if self.channels_last else "NCHW"
+        label = f"cuDNN {layout}, heuristic algorithm {self.algorithm + 1} of {CONV_CANDIDATES}"
+        return label + " (input and weight transposed to NHWC, output back to NCHW)" * self.channels_last
 
 
 KernelConfig = LaunchConfig | MatmulConfig | ColumnConfig | ConvConfig

@@ -8,6 +8,12 @@ GEMM algorithm, so a ReLU followed by more elementwise work is given back to the
 that work anyway (`settle_conv`), leaving cuDNN free to pick among its algorithms; only a ReLU whose result is
 read as it is (returned, viewed, or fed to a matrix op) stays in the call.
 
+A 1-d or 2-d convolution also gets NHWC candidates (`channels_last_applies`): generated tiled transposes
+(templates/policy/channels_last.cuh.j2) copy the input and weight into channels-last scratch, cuDNN convolves in
+NHWC, where Hopper's tensor-core kernels need no transform of their own, and the write-back to the NCHW output the
+forward returns adds the bias and applies a fused ReLU, so cuDNN may run any algorithm there. The weight is copied
+on every call rather than cached: it is small, and the harness builds a new model with new weights each trial.
+
 Transposed convolutions are not generated. Inputs and weights that are not contiguous (or whose offset is off
 16 bytes) are copied by an elementwise group first, as matmul operands are.
 """
@@ -29,7 +35,7 @@ from kernelpilot.policy.analysis import (
     _dtype_name,
     _NotFusible,
 )
-from kernelpilot.policy.codegen import CONV_CANDIDATES, ITEM_SIZES, ConvConfig, launcher_name
+from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, ConvConfig, launcher_name
 
 if TYPE_CHECKING:
     from kernelpilot.policy.analysis import Group, _GroupBuilder
@@ -136,14 +142,32 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def conv_candidates(group: Group) -> list[ConvConfig]:
-    """The ranked algorithms worth timing: a fused ReLU has one (implicit precomputed GEMM), others the top few."""
-    return [ConvConfig(0, fused_relu=True)] if group.conv.activation else [ConvConfig(i) for i in range(CONV_CANDIDATES)]
+    """The ranked algorithms worth timing, NCHW first, then NHWC where `channels_last_applies`.
+
+    In NCHW a fused ReLU has one algorithm (implicit precomputed GEMM), other convolutions the top few. In NHWC the
+    ReLU runs in the generated write-back kernel, so the top few run in every case. NCHW goes first only because
+    it is the layout measured so far; the search times both.
+    """
+    conv = group.conv
+    nchw = [ConvConfig(0, fused_relu=True)] if conv.activation else [ConvConfig(i) for i in range(CONV_CANDIDATES)]
+    nhwc = [ConvConfig(i, channels_last=True) for i in range(CONV_CANDIDATES)] if channels_last_applies(conv) else []
+    return nchw + nhwc
+
+
+def channels_last_applies(conv: Conv) -> bool:
+    """NHWC candidates for 1-d (run as 2-d) and 2-d convolutions, with any stride, dilation and groups: the layout
+    torch's channels-last convolutions run with on cuDNN. 3-d convolutions stay NCHW until NDHWC is verified on a
+    GPU."""
+    return len(conv.shape) <= 4
 
 
 def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
     """What conv.cu.j2 needs: cuDNN's NCHW-style dims (a 1-d convolution as 2-d over a height of 1), the
-    convolution's settings, the epilogue and where each operand is."""
+    convolution's settings, the epilogue and where each operand is; for an NHWC candidate, the three transposes
+    (channels_last.cuh.j2) around the call."""
     conv = group.conv
+    if config.channels_last and not channels_last_applies(conv):
+        raise ValueError(f"group {group.name}: NHWC candidates are generated for 1-d and 2-d convolutions only")
     lift = (1,) if len(conv.shape) == 3 else ()  # cuDNN wants at least 4-d tensors
     index = {source: i for i, source in enumerate(group.tensors)}
 
@@ -182,6 +206,29 @@ def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
         "tensor_count": len(group.tensors),
         "launcher": launcher_name(group),
         "workspace_query": workspace_query_name(group),
+        **_channels_last_context(conv, config),
+    }
+
+
+def _channels_last_context(conv: Conv, config: ConvConfig) -> dict[str, Any]:
+    """The NHWC candidate's transposes, each a batch of rows x cols matrices turned into cols x rows: the input
+    (N of C x spatial), the weight (K of C/groups x kernel) and the NHWC output back (N of spatial x K), which
+    also adds the bias and applies the ReLU; common.cuh.j2's conversions for the conv's dtype."""
+    if not config.channels_last:
+        return {"channels_last": False}
+    batch, channels, *spatial = conv.input.shape
+    out_channels, group_channels, *kernel = conv.weight.shape
+    return {
+        "channels_last": True,
+        "ctype": CTYPES[conv.dtype],
+        "dtypes": {conv.dtype},
+        "output_dtype": conv.dtype,
+        "relu": conv.activation == "relu",
+        "transposes": {
+            "input": {"batch": batch, "rows": channels, "cols": math.prod(spatial)},
+            "weight": {"batch": out_channels, "rows": group_channels, "cols": math.prod(kernel)},
+            "output": {"batch": conv.shape[0], "rows": math.prod(conv.shape[2:]), "cols": conv.shape[1]},
+        },
     }
 
 
