@@ -47,9 +47,13 @@ FUSED_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
     "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
     "cross_entropy", "cross_entropy_bf16_vocab128k", "token_logprobs_bf16", "logits_entropy_bf16", "sum_middle_dim",
-    "channel_amax_bf16", "distill_kl_bf16", "cross_entropy_z_loss_bf16",
+    "channel_amax_bf16", "distill_kl_bf16", "cross_entropy_z_loss_bf16", "policy_logprobs_entropy_bf16",
+    "cross_entropy_label_smoothing_bf16",
 ]  # fmt: skip
-MATMUL_EXAMPLES = ["linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16"]
+MATMUL_EXAMPLES = [
+    "linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16",
+    "coordinate_mlp_relu_fp16", "lora_residual_bf16",
+]  # fmt: skip
 CONV_EXAMPLES = ["conv2d_relu_bias"]
 SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
 
@@ -96,6 +100,7 @@ TORCH_OPS = {
     "where": lambda c, a, b: torch.where(c != 0, a, b), "logsumexp_finish": lambda m, s: m + torch.log(s),
     "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
     "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(), "xlogy": torch.xlogy,
+    "eq": lambda a, b: (a == b).double(), "logical_not": lambda a: (a == 0).double(),
 }  # fmt: skip
 
 
@@ -159,8 +164,8 @@ def viewed(leaf, memory: dict) -> torch.Tensor:
 
 
 def evaluate_matmul(matmul: Matmul, memory: dict) -> torch.Tensor:
-    """What cuBLASLt's call computes: act(a @ b + residual + bias), rounded once to the output dtype."""
-    result = (viewed(matmul.a, memory) @ viewed(matmul.b, memory)).reshape(matmul.shape)
+    """What cuBLASLt's call computes: act(alpha * (a @ b) + residual + bias), rounded once to the output dtype."""
+    result = matmul.alpha * (viewed(matmul.a, memory) @ viewed(matmul.b, memory)).reshape(matmul.shape)
     for addend in (matmul.residual, matmul.bias):
         if addend is not None:
             result = result + viewed(addend, memory)
@@ -306,6 +311,26 @@ def test_bf16_out_projection_takes_the_residual_as_cublaslt_c():
     assert group.matmul.epilogue() == "bias, residual" and group.matmul.residual.source.name == "residual"
 
 
+def test_coordinate_mlp_layer_is_one_memory_bound_matmul_with_bias_and_relu_in_its_epilogue():
+    group = only_group(analysed(EXAMPLES / "coordinate_mlp_relu_fp16.py"))
+    assert group.kind == "matmul" and group.matmul.mnk == (1048576, 256, 64)
+    assert (group.matmul.epilogue(), group.output.dtype) == ("bias, ReLU", "float16")
+    assert group.matmul.bias.source.name == "layer.bias"
+
+
+def test_lora_update_takes_its_scale_as_alpha_and_the_frozen_output_as_cublaslt_c():
+    analysis = analysed(EXAMPLES / "lora_residual_bf16.py")
+    assert analysis.supported, analysis.blockers()
+    down, up = analysis.groups
+    assert (down.kind, down.matmul.mnk, down.matmul.epilogue()) == ("matmul", (8192, 16, 4096), "")
+    assert (up.kind, up.matmul.mnk, up.matmul.alpha) == ("matmul", (8192, 4096, 16), 2.0)
+    assert up.matmul.residual.source.name == "base_out" and up.matmul.bias is None
+    assert up.matmul.a.source.name == down.name  # the rank-16 intermediate, read in place
+    source = render_kernel(up, launch_candidates(up)[0]).content
+    assert "const float alpha = 2.0f;" in source and "const float beta = 1.0f;" in source
+    assert "D = 2 * (A @ B) + C" in source
+
+
 def test_exact_gelu_after_a_matmul_is_a_fused_kernel_reading_its_output():
     matmul, gelu = analysed(EXAMPLES / "matmul_gelu.py").groups
     assert matmul.kind == "matmul" and matmul.matmul.epilogue() == ""
@@ -405,8 +430,21 @@ MATMUL_PROBLEMS = {
     "bf16_linear_residual": ("def forward(self, x, r):\n    return self.linear(x) + r",
                              "torch.randn(8, 24).bfloat16(), torch.randn(8, 16).bfloat16()",
                              "self.linear = nn.Linear(24, 16).to(torch.bfloat16)", ["bias, residual"], ["matmul"]),
+    # A number times the bare product is cuBLASLt's alpha; after a bias it is not (alpha would scale A @ B alone).
+    "scaled_product_plus_residual": ("def forward(self, x, r):\n    return r + (x @ self.w) * 0.5", "torch.randn(8, 24), torch.randn(8, 16)",
+                                     "self.w = nn.Parameter(torch.randn(24, 16))", ["scale 0.5, residual"], ["matmul"]),
+    "scaled_before_relu": ("def forward(self, a, b):\n    return torch.relu(3.0 * (a @ b) * 0.5)", "torch.randn(8, 24), torch.randn(24, 16)",
+                           "", ["scale 1.5, ReLU"], ["matmul"]),
+    "scaled_after_bias": ("def forward(self, x):\n    return self.linear(x) * 3.0", "torch.randn(8, 24)", LINEAR,
+                          ["bias"], ["matmul", "elementwise"]),
+    "scaled_by_a_tensor": ("def forward(self, a, b, s):\n    return (a @ b) * s", "torch.randn(8, 24), torch.randn(24, 16), torch.randn(1)",
+                           "", [""], ["matmul", "elementwise"]),
+    "lora_bf16_3d": ("def forward(self, x, base):\n    return base + self.b(self.a(x)) * 2.0",
+                     "torch.randn(2, 5, 24).bfloat16(), torch.randn(2, 5, 16).bfloat16()",
+                     "self.a = nn.Linear(24, 4, bias=False).to(torch.bfloat16)\nself.b = nn.Linear(4, 16, bias=False).to(torch.bfloat16)",
+                     ["", "scale 2, residual"], ["matmul", "matmul"]),
 }  # fmt: skip
-LOW_PRECISION_MATMULS = {"bias_of_another_dtype", "bf16_linear_residual"}
+LOW_PRECISION_MATMULS = {"bias_of_another_dtype", "bf16_linear_residual", "lora_bf16_3d"}
 
 SMALL_PROBLEMS = {
     "softmax": ("def forward(self, x):\n    return torch.softmax(x, dim=-1)", "torch.randn(4, 1000) * 5"),
@@ -642,8 +680,10 @@ def test_group_norm_epilogue_reads_the_residual_split_into_groups(tmp_path):
 
 def test_group_norm_statistics_are_one_value_per_row(tmp_path):
     analysis = analysed(small_problem(tmp_path, "group_norm_statistics"))
-    assert [(g.kind, g.per_row) for g in analysis.groups] == [("row", False), ("row", True), ("row", True)]
-    assert [g.output.shape for g in analysis.groups] == [(2, 8, 3, 3), (2, 4), (2, 4)]
+    # The returned mean and rstd share their statistics: one kernel writes both, returned as its two rows.
+    assert [(g.kind, g.per_row) for g in analysis.groups] == [("row", False), ("row", True)]
+    assert [g.output.shape for g in analysis.groups] == [(2, 8, 3, 3), (2, 8)]  # [values, rows]
+    assert [leaf.offset for leaf in analysis.outputs[1:]] == [0, 8]
 
 
 @pytest.mark.parametrize("name", sorted(MATMUL_PROBLEMS))

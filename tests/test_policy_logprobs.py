@@ -27,8 +27,9 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Field, Gather, walk
-from kernelpilot.policy.codegen import launch_candidates, render_kernel
+from kernelpilot.policy.analysis import Field, Gather, Stack, walk
+from kernelpilot.policy.codegen import launch_candidates, render_kernel, render_model_new
+from kernelpilot.problem import load_problem
 
 SELECTIVE_LOG_SOFTMAX = "torch.log_softmax(x.float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)"
 ENTROPY = "torch.logsumexp(x.float(), -1) - (torch.softmax(x.float(), -1) * x.float()).sum(-1)"
@@ -68,6 +69,14 @@ VARIANTS = {
     # Three levels: logsumexp, a softmax of the normalised logits (which reads it), then the weighted sum.
     "entropy_categorical": (
         "x", "torch.distributions.Categorical(logits=x.float(), validate_args=False).entropy()", logits((40, 999)),
+    ),
+    # An RL trainer's two per-token values from one softmax, returned together: one kernel writing both.
+    "logprobs_and_entropy": ("x, t", f"{SELECTIVE_LOG_SOFTMAX}, {ENTROPY}", f"{logits((48, 1000))}, {token_ids((48, 1000))}"),
+    "logprobs_and_entropy_tempered_3d_bf16": (
+        "x, t",
+        "torch.log_softmax(x.float() / 0.7, -1).gather(-1, t[..., None]).squeeze(-1), "
+        "-(torch.softmax(x.float() / 0.7, -1) * torch.log_softmax(x.float() / 0.7, -1)).sum(-1)",
+        f"{logits((2, 24, 777), 'bfloat16')}, {token_ids((2, 24, 777))}",
     ),
     "log_softmax": ("x", "torch.log_softmax(x, -1)", logits((64, 3000))),
     "amax": ("x", "x.amax(-1)", logits((64, 3000))),
@@ -137,6 +146,32 @@ def test_entropy_example_is_two_row_levels_over_a_row_cached_in_a_cluster():
     assert all(row_reads(rendered(group, config)) == 2 for config in streamed)
 
 
+def test_policy_logprobs_and_entropy_example_is_one_row_kernel_writing_both_values():
+    analysis = analysed(EXAMPLES / "policy_logprobs_entropy_bf16.py")
+    group = only_group(analysis)
+    assert group.kind == "row" and group.per_row and (group.rows, group.row_length) == (4096, 128256)
+    assert isinstance(group.expr, Stack) and group.output.shape == (2, 4096)
+    softmax, weighted_sum = group.reduces()  # the two values share the softmax statistics; the entropy sums once more
+    assert (softmax.kind, weighted_sum.kind) == ("online_softmax", "sum")
+    assert len([node for node in walk(group.expr) if isinstance(node, Gather)]) == 1
+    assert [t.name for t in group.tensors] == ["logits", "token_ids"]
+    # forward returns the two rows of the stacked output, contiguous views of it.
+    assert [(leaf.source, leaf.shape, leaf.offset) for leaf in analysis.outputs] == [
+        (group.output, (4096,), 0), (group.output, (4096,), 4096),
+    ]  # fmt: skip
+    model_new = render_model_new(load_problem(EXAMPLES / "policy_logprobs_entropy_bf16.py"), analysis).content
+    assert "return (out_g0.view(-1)[0:4096].view(4096,), out_g0.view(-1)[4096:8192].view(4096,))" in model_new
+
+
+def test_logprobs_and_entropy_stream_the_row_twice_or_cache_it_once():
+    group = only_group(analysed(EXAMPLES / "policy_logprobs_entropy_bf16.py"))
+    clustered, *streamed = launch_candidates(group)
+    assert clustered.shared_blocks > 0 and row_reads(rendered(group, clustered)) == 1
+    for config in streamed:
+        source = rendered(group, config)
+        assert row_reads(source) == 2 and "out[row] = " in source and "out[1 * kRows + row] = " in source
+
+
 def test_an_odd_vocabulary_splits_the_cached_row_unevenly_over_the_cluster(tmp_path):
     group = only_group(analysed(variant_problem(tmp_path, "entropy_bf16_gpt2_vocab")))
     clustered = launch_candidates(group)[0]
@@ -195,7 +230,7 @@ def test_unsupported_forms_name_the_op_and_why(tmp_path, forward, inputs, op, re
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", ["token_logprobs_bf16", "logits_entropy_bf16"])
+@pytest.mark.parametrize("name", ["token_logprobs_bf16", "logits_entropy_bf16", "policy_logprobs_entropy_bf16"])
 def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
     # The first candidate's spills are checked with the other examples' (test_policy's FUSED_EXAMPLES).
     assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path)
@@ -203,7 +238,8 @@ def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
 
 @needs_nvcc
 @pytest.mark.parametrize("name", ["logprobs_3d", "logprobs_ratio", "entropy_bf16_gpt2_vocab",
-                                  "entropy_of_log_probs_3d_fp16", "max_values"])  # fmt: skip
+                                  "entropy_of_log_probs_3d_fp16", "max_values",
+                                  "logprobs_and_entropy_tempered_3d_bf16"])  # fmt: skip
 def test_every_launch_candidate_of_the_variants_compiles(tmp_path, name):
     assert_every_launch_candidate_compiles(variant_problem(tmp_path, name), tmp_path)
 
@@ -217,7 +253,7 @@ def test_token_logprobs_workspace_builds(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["token_logprobs_bf16", "logits_entropy_bf16"])
+@pytest.mark.parametrize("name", ["token_logprobs_bf16", "logits_entropy_bf16", "policy_logprobs_entropy_bf16"])
 def test_every_launch_candidate_of_the_examples_passes_verification(tmp_path, judge, name):  # noqa: F811
     assert_every_launch_candidate_verifies(judge, EXAMPLES / f"{name}.py", tmp_path)
 

@@ -83,6 +83,18 @@ VARIANTS = {
     ),
     # The z-loss over (batch, sequence) rows while the loss flattens them: statistics over two iteration shapes,
     # (2, 24, 777) and (48, 777), so two row kernels (not merged); the z-loss mean reads the (2, 24) values flat.
+    # Label smoothing: 0.9 * the target's loss + 0.1 * the mean loss over classes, over rows not ignored.
+    "label_smoothing": ("x, t", "F.cross_entropy(x.float(), t, label_smoothing=0.1)", f"{logits((64, 1000))}, {targets((64, 1000))}"),
+    "label_smoothing_bf16_gpt2_vocab": (
+        "x, t", "F.cross_entropy(x.float(), t, label_smoothing=0.1)", f"{logits((6, 50257), 'bfloat16')}, {targets((6, 50257))}",
+    ),
+    "label_smoothing_sum": (
+        "x, t", "F.cross_entropy(x, t, label_smoothing=0.2, reduction='sum')", f"{logits((64, 500))}, {targets((64, 500))}",
+    ),
+    "label_smoothing_none": (
+        "x, t", "F.cross_entropy(x, t, label_smoothing=0.05, reduction='none', ignore_index=3)",
+        f"{logits((64, 500))}, {targets((64, 500), ignore=3)}",
+    ),
     "z_loss_of_3d_rows": (
         "x, t",
         "F.cross_entropy(x.float().flatten(0, 1), t.flatten()) + 1e-4 * torch.logsumexp(x.float(), -1).pow(2).mean()",
@@ -178,6 +190,51 @@ def test_a_z_loss_over_other_rows_than_the_loss_is_a_kernel_of_its_own(tmp_path)
     assert {t.name for t in means.tensors} == {z_loss.name, losses.name, "t"}
 
 
+def test_label_smoothing_example_is_one_row_kernel_writing_both_losses_then_the_batch_mean():
+    analysis = analysed(EXAMPLES / "cross_entropy_label_smoothing_bf16.py")
+    assert analysis.supported, analysis.blockers()
+    rows, means = analysis.groups
+    assert rows.kind == "row" and rows.per_row and (rows.rows, rows.row_length) == (4096, 128256)
+    assert isinstance(rows.expr, Stack) and rows.output.shape == (2, 4096)
+    # The target's loss needs the softmax statistics; the smoothing term sums the log-softmax over the row.
+    softmax, log_softmax_sum = rows.reduces()
+    assert (softmax.kind, log_softmax_sum.kind) == ("online_softmax", "sum")
+    assert any(isinstance(node, Gather) and node.ignore == -100 for node in walk(rows.expr))
+    assert [t.name for t in rows.tensors] == ["logits", "targets"]
+    # The means read both halves of the stacked output and count the targets not ignored, in one row.
+    assert (means.rows, means.row_length, means.output.shape) == (1, 4096, ())
+    assert {t.name for t in means.tensors} == {rows.name, "targets"}
+    assert sorted(a.offset for a in means.accesses if means.tensors[a.tensor].name == rows.name) == [0, 4096]
+
+
+@pytest.mark.parametrize("name", ["label_smoothing_sum", "label_smoothing_bf16_gpt2_vocab"])
+def test_label_smoothing_variants_are_one_merged_row_kernel_and_one_reduction(tmp_path, name):
+    rows, total = analysed(variant_problem(tmp_path, name)).groups
+    assert isinstance(rows.expr, Stack) and rows.output.shape == (2, rows.rows) and total.output.shape == ()
+
+
+def test_label_smoothing_per_row_losses_are_one_row_kernel(tmp_path):
+    # Both terms and their mix are per-row values of the same rows: one expression, nothing stacked.
+    (group,) = analysed(variant_problem(tmp_path, "label_smoothing_none")).groups
+    assert group.per_row and group.output.shape == (64,) and not isinstance(group.expr, Stack)
+    assert [r.kind for r in group.reduces()] == ["online_softmax", "sum"]
+
+
+@pytest.mark.parametrize(
+    ("forward", "reason"),
+    [
+        # The count itself is returned: a kernel would write int64.
+        ("(t != -100).sum()", "writes int64 values"),
+        # masked_fill_ on an input overwrites memory the caller owns.
+        ("x.masked_fill_(x > 0, 0.0)", "overwrites a tensor that is read elsewhere or is not computed in forward"),
+    ],
+)
+def test_counts_and_in_place_fills_are_generated_only_inside_a_kernel(tmp_path, forward, reason):
+    problem = forward_problem(tmp_path, "count", "x, t", forward, f"{logits((8, 50))}, {targets((8, 50))}")
+    analysis = analysed(problem)
+    assert not analysis.supported and reason in analysis.blockers()
+
+
 @pytest.mark.parametrize("name", ["kl_3d", "kl_sum", "kl_mean", "kl_of_probabilities", "kl_written_out"])
 def test_distillation_variants_are_one_row_kernel_and_one_reduction(tmp_path, name):
     kl, total = analysed(variant_problem(tmp_path, name)).groups
@@ -198,12 +255,13 @@ def test_per_row_values_of_unrelated_statistics_stay_apart(tmp_path):
     assert not any(isinstance(group.expr, Stack) for group in analysis.groups)
 
 
-def test_a_returned_row_value_is_not_merged(tmp_path):
-    # forward hands back the log-probabilities whole: they stay their own tensor.
+def test_returned_row_values_are_merged_and_returned_as_rows_of_the_stacked_output(tmp_path):
     forward = ("def forward(self, x, t):\n    lse = torch.logsumexp(x, -1)\n"
                "    return lse, F.cross_entropy(x, t, reduction='none')")  # fmt: skip
     analysis = check_against_model(write_problem(tmp_path, "returned", forward, f"{logits((16, 300))}, {targets((16, 300))}"))
-    assert not any(isinstance(group.expr, Stack) for group in analysis.groups)
+    (group,) = analysis.groups
+    assert isinstance(group.expr, Stack) and group.output.shape == (2, 16)
+    assert [(leaf.source, leaf.offset) for leaf in analysis.outputs] == [(group.output, 0), (group.output, 16)]
 
 
 @pytest.mark.parametrize(
@@ -222,13 +280,14 @@ def test_whole_tensor_norms_and_variances_stay_unsupported(tmp_path, forward, op
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16"])
+@pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16", "cross_entropy_label_smoothing_bf16"])
 def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
     assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path)
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", ["kl_bf16_gpt2_vocab", "kl_3d", "kl_of_probabilities", "z_loss_fp16", "z_loss_of_3d_rows"])
+@pytest.mark.parametrize("name", ["kl_bf16_gpt2_vocab", "kl_3d", "kl_of_probabilities", "z_loss_fp16", "z_loss_of_3d_rows",
+                                  "label_smoothing_none"])  # fmt: skip
 def test_every_launch_candidate_of_the_variants_compiles(tmp_path, name):
     assert_every_launch_candidate_compiles(variant_problem(tmp_path, name), tmp_path)
 
@@ -242,7 +301,7 @@ def test_z_loss_workspace_builds(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16"])
+@pytest.mark.parametrize("name", ["distill_kl_bf16", "cross_entropy_z_loss_bf16", "cross_entropy_label_smoothing_bf16"])
 def test_every_launch_candidate_of_the_examples_passes_verification(tmp_path, judge, name):  # noqa: F811
     assert_every_launch_candidate_verifies(judge, EXAMPLES / f"{name}.py", tmp_path)
 

@@ -93,6 +93,8 @@ _INTERNAL_OPS = frozenset(
     {"identity", "gelu_tanh", "to_bfloat16", "to_float16", "to_bool", "clamp", "add_scaled", "sub_scaled",
      "exp_fast", "logsumexp_finish"}
 )  # fmt: skip
+# In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
+_IN_PLACE = {"masked_fill_": "masked_fill"}
 _ALIASES = {"clone": "identity", "contiguous": "identity", "lift_fresh_copy": "identity", "bitwise_not": "logical_not"}
 
 
@@ -239,7 +241,8 @@ class Matmul:
     `a` (M x K) and `b` (K x N) are views with unit stride along one of their two matrix dims (batched:
     a leading batch dim, any stride); `bias` has N values along the output's last dim; `residual` is a whole
     tensor of the output's shape (cuBLASLt's C with beta = 1). `shape` is the output's shape as forward sees
-    it: contiguous, its last dim N.
+    it: contiguous, its last dim N. `alpha` scales the product alone (cuBLASLt's alpha): a number forward
+    multiplies the product by before anything is added to it, such as a LoRA branch's alpha / rank.
     """
 
     a: Leaf
@@ -250,6 +253,7 @@ class Matmul:
     bias: Leaf | None = None
     residual: Leaf | None = None
     activation: str | None = None  # a key of EPILOGUE_ACTIVATIONS
+    alpha: float = 1.0
 
     @property
     def batch(self) -> int:
@@ -260,8 +264,9 @@ class Matmul:
         return self.a.shape[-2], self.b.shape[-1], self.a.shape[-1]
 
     def epilogue(self) -> str:
-        """The epilogue in words, e.g. "bias, residual, GELU (tanh)"; "" when there is none."""
-        parts = ["bias"] * bool(self.bias) + ["residual"] * bool(self.residual)
+        """The epilogue in words, e.g. "scale 2, bias, residual, GELU (tanh)"; "" when there is none."""
+        parts = [f"scale {self.alpha:g}"] * (self.alpha != 1.0)
+        parts += ["bias"] * bool(self.bias) + ["residual"] * bool(self.residual)
         return ", ".join(parts + ([EPILOGUE_ACTIVATIONS[self.activation]] if self.activation else []))
 
 
@@ -428,7 +433,7 @@ def analyze(problem: Problem) -> Analysis:
         elif node.op == "output":
             outputs = [builder.output(env[item]) for item in node.args[0]]
     ignored = [name for name, value in zip(_forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
-    groups = merge_row_outputs(builder.groups, outputs)
+    groups, outputs = merge_row_outputs(builder.groups, outputs)
     return Analysis(problem.name, groups, outputs, container, builder.unsupported_ops, ignored)
 
 
@@ -704,6 +709,9 @@ def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict) -> _Pendin
     if name == "add" and kwargs.get("alpha", 1) == 1 and len(args) == 2 and args[0] is not args[1]:
         (addend,) = [arg for arg in args if arg is not pending]
         folded = _with_addend(matmul, addend) if isinstance(addend, Leaf) else None
+    elif name == "mul" and _scalar_factor(args, pending) is not None and not (matmul.bias or matmul.residual):
+        # Only the bare product takes the factor: cuBLASLt's alpha scales A @ B, not the bias or C added to it.
+        folded = replace(matmul, alpha=matmul.alpha * _scalar_factor(args, pending))
     elif name == "relu" or (name == "gelu" and kwargs.get("approximate", "none") == "tanh"):
         folded = replace(matmul, activation="relu" if name == "relu" else "gelu_tanh")
     else:
@@ -711,6 +719,14 @@ def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict) -> _Pendin
     if folded is None:
         return None
     return _PendingMatmul(replace(folded, ops=matmul.ops + (f"aten.{name}",)), len(node.users))
+
+
+def _scalar_factor(args: list, pending: _PendingMatmul) -> float | None:
+    """The Python number a `mul` multiplies the pending product by, or None when the other factor is a tensor."""
+    others = [arg for arg in args if arg is not pending]
+    if len(args) != 2 or len(others) != 1 or isinstance(others[0], bool) or not isinstance(others[0], (int, float)):
+        return None
+    return float(others[0])
 
 
 def _with_addend(matmul: Matmul, addend: Any) -> Matmul | None:
@@ -770,6 +786,8 @@ class _Ops:
         self.dtype = _dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
 
     def build(self, name: str) -> Value | tuple | None:
+        if name in _IN_PLACE:
+            name = self._out_of_place(name)
         if name in _ALIASES:
             return self.elementwise(_ALIASES[name], self.args[:1])
         if name in _REDUCTIONS:
@@ -785,6 +803,14 @@ class _Ops:
         if name in C_OPS and name not in _INTERNAL_OPS:
             return self.elementwise(name, self.args)
         return None
+
+    def _out_of_place(self, name: str) -> str:
+        """The functional op of an in-place one that decompositions write into a value they computed (cross-entropy
+        with label smoothing zeroes ignored rows with masked_fill_): the same value when nothing else reads the
+        overwritten tensor, which then exists only in the kernel."""
+        if not isinstance(self.args[0], Value) or len(self.node.args[0].users) != 1:
+            raise _NotFusible(f"{name} overwrites a tensor that is read elsewhere or is not computed in forward")
+        return _IN_PLACE[name]
 
     # --------------------------------------------------------------------------------- elementwise
 
@@ -926,9 +952,18 @@ class _Ops:
     def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
                    inner: int = 0) -> Value:  # fmt: skip
         op = f"aten.{_op_name(self.node.target)}"
-        if self.dtype not in KERNEL_DTYPES:
+        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values():
             raise _NotFusible(f"computes {self.dtype} values")
         return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
+
+    def _counts_true_values(self) -> bool:
+        """True for an int64 sum of a bool tensor of fewer than 2^24 elements: a count (cross-entropy's count of
+        rows not ignored), summed in float32, exactly. It may feed float ops in the same kernel; a kernel never
+        writes it (`_group_of` refuses int64 outputs)."""
+        item = self.args[0]
+        dtype = item.source.dtype if isinstance(item, Leaf) else getattr(item, "dtype", None)
+        counted = math.prod(getattr(item, "shape", ()))
+        return _op_name(self.node.target) == "sum" and self.dtype == "int64" and dtype == "bool" and counted < 2**24
 
 
 def fuses_elementwise(name: str | None) -> bool:

@@ -726,7 +726,8 @@ def matmul_context(group: Group, config: MatmulConfig) -> dict[str, Any]:
     matmul = group.matmul
     m, n, k = matmul.mnk
     index = {source: i for i, source in enumerate(group.tensors)}
-    formula = "A @ B" + " + C" * bool(matmul.residual) + " + bias" * bool(matmul.bias)
+    product = "A @ B" if matmul.alpha == 1.0 else f"{matmul.alpha:g} * (A @ B)"
+    formula = product + " + C" * bool(matmul.residual) + " + bias" * bool(matmul.bias)
     if matmul.activation:
         formula = f"{EPILOGUE_ACTIVATIONS[matmul.activation]}({formula})"
     return {
@@ -737,6 +738,7 @@ def matmul_context(group: Group, config: MatmulConfig) -> dict[str, Any]:
         "formula": formula,
         "data_type": CUDA_DATA_TYPES[matmul.dtype],
         "epilogue": EPILOGUES[(matmul.bias is not None, matmul.activation)],
+        "alpha": _literal(matmul.alpha),
         # cuBLASLt's m, n: the transposed product's (see the template's header).
         "m": n,
         "n": m,
@@ -905,6 +907,9 @@ def _returned_source(leaf: Leaf) -> str:
     name = f"out_{leaf.source.name}"
     if leaf.shape == leaf.source.shape:
         return name
+    count = math.prod(leaf.shape)
+    if leaf.offset or count != math.prod(leaf.source.shape):  # one value per row of a stacked output (merge.py)
+        name = f"{name}.view(-1)[{leaf.offset}:{leaf.offset + count}]"
     return f"{name}.view({', '.join(map(str, leaf.shape))}{',' if len(leaf.shape) == 1 else ''})"
 
 

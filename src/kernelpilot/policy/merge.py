@@ -4,7 +4,9 @@ Cross-entropy plus a z-loss asks for each row's target log-probability and for i
 from the same online-softmax statistics of the same logits row. Analysed one op at a time they are two row
 kernels, each reading the logits from memory; merged, one kernel reads each row once and writes both values,
 stacked (its output is [values, rows]: value k of every row at [k, row]). The groups reading the old outputs
-read views of the stacked one, and the merged kernel runs where the first of the two did.
+read views of the stacked one, and the merged kernel runs where the first of the two did. A value forward returns
+(an RL trainer's token log-probabilities and entropies) is returned as its rows of the stacked output, a
+contiguous view.
 """
 
 from __future__ import annotations
@@ -29,21 +31,22 @@ from kernelpilot.policy.analysis import (
 _EXPRESSION_KINDS = ("elementwise", "row", "column")
 
 
-def merge_row_outputs(groups: list[Group], returned: list[Leaf]) -> list[Group]:
+def merge_row_outputs(groups: list[Group], returned: list[Leaf]) -> tuple[list[Group], list[Leaf]]:
     """`groups` with every pair of per-row row groups that share a row statistic merged (see the module
-    docstring); the returned tensors (`returned`, which forward hands back whole) are left as they are."""
-    groups = list(groups)
+    docstring), and the tensors forward returns (`returned`) where they now are."""
+    groups, returned = list(groups), list(returned)
     first = 0
     while first < len(groups):
-        later = next((j for j in range(first + 1, len(groups)) if _mergeable(groups, first, j, returned)), None)
+        later = next((j for j in range(first + 1, len(groups)) if _mergeable(groups, first, j)), None)
         if later is None:
             first += 1
         else:
-            groups = _merged(groups, first, later)
-    return groups
+            groups, moves = _merged(groups, first, later)
+            returned = [_moved(leaf, moves) for leaf in returned]
+    return groups, returned
 
 
-def _mergeable(groups: list[Group], first: int, later: int, returned: list[Leaf]) -> bool:
+def _mergeable(groups: list[Group], first: int, later: int) -> bool:
     a, b = groups[first], groups[later]
     same_rows = all(g.kind == "row" and g.per_row and not g.inner_dims for g in (a, b)) and (
         (a.shape, a.row_dims, a.output.dtype) == (b.shape, b.row_dims, b.output.dtype)
@@ -56,10 +59,11 @@ def _mergeable(groups: list[Group], first: int, later: int, returned: list[Leaf]
         return False
     outputs = {a.output, b.output}
     readers = [g for g in groups if outputs & set(g.tensors)]
-    return all(g.kind in _EXPRESSION_KINDS for g in readers) and not outputs & {leaf.source for leaf in returned}
+    return all(g.kind in _EXPRESSION_KINDS for g in readers)
 
 
-def _merged(groups: list[Group], first: int, later: int) -> list[Group]:
+def _merged(groups: list[Group], first: int, later: int) -> tuple[list[Group], dict[Source, tuple[Source, int]]]:
+    """The groups with `later` merged into `first`, and where each old output's values now start."""
     a, b = groups[first], groups[later]
     values = _stacked(a) + _stacked(b)
     output = Source("group", a.name, (len(values), a.rows), a.output.dtype)
@@ -73,7 +77,15 @@ def _merged(groups: list[Group], first: int, later: int) -> list[Group]:
             result.append(merged)
         elif index != later:
             result.append(_reading_moved(group, moves))
-    return result
+    return result, moves
+
+
+def _moved(leaf: Leaf, moves: dict[Source, tuple[Source, int]]) -> Leaf:
+    """A view of a moved output as the same elements of the stacked one: its rows, still contiguous."""
+    if leaf.source not in moves:
+        return leaf
+    source, start = moves[leaf.source]
+    return replace(leaf, source=source, offset=leaf.offset + start)
 
 
 def _stacked(group: Group) -> tuple[Expr, ...]:
