@@ -130,7 +130,9 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
         elif isinstance(node, Call):
             result = TORCH_OPS[node.op](*[value(arg) for arg in node.args])
         elif isinstance(node, Field):
-            result = statistic(node.reduce, node.name, value(node.reduce.value).expand(node.reduce.shape))
+            reduce = node.reduce
+            weighted = None if reduce.weighted is None else value(reduce.weighted).expand(reduce.shape)
+            result = statistic(reduce, node.name, value(reduce.value).expand(reduce.shape), weighted)
         elif isinstance(node, Gather):
             result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
         elif isinstance(node, Stack):  # several values per row, written one after another
@@ -180,14 +182,17 @@ def evaluate_conv(conv, memory: dict) -> torch.Tensor:
     return result.to(getattr(torch, conv.dtype)).contiguous()
 
 
-def statistic(reduce: Reduce, name: str, values: torch.Tensor) -> torch.Tensor:
+def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.Tensor | None = None) -> torch.Tensor:
     """One number per row (or column), shaped to broadcast over the reduce's iteration shape (its reduced dims
-    kept as 1s)."""
+    kept as 1s). `weighted`: what a softmax_weighted statistic weighs by exp(values - max)."""
     end = values.dim() - reduce.inner
     dims = tuple(range(end - reduce.dims, end))
     maximum = values.amax(dims, keepdim=True)
     mean = values.mean(dims, keepdim=True)
     return {
+        ("softmax_weighted", "max"): lambda: maximum,
+        ("softmax_weighted", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
+        ("softmax_weighted", "weighted"): lambda: ((values - maximum).exp() * weighted).sum(dims, keepdim=True),
         ("sum", "sum"): lambda: values.sum(dims, keepdim=True),
         ("max", "max"): lambda: maximum,
         ("min", "min"): lambda: values.amin(dims, keepdim=True),
