@@ -96,6 +96,7 @@ TORCH_OPS = {
     "where": lambda c, a, b: torch.where(c != 0, a, b), "logsumexp_finish": lambda m, s: m + torch.log(s),
     "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
     "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(), "xlogy": torch.xlogy,
+    "to_bfloat16": lambda x: x.to(torch.bfloat16).double(), "to_float16": lambda x: x.to(torch.float16).double(),
 }  # fmt: skip
 
 
@@ -203,8 +204,8 @@ def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.T
     }[(reduce.kind, name)]()
 
 
-def check_against_model(path: Path, atol: float = 1e-5) -> Analysis:
-    """The analysis of `path` evaluated on CPU inputs equals Model's output."""
+def check_against_model(path: Path, atol: float = 1e-5, equal_nan: bool = False) -> Analysis:
+    """The analysis of `path` evaluated on CPU inputs equals Model's output (NaN where it is NaN: `equal_nan`)."""
     problem = load_problem(path)
     analysis = analyze(problem)
     assert analysis.supported, analysis.blockers()
@@ -219,7 +220,7 @@ def check_against_model(path: Path, atol: float = 1e-5) -> Analysis:
     assert len(actual) == len(expected)
     for got, want in zip(actual, expected):
         assert got.dtype == want.dtype and got.shape == want.shape
-        torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=atol)
+        torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=atol, equal_nan=equal_nan)
     return analysis
 
 

@@ -3,8 +3,8 @@ gather along the vocabulary) and per-token entropy (softmax statistics, then a s
 plain log_softmax and row max/min.
 
 Each is one row kernel reading the logits from memory once: the gathered log-probability needs only the row's
-softmax statistics and one element, and the entropy's second pass reads the row from registers or from the shared
-memory of a thread block cluster. The partition is checked with test_policy's CPU `evaluate` against Model, the
+softmax statistics and one element, and the entropy's softmax-weighted sum is accumulated in the softmax's own
+pass (expectation.py; test_policy_expectation.py has its variants). The partition is checked with test_policy's CPU `evaluate` against Model, the
 generated CUDA is compiled here and verified through the judge on a GPU.
 """
 
@@ -122,28 +122,18 @@ def test_token_logprobs_stream_the_row_once_and_read_the_sampled_column_after_th
         assert "gather_column(r1)" in source and "? 0.0f :" not in source  # no ignored index to zero
 
 
-def test_entropy_example_is_two_row_levels_over_a_row_cached_in_a_cluster():
+def test_entropy_example_is_one_row_pass_accumulating_the_softmax_and_the_weighted_sum():
     group = only_group(analysed(EXAMPLES / "logits_entropy_bf16.py"))
     assert group.kind == "row" and group.per_row and (group.rows, group.row_length) == (8192, 128256)
-    softmax, weighted_sum = group.reduces()
-    assert (softmax.kind, weighted_sum.kind) == ("online_softmax", "sum")
-    # The second level's sum reads the first level's statistics (p = exp(z - max) / sum), so it is a second pass.
-    assert {node.reduce for node in walk(weighted_sum.value) if isinstance(node, Field)} == {softmax}
-    clustered, *streamed = launch_candidates(group)
-    assert clustered.shared_blocks == 4 and all(config.shared_blocks == 0 for config in streamed)
-    source = rendered(group, clustered)
-    assert "// Level 1: sum" in source and "// Level 2" not in source
-    assert "cluster.map_shared_rank(" in source and row_reads(source) == 1  # the second pass reads shared memory
-    assert all(row_reads(rendered(group, config)) == 2 for config in streamed)
-
-
-def test_an_odd_vocabulary_splits_the_cached_row_unevenly_over_the_cluster(tmp_path):
-    group = only_group(analysed(variant_problem(tmp_path, "entropy_bf16_gpt2_vocab")))
-    clustered = launch_candidates(group)[0]
-    assert clustered.shared_blocks == 2  # 50,257 floats do not fit one block, nor split evenly
-    source = rendered(group, clustered)
-    assert "constexpr int kSpan = 25129;" in source and "const int span = min(kSpan, kRowLength - span_begin);" in source
-    assert row_reads(source) == 1
+    # sum(softmax(z) * z) joins the softmax's pass: one statistic holds the max, the sum of exp and the weighted sum.
+    (weighted,) = group.reduces()
+    assert weighted.kind == "softmax_weighted" and not any(isinstance(node, Field) for node in walk(weighted.weighted))
+    candidates = launch_candidates(group)
+    assert all(config.shared_blocks == 0 for config in candidates)  # nothing is read twice: no cluster cache
+    for config in candidates:
+        source = rendered(group, config)
+        assert "// Level 0: online softmax and a softmax-weighted sum" in source and "// Level 1" not in source
+        assert "the row is streamed once" in source and row_reads(source) == 1
 
 
 def test_log_softmax_of_long_fp32_rows_is_read_once_from_registers(tmp_path):
