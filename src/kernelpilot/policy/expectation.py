@@ -117,7 +117,7 @@ def _rewritten(expr: Expr, total: Reduce, weighted: _Weighted) -> Expr:
         statistic = Reduce("softmax_weighted", softmax.value, softmax.shape, softmax.dims, softmax.inner,
                            weighted=weighted.element)  # fmt: skip
         if softmax.kind == "online_softmax":
-            # The new statistic computes the same max and sum the same way: the online softmax is not needed.
+            # The new statistic computes the same max and sum (up to fp32 rounding): the online softmax is not needed.
             moves = {Field(softmax, name): Field(statistic, name) for name in ("max", "sum")}
         folded = Field(statistic, "weighted")
         if weighted.constant is not None:
@@ -279,10 +279,10 @@ def _split(expr: Expr, invariant: _RowInvariance) -> tuple[Expr | None, Expr | N
     scaled = [(0, 1), (1, 0)] if expr.op == "mul" else [(0, 1)] if expr.op == "div" else []
     for inner, other in scaled:
         if invariant(expr.args[other]):
-            parts = _split(expr.args[inner], invariant)
+            element, constant = _split(expr.args[inner], invariant)
+            factor = expr.args[other]
             return tuple(
-                None if part is None else Call(expr.op, (part, expr.args[other]) if inner == 0 else (expr.args[other], part))
-                for part in parts
+                None if part is None else Call(expr.op, _ordered(part, factor, inner)) for part in (element, constant)
             )  # type: ignore[return-value]
     return expr, None
 
