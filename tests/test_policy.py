@@ -101,6 +101,7 @@ TORCH_OPS = {
     "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
     "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(), "xlogy": torch.xlogy,
     "eq": lambda a, b: (a == b).double(), "logical_not": lambda a: (a == 0).double(),
+    "to_bfloat16": lambda x: x.to(torch.bfloat16).double(), "to_float16": lambda x: x.to(torch.float16).double(),
 }  # fmt: skip
 
 
@@ -135,7 +136,9 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
         elif isinstance(node, Call):
             result = TORCH_OPS[node.op](*[value(arg) for arg in node.args])
         elif isinstance(node, Field):
-            result = statistic(node.reduce, node.name, value(node.reduce.value).expand(node.reduce.shape))
+            reduce = node.reduce
+            weighted = None if reduce.weighted is None else value(reduce.weighted).expand(reduce.shape)
+            result = statistic(reduce, node.name, value(reduce.value).expand(reduce.shape), weighted)
         elif isinstance(node, Gather):
             result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
         elif isinstance(node, Stack):  # several values per row, written one after another
@@ -185,14 +188,17 @@ def evaluate_conv(conv, memory: dict) -> torch.Tensor:
     return result.to(getattr(torch, conv.dtype)).contiguous()
 
 
-def statistic(reduce: Reduce, name: str, values: torch.Tensor) -> torch.Tensor:
+def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.Tensor | None = None) -> torch.Tensor:
     """One number per row (or column), shaped to broadcast over the reduce's iteration shape (its reduced dims
-    kept as 1s)."""
+    kept as 1s). `weighted`: what a softmax_weighted statistic weighs by exp(values - max)."""
     end = values.dim() - reduce.inner
     dims = tuple(range(end - reduce.dims, end))
     maximum = values.amax(dims, keepdim=True)
     mean = values.mean(dims, keepdim=True)
     return {
+        ("softmax_weighted", "max"): lambda: maximum,
+        ("softmax_weighted", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
+        ("softmax_weighted", "weighted"): lambda: ((values - maximum).exp() * weighted).sum(dims, keepdim=True),
         ("sum", "sum"): lambda: values.sum(dims, keepdim=True),
         ("max", "max"): lambda: maximum,
         ("min", "min"): lambda: values.amin(dims, keepdim=True),
@@ -203,8 +209,8 @@ def statistic(reduce: Reduce, name: str, values: torch.Tensor) -> torch.Tensor:
     }[(reduce.kind, name)]()
 
 
-def check_against_model(path: Path, atol: float = 1e-5) -> Analysis:
-    """The analysis of `path` evaluated on CPU inputs equals Model's output."""
+def check_against_model(path: Path, atol: float = 1e-5, equal_nan: bool = False) -> Analysis:
+    """The analysis of `path` evaluated on CPU inputs equals Model's output (NaN where it is NaN: `equal_nan`)."""
     problem = load_problem(path)
     analysis = analyze(problem)
     assert analysis.supported, analysis.blockers()
@@ -219,7 +225,7 @@ def check_against_model(path: Path, atol: float = 1e-5) -> Analysis:
     assert len(actual) == len(expected)
     for got, want in zip(actual, expected):
         assert got.dtype == want.dtype and got.shape == want.shape
-        torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=atol)
+        torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=atol, equal_nan=equal_nan)
     return analysis
 
 

@@ -3,8 +3,8 @@ gather along the vocabulary) and per-token entropy (softmax statistics, then a s
 plain log_softmax and row max/min.
 
 Each is one row kernel reading the logits from memory once: the gathered log-probability needs only the row's
-softmax statistics and one element, and the entropy's second pass reads the row from registers or from the shared
-memory of a thread block cluster. The partition is checked with test_policy's CPU `evaluate` against Model, the
+softmax statistics and one element, and the entropy's softmax-weighted sum is accumulated in the softmax's own
+pass (expectation.py; test_policy_expectation.py has its variants). The partition is checked with test_policy's CPU `evaluate` against Model, the
 generated CUDA is compiled here and verified through the judge on a GPU.
 """
 
@@ -131,19 +131,18 @@ def test_token_logprobs_stream_the_row_once_and_read_the_sampled_column_after_th
         assert "gather_column(r1)" in source and "? 0.0f :" not in source  # no ignored index to zero
 
 
-def test_entropy_example_is_two_row_levels_over_a_row_cached_in_a_cluster():
+def test_entropy_example_is_one_row_pass_accumulating_the_softmax_and_the_weighted_sum():
     group = only_group(analysed(EXAMPLES / "logits_entropy_bf16.py"))
     assert group.kind == "row" and group.per_row and (group.rows, group.row_length) == (8192, 128256)
-    softmax, weighted_sum = group.reduces()
-    assert (softmax.kind, weighted_sum.kind) == ("online_softmax", "sum")
-    # The second level's sum reads the first level's statistics (p = exp(z - max) / sum), so it is a second pass.
-    assert {node.reduce for node in walk(weighted_sum.value) if isinstance(node, Field)} == {softmax}
-    clustered, *streamed = launch_candidates(group)
-    assert clustered.shared_blocks == 4 and all(config.shared_blocks == 0 for config in streamed)
-    source = rendered(group, clustered)
-    assert "// Level 1: sum" in source and "// Level 2" not in source
-    assert "cluster.map_shared_rank(" in source and row_reads(source) == 1  # the second pass reads shared memory
-    assert all(row_reads(rendered(group, config)) == 2 for config in streamed)
+    # sum(softmax(z) * z) joins the softmax's pass: one statistic holds the max, the sum of exp and the weighted sum.
+    (weighted,) = group.reduces()
+    assert weighted.kind == "softmax_weighted" and not any(isinstance(node, Field) for node in walk(weighted.weighted))
+    candidates = launch_candidates(group)
+    assert all(config.shared_blocks == 0 for config in candidates)  # nothing is read twice: no cluster cache
+    for config in candidates:
+        source = rendered(group, config)
+        assert "// Level 0: online softmax and a softmax-weighted sum" in source and "// Level 1" not in source
+        assert "the row is streamed once" in source and row_reads(source) == 1
 
 
 def test_policy_logprobs_and_entropy_example_is_one_row_kernel_writing_both_values():
@@ -151,8 +150,9 @@ def test_policy_logprobs_and_entropy_example_is_one_row_kernel_writing_both_valu
     group = only_group(analysis)
     assert group.kind == "row" and group.per_row and (group.rows, group.row_length) == (4096, 128256)
     assert isinstance(group.expr, Stack) and group.output.shape == (2, 4096)
-    softmax, weighted_sum = group.reduces()  # the two values share the softmax statistics; the entropy sums once more
-    assert (softmax.kind, weighted_sum.kind) == ("online_softmax", "sum")
+    # The two values share the softmax statistics, and the entropy's weighted sum joins their pass.
+    (statistic,) = group.reduces()
+    assert statistic.kind == "softmax_weighted"
     assert len([node for node in walk(group.expr) if isinstance(node, Gather)]) == 1
     assert [t.name for t in group.tensors] == ["logits", "token_ids"]
     # forward returns the two rows of the stacked output, contiguous views of it.
@@ -163,22 +163,15 @@ def test_policy_logprobs_and_entropy_example_is_one_row_kernel_writing_both_valu
     assert "return (out_g0.view(-1)[0:4096].view(4096,), out_g0.view(-1)[4096:8192].view(4096,))" in model_new
 
 
-def test_logprobs_and_entropy_stream_the_row_twice_or_cache_it_once():
+def test_logprobs_and_entropy_read_the_row_once_in_every_candidate():
+    # Merged first (the log-prob and the entropy share one online softmax), then the entropy's sum folds into
+    # that softmax's pass; folded first, the two kernels would no longer share a statistic and would not merge.
     group = only_group(analysed(EXAMPLES / "policy_logprobs_entropy_bf16.py"))
-    clustered, *streamed = launch_candidates(group)
-    assert clustered.shared_blocks > 0 and row_reads(rendered(group, clustered)) == 1
-    for config in streamed:
+    for config in launch_candidates(group):
         source = rendered(group, config)
-        assert row_reads(source) == 2 and "out[row] = " in source and "out[1 * kRows + row] = " in source
+        assert config.shared_blocks == 0 and row_reads(source) == 1
+        assert "out[row] = " in source and "out[1 * kRows + row] = " in source
 
-
-def test_an_odd_vocabulary_splits_the_cached_row_unevenly_over_the_cluster(tmp_path):
-    group = only_group(analysed(variant_problem(tmp_path, "entropy_bf16_gpt2_vocab")))
-    clustered = launch_candidates(group)[0]
-    assert clustered.shared_blocks == 2  # 50,257 floats do not fit one block, nor split evenly
-    source = rendered(group, clustered)
-    assert "constexpr int kSpan = 25129;" in source and "const int span = min(kSpan, kRowLength - span_begin);" in source
-    assert row_reads(source) == 1
 
 
 def test_log_softmax_of_long_fp32_rows_is_read_once_from_registers(tmp_path):

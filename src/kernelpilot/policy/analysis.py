@@ -24,8 +24,10 @@ for every (outer, inner) position. Elementwise ops on its input and on its resul
 result broadcast back over the reduced dims is written first (a column kernel writes one value per column).
 
 A sum, mean, max or min over every dim of a tensor of two or more dims is a row statistic written per row, then
-the same statistic of those partial results in a one-row kernel (the batch mean of a loss). After the walk,
-per-row kernels that share a row statistic are merged into one kernel writing several values per row (merge.py).
+the same statistic of those partial results in a one-row kernel (the batch mean of a loss). After the walk, a sum
+weighted by a softmax of the same row (entropy, a KL divergence) joins the softmax's own pass (expectation.py),
+and per-row kernels that share a row statistic are merged into one kernel writing several values per row
+(merge.py).
 """
 
 from __future__ import annotations
@@ -161,13 +163,23 @@ class Call:
 @dataclass(frozen=True)
 class Reduce:
     """A statistic of `value` over each row: the `dims` dims of `shape` before its last `inner` dims (the last
-    `dims` dims when `inner` is 0; a column reduction otherwise, one statistic per (outer, inner) position)."""
+    `dims` dims when `inner` is 0; a column reduction otherwise, one statistic per (outer, inner) position).
+
+    A "softmax_weighted" statistic is an online softmax of `value` that also sums exp(value - max) * `weighted`
+    in the same pass (expectation.py)."""
 
     kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
+    # | "softmax_weighted" (max, sum of exp, and sum of exp times `weighted`)
     value: Expr
     shape: tuple[int, ...]
     dims: int = 1
     inner: int = 0
+    weighted: Expr | None = None  # softmax_weighted only: the per-element value its weights multiply
+
+    @property
+    def operands(self) -> tuple[Expr, ...]:
+        """The per-element expressions the statistic reads: its value, and what a softmax_weighted one weighs."""
+        return (self.value,) if self.weighted is None else (self.value, self.weighted)
 
     @property
     def space(self) -> tuple[tuple[int, ...], int, int]:
@@ -178,7 +190,8 @@ class Reduce:
 
 @dataclass(frozen=True)
 class Field:
-    """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2."""
+    """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2;
+    softmax_weighted: max, sum, weighted."""
 
     reduce: Reduce
     name: str
@@ -217,6 +230,7 @@ STAT_FIELDS = {
     "min": ("min",),
     "online_softmax": ("max", "sum"),
     "welford": ("count", "mean", "m2"),
+    "softmax_weighted": ("max", "sum", "weighted"),
 }
 
 
@@ -411,6 +425,7 @@ def analyze(problem: Problem) -> Analysis:
     """Trace `problem`'s forward on meta tensors and partition it into groups (see the module docstring)."""
     import torch
 
+    from kernelpilot.policy.expectation import fold_expectations
     from kernelpilot.policy.merge import merge_row_outputs
 
     with torch.device("meta"):
@@ -433,7 +448,10 @@ def analyze(problem: Problem) -> Analysis:
         elif node.op == "output":
             outputs = [builder.output(env[item]) for item in node.args[0]]
     ignored = [name for name, value in zip(_forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
+    # Merge first: per-row kernels sharing an online softmax become one, and then an expectation under that
+    # softmax folds into the merged kernel's single pass (token log-probs plus entropy read each row once).
     groups, outputs = merge_row_outputs(builder.groups, outputs)
+    groups = fold_expectations(groups)
     return Analysis(problem.name, groups, outputs, container, builder.unsupported_ops, ignored)
 
 
@@ -1370,7 +1388,8 @@ def walk(expr: Expr | None) -> list[Expr]:
             for arg in node.args:
                 visit(arg)
         elif isinstance(node, Reduce):
-            visit(node.value)
+            for operand in node.operands:
+                visit(operand)
         elif isinstance(node, Field):
             visit(node.reduce)
         elif isinstance(node, Gather):

@@ -78,9 +78,13 @@ STAT_IDENTITIES = {
     ("welford", "count"): "0.0f",
     ("welford", "mean"): "0.0f",
     ("welford", "m2"): "0.0f",
+    ("softmax_weighted", "max"): "-INFINITY",
+    ("softmax_weighted", "sum"): "0.0f",
+    ("softmax_weighted", "weighted"): "0.0f",
 }
 STAT_WORDS = {"sum": "sum", "max": "max", "min": "min", "online_softmax": "online softmax (max and sum of exp)",
-              "welford": "Welford mean and variance"}  # fmt: skip
+              "welford": "Welford mean and variance",
+              "softmax_weighted": "online softmax and a softmax-weighted sum"}  # fmt: skip
 _CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", "char", "new", "delete", "this",
                  "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
 
@@ -645,7 +649,8 @@ def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
 
 def _stat_accesses(group: Group, layout: _Layout) -> list[int]:
     """Element accesses (those varying along the row) that some row statistic reads."""
-    indices = {group.loads[load] for reduce in group.reduces() for load in _element_loads(reduce.value)}
+    indices = {group.loads[load] for reduce in group.reduces() for operand in reduce.operands
+               for load in _element_loads(operand)}  # fmt: skip
     return sorted(i for i in indices if layout.along_row(i))
 
 
@@ -813,7 +818,7 @@ class _RowProgram:
     def _levels(self, reduces: list[Reduce]) -> dict[Reduce, int]:
         levels: dict[Reduce, int] = {}
         for reduce in reduces:  # inner statistics come first in walk order
-            used = [node.reduce for node in walk(reduce.value) if isinstance(node, Field)]
+            used = [node.reduce for operand in reduce.operands for node in walk(operand) if isinstance(node, Field)]
             levels[reduce] = 1 + max((levels[r] for r in used), default=-1)
         return levels
 
@@ -846,14 +851,18 @@ class _RowProgram:
     def _level(self, index: int, reduces: list[Reduce]) -> dict[str, Any]:
         start = len(self.row.lines)
         for reduce in reduces:
-            self._hoist(reduce.value)
+            for operand in reduce.operands:
+                self._hoist(operand)
         row_code = self.row.lines[start:]
-        emitter, loads = self._element_emitter([reduce.value for reduce in reduces])
+        emitter, loads = self._element_emitter([operand for reduce in reduces for operand in reduce.operands])
         stats, slot = [], 0
         for reduce in reduces:
             fields = [{"name": f, "identity": STAT_IDENTITIES[(reduce.kind, f)]} for f in STAT_FIELDS[reduce.kind]]
             name = self.stat_names[reduce]
-            stats.append({"name": name, "kind": reduce.kind, "value": emitter.value(reduce.value), "fields": fields, "slot": slot})
+            value = emitter.value(reduce.value)
+            weighted = emitter.value(reduce.weighted) if reduce.weighted is not None else None
+            stats.append({"name": name, "kind": reduce.kind, "value": value, "weighted": weighted, "fields": fields,
+                          "slot": slot})  # fmt: skip
             slot += len(fields)
         comment = ", ".join(STAT_WORDS[reduce.kind] for reduce in reduces)
         return {"row_code": row_code, "element_code": emitter.lines, "stats": stats, "accesses": loads, "comment": comment}

@@ -111,7 +111,8 @@ def _relocate(expr: Expr, moves: dict[Source, tuple[Source, int]], done: dict[Ex
     elif isinstance(expr, Call):
         result = Call(expr.op, tuple(_relocate(arg, moves, done) for arg in expr.args))
     elif isinstance(expr, Reduce):
-        result = replace(expr, value=_relocate(expr.value, moves, done))
+        weighted = None if expr.weighted is None else _relocate(expr.weighted, moves, done)
+        result = replace(expr, value=_relocate(expr.value, moves, done), weighted=weighted)
     elif isinstance(expr, Field):
         result = replace(expr, reduce=_relocate(expr.reduce, moves, done))
     elif isinstance(expr, Gather):
