@@ -859,6 +859,26 @@ def test_registers_for_two_blocks_are_asked_only_where_the_loads_in_flight_fit(t
     assert all(c.min_blocks == 1 for c in candidates if c.threads == 512)
 
 
+def test_a_mask_every_row_reads_again_is_kept_in_l2_and_the_rows_are_not():
+    (group,) = analysed(EXAMPLES / "softmax_then_mask.py").groups
+    for config in launch_candidates(group):
+        source = render_kernel(group, config).content
+        assert "createpolicy.fractional.L2::evict_last.b64" in source
+        # The [1024, 1024] mask, read again by each of the 256 batch-and-head slices of the scores.
+        assert "load_elements<VEC, false>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+        assert "load_elements<VEC, false>(row0 + column_offset0(col), cache0[c]);" in source  # scores: read once
+    for name in ("distill_kl_bf16", "logits_entropy_bf16"):  # nothing there is read by more than one row
+        assert "l2_evict_last" not in render_kernel(*_first_row(analysed(EXAMPLES / f"{name}.py"))).content
+
+
+def test_a_broadcast_too_large_for_l2_is_not_kept(tmp_path):
+    # A [2048, 4096] fp32 mask is 32 MB: kept last, it would crowd the rows streaming through a 50 MB L2.
+    path = forward_problem(tmp_path, "large_mask", "s, m", "torch.softmax(s, dim=-1) * m",
+                           "torch.randn(2, 2048, 4096), torch.rand(2048, 4096)")  # fmt: skip
+    (group,) = analysed(path).groups
+    assert "l2_evict_last" not in render_kernel(group, launch_candidates(group)[0]).content
+
+
 def test_generated_sources_include_no_torch_header():
     analysis = analysed(EXAMPLES / "layernorm.py")
     kernel, binding, model_new = render_all(load_problem(EXAMPLES / "layernorm.py"), analysis)
@@ -975,6 +995,19 @@ def test_matmul_example_sources_compile(tmp_path, name):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("dtype", ["bool", "float16", "float32"])
+def test_masks_of_every_width_load_through_the_l2_policy_and_compile(tmp_path, dtype):
+    # fp32 rows: 16-byte vectors of scores, so a mask vector is 4 (bool), 8 (fp16) or 16 bytes, and 1, 2 or 4 in
+    # the unaligned kernel (VEC = 1): every width of the policy load.
+    path = forward_problem(tmp_path, f"mask_{dtype}", "s, m", "torch.softmax(s, dim=-1) * m",
+                           f"torch.randn(4, 8, 64, 256), (torch.rand(64, 256) > 0.1).to(torch.{dtype})")  # fmt: skip
+    (group,) = analysed(path).groups
+    source = render_kernel(group, launch_candidates(group)[0]).content
+    assert "load_elements<VEC, false>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+    assert set(re.findall(r"(\d+) bytes spill", compile_cu(source, tmp_path))) == {"0"}
+
+
+@needs_nvcc
 @pytest.mark.parametrize("name", ONLINE_SOFTMAX_EXAMPLES)
 def test_every_online_softmax_candidate_compiles_without_spills(tmp_path, name):
     # Includes the candidates that ask for registers for two blocks per SM (__launch_bounds__'s second argument).
@@ -984,7 +1017,8 @@ def test_every_online_softmax_candidate_compiles_without_spills(tmp_path, name):
 def test_group_norm_rows_are_cached_and_read_once():
     source = render_kernel(*_first(analysed(EXAMPLES / "group_norm.py"))).content
     assert "cached in registers" in source and "constexpr int kThreadsPerRow = 1024;" in source
-    assert "load_elements<VEC, true>(row1 + column_offset1(col), v1);" in source  # one weight load per vector
+    # One weight load per vector, evicted last from L2: every row reads the same weights.
+    assert "load_elements<VEC, true>(row1 + column_offset1(col), v1, l2_evict_last);" in source
 
 
 @pytest.mark.cuda_build
@@ -1230,6 +1264,12 @@ def test_online_softmax_over_rows_starting_with_minus_infinity_passes_verificati
 
 
 # -------------------------------------------------------------------------------------------------- helpers
+
+
+def _first_row(analysis: Analysis) -> tuple[Group, LaunchConfig]:
+    """The first row group of an analysis and its first launch candidate."""
+    group = next(g for g in analysis.generated_groups if g.kind == "row")
+    return group, launch_candidates(group)[0]
 
 
 def _first(analysis: Analysis) -> tuple[Group, LaunchConfig]:

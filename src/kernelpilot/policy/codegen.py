@@ -69,6 +69,9 @@ REGISTER_RESERVE = 32
 # shared memory needs a little), and the most blocks that may share a row: the portable thread block cluster size.
 SHARED_CACHE_BYTES = 192 * 1024
 MAX_CLUSTER_BLOCKS = 8
+# Data that many rows of a row kernel read (a broadcast mask, a norm's weight) is loaded with L2's evict-last
+# policy when it is at most this large: a sixth of an H100's 50 MB L2, so the rows streaming through still have room.
+L2_KEPT_BYTES = 8 * 1024 * 1024
 STAT_IDENTITIES = {
     ("sum", "sum"): "0.0f",
     ("max", "max"): "-INFINITY",
@@ -691,6 +694,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "broadcast": layout.vector_broadcast(i),
                 "integer": group.tensors[access.tensor].dtype == "int64",
                 "cached": cached and i in stat_accesses,
+                "kept_in_l2": _read_by_many_rows(group, layout, i),
                 "shared": shared and i in stat_accesses,
                 "cache_offset": sorted(stat_accesses).index(i) * span if shared and i in stat_accesses else 0,
                 "offset": layout.offsets[i],
@@ -735,9 +739,20 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "out_ctype": CTYPES[group.output.dtype],
         "stat_kinds": {reduce.kind for reduce in group.reduces()},
         "gathers": any(isinstance(node, Gather) for node in walk(group.expr)),
+        "kept_in_l2": any(a["kept_in_l2"] for a in element),
         **_dtype_context(group, _integer_reads(accesses)),
     }
 
+
+def _read_by_many_rows(group: Group, layout: _Layout, index: int) -> bool:
+    """True for an element access that other rows read again (it does not move along some outer dim, like a
+    [queries, keys] mask under [batch, heads, queries, keys] scores) and that is small enough to keep in L2."""
+    outer = len(layout.shape) - layout.row_dims
+    strides = layout.strides[index]
+    if not layout.along_row(index) or all(strides[d] for d in range(outer) if layout.shape[d] > 1):
+        return False
+    elements = math.prod(size for size, stride in zip(layout.shape, strides) if stride)
+    return elements * ITEM_SIZES[group.tensors[group.accesses[index].tensor].dtype] <= L2_KEPT_BYTES
 
 
 def _integer_reads(accesses: list[dict[str, Any]]) -> frozenset[int]:
