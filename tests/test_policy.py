@@ -879,6 +879,23 @@ def test_a_broadcast_too_large_for_l2_is_not_kept(tmp_path):
     assert "l2_evict_last" not in render_kernel(group, launch_candidates(group)[0]).content
 
 
+def weighted_softmax_sum_problem(folder: Path) -> Path:
+    """Long rows where the second level reads a row (y) that the first does not: y is cached in shared memory by
+    a pass of its own before level 0."""
+    return forward_problem(folder, "weighted_softmax_sum", "x, y", "(torch.softmax(x, -1) * y).sum(-1)",
+                           "torch.randn(8, 100000), torch.randn(8, 100000)")  # fmt: skip
+
+
+def test_a_row_only_a_later_level_reads_is_filled_from_memory_before_level_0(tmp_path):
+    (group,) = analysed(weighted_softmax_sum_problem(tmp_path)).groups
+    clustered = launch_candidates(group)[0]
+    assert clustered.shared_blocks > 1
+    source = render_kernel(group, clustered).content
+    prefill = source.split("The part of the row that a later level reads first")[1].split("// Level 0:")[0]
+    assert "load_elements<VEC, false>(row1 + column_offset1(span_begin + col), buffer1[item]);" in prefill
+    assert "store_shared<VEC>(cache1 + col, buffer1[item]);" in prefill and "load_shared" not in prefill
+
+
 def test_generated_sources_include_no_torch_header():
     analysis = analysed(EXAMPLES / "layernorm.py")
     kernel, binding, model_new = render_all(load_problem(EXAMPLES / "layernorm.py"), analysis)
@@ -1254,6 +1271,11 @@ MASKED_SOFTMAX_PROBLEMS = {
     "logsumexp_short": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
     "log_softmax_short": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400)),
 }  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_a_row_only_a_later_level_reads_passes_verification(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, weighted_softmax_sum_problem(tmp_path), tmp_path)
 
 
 @pytest.mark.gpu
