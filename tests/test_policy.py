@@ -832,6 +832,117 @@ def test_rows_too_long_for_eight_blocks_are_streamed(tmp_path):
     assert all(config.shared_blocks == 0 for config in launch_candidates(group))
 
 
+# Examples whose row kernels accumulate online softmax statistics over long or many rows, through every path:
+# registers (softmax_then_mask), streamed passes, and shared memory in one block or a cluster.
+ONLINE_SOFTMAX_EXAMPLES = ["distill_kl_bf16", "logits_entropy_bf16", "softmax_long_rows", "softmax_then_mask",
+                           "cross_entropy_bf16_vocab128k"]  # fmt: skip
+
+
+def per_element_bodies(source: str) -> list[str]:
+    """The bodies of a kernel's per-element loops, `for (int j = 0; j < VEC; ++j) { ... }`."""
+    bodies = []
+    for match in re.finditer(r"for \(int j = 0; j < VEC; \+\+j\) \{", source):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[end], 0)
+            end += 1
+        bodies.append(source[match.end() : end - 1])
+    return bodies
+
+
+@pytest.mark.parametrize("name", ONLINE_SOFTMAX_EXAMPLES)
+def test_online_softmax_moves_once_per_chunk_with_no_branch_per_element(name):
+    for group in analysed(EXAMPLES / f"{name}.py").generated_groups:
+        softmaxes = [f"st{i}" for i, reduce in enumerate(group.reduces()) if reduce.kind == "online_softmax"]
+        for config in launch_candidates(group) if softmaxes else []:
+            source = render_kernel(group, config).content
+            assert "online_add(" not in source
+            bodies = per_element_bodies(source)
+            for stat in softmaxes:
+                # Per element: the chunk's max in one loop, then one exp and one add from the shift in the next.
+                maxes = [b for b in bodies if f"{stat}_chunk_max = fmaxf({stat}_chunk_max, " in b]
+                sums = [b for b in bodies if re.search(rf"{stat}_sum \+= __expf\(\w+ - {stat}_shift\);", b)]
+                assert maxes and len(maxes) == len(sums)
+                assert all("if (" not in b and "?" not in b and "online_" not in b for b in maxes + sums)
+                # Once per chunk, outside the per-element loops.
+                rescale = f"const float {stat}_shift = online_rescale({stat}_max, {stat}_sum, {stat}_chunk_max);"
+                assert source.count(rescale) == 1 and not any(rescale in b for b in bodies)
+            # A streamed vector is loaded whether or not it is inside the span (the use is guarded, not the load).
+            assert not re.search(r"if \(col < span\) \{\s*load_elements", source)
+
+
+def test_long_streamed_rows_have_candidates_that_share_an_sm():
+    for name in ("distill_kl_bf16", "logits_entropy_bf16", "cross_entropy_bf16_vocab128k", "softmax_long_rows"):
+        group = analysed(EXAMPLES / f"{name}.py").groups[0]
+        candidates = launch_candidates(group)
+        assert 4 <= len(candidates) <= 6
+        # 512 x 2 (x 4 for fp32) and 256 x 4 ask for registers for two blocks per SM; a 1024-thread block cannot.
+        assert LaunchConfig(256, 4, 1, persistent=False, min_blocks=2) in candidates
+        assert any(c.threads == 512 and c.min_blocks == 2 and not c.persistent for c in candidates)
+        assert all(c.min_blocks == 1 for c in candidates if c.threads == 1024 or c.shared_blocks)
+        # The one-wave candidate is the 512-thread team that shares its SM.
+        (one_wave,) = [c for c in candidates if c.persistent and not c.shared_blocks]
+        assert (one_wave.threads, one_wave.min_blocks) == (512, 2)
+        source = render_kernel(group, one_wave).content
+        assert "__launch_bounds__(kThreads, kMinBlocks)" in source and "constexpr int kMinBlocks = 2;" in source
+        assert "registers for 2 blocks per SM" in source
+        assert "kMinBlocks" not in render_kernel(group, candidates[0]).content
+
+
+def test_short_rows_ask_for_no_blocks_per_sm():
+    for name in ("softmax_then_mask", "layernorm", "group_norm"):
+        for group in analysed(EXAMPLES / f"{name}.py").generated_groups:
+            assert all(config.min_blocks == 1 for config in launch_candidates(group))
+
+
+def test_registers_for_two_blocks_are_asked_only_where_the_loads_in_flight_fit(tmp_path):
+    # Three bf16 rows streamed at once: 512 threads x 2 vectors x 8 x 3 = 48 floats in flight, over a 64-register
+    # share with the reserve; 256 threads x 4 vectors (96 floats) fit in 128 registers.
+    path = forward_problem(tmp_path, "three_rows", "a, b, c", "torch.softmax(a.float() + b.float() + c.float(), -1)",
+                           ", ".join(["torch.randn(64, 128256).to(torch.bfloat16)"] * 3))  # fmt: skip
+    (group,) = analysed(path).groups
+    candidates = launch_candidates(group)
+    assert LaunchConfig(256, 4, 1, persistent=False, min_blocks=2) in candidates
+    assert all(c.min_blocks == 1 for c in candidates if c.threads == 512)
+
+
+def test_a_mask_every_row_reads_again_is_kept_in_l2_and_the_rows_are_not():
+    (group,) = analysed(EXAMPLES / "softmax_then_mask.py").groups
+    for config in launch_candidates(group):
+        source = render_kernel(group, config).content
+        assert "createpolicy.fractional.L2::evict_last.b64" in source
+        # The [1024, 1024] mask, read again by each of the 256 batch-and-head slices of the scores.
+        assert "load_elements<VEC, false>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+        assert "load_elements<VEC, false>(row0 + column_offset0(col), cache0[c]);" in source  # scores: read once
+    for name in ("distill_kl_bf16", "logits_entropy_bf16"):  # nothing there is read by more than one row
+        assert "l2_evict_last" not in render_kernel(*_first_row(analysed(EXAMPLES / f"{name}.py"))).content
+
+
+def test_a_broadcast_too_large_for_l2_is_not_kept(tmp_path):
+    # A [2048, 4096] fp32 mask is 32 MB: kept last, it would crowd the rows streaming through a 50 MB L2.
+    path = forward_problem(tmp_path, "large_mask", "s, m", "torch.softmax(s, dim=-1) * m",
+                           "torch.randn(2, 2048, 4096), torch.rand(2048, 4096)")  # fmt: skip
+    (group,) = analysed(path).groups
+    assert "l2_evict_last" not in render_kernel(group, launch_candidates(group)[0]).content
+
+
+def weighted_softmax_sum_problem(folder: Path) -> Path:
+    """Long rows where the second level reads a row (y) that the first does not: y is cached in shared memory by
+    a pass of its own before level 0."""
+    return forward_problem(folder, "weighted_softmax_sum", "x, y", "(torch.softmax(x, -1) * y).sum(-1)",
+                           "torch.randn(8, 100000), torch.randn(8, 100000)")  # fmt: skip
+
+
+def test_a_row_only_a_later_level_reads_is_filled_from_memory_before_level_0(tmp_path):
+    (group,) = analysed(weighted_softmax_sum_problem(tmp_path)).groups
+    clustered = launch_candidates(group)[0]
+    assert clustered.shared_blocks > 1
+    source = render_kernel(group, clustered).content
+    prefill = source.split("The part of the row that a later level reads first")[1].split("// Level 0:")[0]
+    assert "load_elements<VEC, false>(row1 + column_offset1(span_begin + col), buffer1[item]);" in prefill
+    assert "store_shared<VEC>(cache1 + col, buffer1[item]);" in prefill and "load_shared" not in prefill
+
+
 def test_generated_sources_include_no_torch_header():
     analysis = analysed(EXAMPLES / "layernorm.py")
     kernel, binding, model_new = render_all(load_problem(EXAMPLES / "layernorm.py"), analysis)
@@ -909,11 +1020,14 @@ def forward_problem(folder: Path, name: str, arguments: str, returned: str, inpu
     return write_problem(folder, name, f"def forward(self, {arguments}):\n    return {returned}", inputs)
 
 
-def assert_every_launch_candidate_compiles(problem_path: Path, folder: Path) -> None:
-    """nvcc-compile every launch candidate of every generated group of a problem (compile-only, sm_90)."""
+def assert_every_launch_candidate_compiles(problem_path: Path, folder: Path, without_spills: bool = False) -> None:
+    """nvcc-compile every launch candidate of every generated group of a problem (compile-only, sm_90); with
+    `without_spills`, ptxas must report no spill for any kernel (both vector widths)."""
     for group in analysed(problem_path).generated_groups:
         for config in launch_candidates(group):
-            compile_cu(render_kernel(group, config).content, folder)
+            report = compile_cu(render_kernel(group, config).content, folder)
+            spills = re.findall(r"(\d+) bytes spill", report)
+            assert not without_spills or (spills and set(spills) == {"0"}), (group.name, config.label, report)
 
 
 @needs_nvcc
@@ -945,16 +1059,30 @@ def test_matmul_example_sources_compile(tmp_path, name):
 
 
 @needs_nvcc
-def test_streamed_row_candidates_compile(tmp_path):
-    (group,) = analysed(EXAMPLES / "softmax_long_rows.py").groups
-    for config in launch_candidates(group):
-        compile_cu(render_kernel(group, config).content, tmp_path)
+@pytest.mark.parametrize("dtype", ["bool", "float16", "float32"])
+def test_masks_of_every_width_load_through_the_l2_policy_and_compile(tmp_path, dtype):
+    # fp32 rows: 16-byte vectors of scores, so a mask vector is 4 (bool), 8 (fp16) or 16 bytes, and 1, 2 or 4 in
+    # the unaligned kernel (VEC = 1): every width of the policy load.
+    path = forward_problem(tmp_path, f"mask_{dtype}", "s, m", "torch.softmax(s, dim=-1) * m",
+                           f"torch.randn(4, 8, 64, 256), (torch.rand(64, 256) > 0.1).to(torch.{dtype})")  # fmt: skip
+    (group,) = analysed(path).groups
+    source = render_kernel(group, launch_candidates(group)[0]).content
+    assert "load_elements<VEC, false>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+    assert set(re.findall(r"(\d+) bytes spill", compile_cu(source, tmp_path))) == {"0"}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ONLINE_SOFTMAX_EXAMPLES)
+def test_every_online_softmax_candidate_compiles_without_spills(tmp_path, name):
+    # Includes the candidates that ask for registers for two blocks per SM (__launch_bounds__'s second argument).
+    assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path, without_spills=True)
 
 
 def test_group_norm_rows_are_cached_and_read_once():
     source = render_kernel(*_first(analysed(EXAMPLES / "group_norm.py"))).content
     assert "cached in registers" in source and "constexpr int kThreadsPerRow = 1024;" in source
-    assert "load_elements<VEC, true>(row1 + column_offset1(col), v1);" in source  # one weight load per vector
+    # One weight load per vector, evicted last from L2: every row reads the same weights.
+    assert "load_elements<VEC, true>(row1 + column_offset1(col), v1, l2_evict_last);" in source
 
 
 @pytest.mark.cuda_build
@@ -1180,7 +1308,37 @@ def test_every_launch_candidate_of_the_zoo_passes_verification(tmp_path, judge, 
     assert_every_launch_candidate_verifies(judge, zoo(tmp_path), tmp_path)
 
 
+# Rows whose first 40% are -inf (a thread's first chunks hold nothing else: the running max stays -inf and the sum 0
+# until a finite value arrives) and a row of -inf only (logsumexp -inf, as torch), long enough to be streamed or
+# cached in a cluster and short enough for registers.
+MASKED_ROWS = "torch.randn({rows}, {length}).masked_fill(torch.arange({length}) < {masked}, float('-inf'))"
+MASKED_SOFTMAX_PROBLEMS = {
+    "logsumexp_long": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=64, length=65536, masked=26214) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
+    "log_softmax_long": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=64, length=65536, masked=26214)),
+    "logsumexp_short": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
+    "log_softmax_short": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400)),
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_a_row_only_a_later_level_reads_passes_verification(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, weighted_softmax_sum_problem(tmp_path), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(MASKED_SOFTMAX_PROBLEMS))
+def test_online_softmax_over_rows_starting_with_minus_infinity_passes_verification(tmp_path, judge, name):
+    returned, inputs = MASKED_SOFTMAX_PROBLEMS[name]
+    assert_every_launch_candidate_verifies(judge, forward_problem(tmp_path, name, "x", returned, inputs), tmp_path)
+
+
 # -------------------------------------------------------------------------------------------------- helpers
+
+
+def _first_row(analysis: Analysis) -> tuple[Group, LaunchConfig]:
+    """The first row group of an analysis and its first launch candidate."""
+    group = next(g for g in analysis.generated_groups if g.kind == "row")
+    return group, launch_candidates(group)[0]
 
 
 def _first(analysis: Analysis) -> tuple[Group, LaunchConfig]:

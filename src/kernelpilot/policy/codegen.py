@@ -69,6 +69,9 @@ REGISTER_RESERVE = 32
 # shared memory needs a little), and the most blocks that may share a row: the portable thread block cluster size.
 SHARED_CACHE_BYTES = 192 * 1024
 MAX_CLUSTER_BLOCKS = 8
+# Data that many rows of a row kernel read (a broadcast mask, a norm's weight) is loaded with L2's evict-last
+# policy when it is at most this large: a sixth of an H100's 50 MB L2, so the rows streaming through still have room.
+L2_KEPT_BYTES = 8 * 1024 * 1024
 STAT_IDENTITIES = {
     ("sum", "sum"): "0.0f",
     ("max", "max"): "-INFINITY",
@@ -99,6 +102,9 @@ class LaunchConfig:
 
     `persistent` launches one wave of resident blocks that loops over the work; otherwise one block per tile of
     work (the grid-stride loop then runs once), which lets the hardware schedule blocks as SMs free up.
+
+    `min_blocks` > 1 (row kernels) asks ptxas, through `__launch_bounds__`, for few enough registers that this
+    many blocks fit on an SM at once.
     """
 
     threads: int
@@ -106,6 +112,7 @@ class LaunchConfig:
     rows_per_block: int | None = None
     shared_blocks: int = 0
     persistent: bool = True
+    min_blocks: int = 1
 
     @property
     def label(self) -> str:
@@ -113,6 +120,8 @@ class LaunchConfig:
             split = f"split over a cluster of {self.shared_blocks} blocks" if self.shared_blocks > 1 else "in one block"
             return f"row cached in shared memory, {split} of {self.threads} threads, {self.items} vector(s) in flight"
         grid = "" if self.persistent else ", one block per tile"
+        if self.min_blocks > 1:
+            grid += f", registers for {self.min_blocks} blocks per SM"
         if self.rows_per_block is None:
             return f"{self.threads} threads per block, {self.items} vector(s) in flight per thread{grid}"
         return (f"{self.threads} threads per row, {self.rows_per_block} row(s) per block, {self.items} vector(s) in "
@@ -336,12 +345,20 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
     # not on long rows with a gathered target); the one-wave loop stays as the last try.
     candidates = [replace(_row_config(group, layout, threads, items=4), persistent=False) for threads in teams]
     if not _cached(group, layout, candidates[0]):
+        # A streamed row waits at block barriers once per pass; with registers for two blocks per SM, one block
+        # loads while another reduces (a 1024-thread block has an SM to itself). For long rows, also a 256-thread
+        # team with four vectors in flight: as many bytes in flight per SM as 512 x 2, in twice the blocks.
+        if preferred >= 512:
+            candidates.append(LaunchConfig(256, 4, 1, persistent=False))
+        candidates = [_with_min_blocks(group, layout, config, 2) for config in candidates]
         shared = _shared_config(group, layout)
         # Caching in shared memory reads the row once instead of once per pass: expected best, so first.
-        fewer_in_flight = replace(candidates[0], items=max(1, candidates[0].items // 2))
-        candidates = [shared, *candidates] if shared else [*candidates, fewer_in_flight]
-    first_in_registers = next(c for c in candidates if not c.shared_blocks)
-    candidates.append(replace(first_in_registers, persistent=True))
+        candidates = [shared, *candidates] if shared else candidates
+    in_registers = [c for c in candidates if not c.shared_blocks]
+    # The one-wave loop of a team that shares its SM where there is one (for token log-probs a one-wave 512-thread
+    # grid beat every tile grid); otherwise of the first.
+    one_wave = next((c for c in in_registers if c.min_blocks > 1), in_registers[0])
+    candidates.append(replace(one_wave, persistent=True))
     return list(dict.fromkeys(candidates))
 
 
@@ -350,6 +367,16 @@ def _row_config(group: Group, layout: _Layout, threads: int, items: int) -> Laun
     # At most 16 floats of loads in flight per access: 8-wide (16-bit) vectors halve the items, not the bytes.
     config = LaunchConfig(threads, max(1, min(items, 16 // layout.vec)), rows_per_block)
     return LaunchConfig(threads, 1, rows_per_block) if _cached(group, layout, config) else config
+
+
+def _with_min_blocks(group: Group, layout: _Layout, config: LaunchConfig, blocks: int) -> LaunchConfig:
+    """`config` asking for registers for `blocks` blocks per SM, where the floats a thread streams at once (its
+    vectors in flight, for every access of the widest pass) plus the usual reserve fit that share without spilling;
+    otherwise `config` as it is."""
+    block_threads = config.threads * (config.rows_per_block or 1)
+    share = REGISTERS_PER_BLOCK // (block_threads * blocks)
+    in_flight = config.items * layout.vec * max(len(accesses) for accesses in _pass_accesses(group, layout))
+    return replace(config, min_blocks=blocks) if REGISTER_RESERVE + in_flight <= share else config
 
 
 def _cached(group: Group, layout: _Layout, config: LaunchConfig) -> bool:
@@ -385,11 +412,16 @@ def _span(row_length: int, blocks: int, vec: int) -> int:
     return math.ceil(row_length / (blocks * vec)) * vec
 
 
+def _pass_accesses(group: Group, layout: _Layout) -> list[list[int]]:
+    """The element accesses each pass over the row reads: one pass per statistics level, then the output's."""
+    program = _RowProgram(group, layout, {i for i in range(len(layout.strides)) if layout.along_row(i)})
+    return [level["accesses"] for level in program.levels] + [program.output["accesses"]]
+
+
 def _passes(group: Group, layout: _Layout) -> dict[int, int]:
     """How many passes over the row (one per statistics level, one for the output) read each access."""
-    program = _RowProgram(group, layout, {i for i in range(len(layout.strides)) if layout.along_row(i)})
     counts: dict[int, int] = {}
-    for accesses in [level["accesses"] for level in program.levels] + [program.output["accesses"]]:
+    for accesses in _pass_accesses(group, layout):
         for index in accesses:
             counts[index] = counts.get(index, 0) + 1
     return counts
@@ -672,6 +704,7 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "broadcast": layout.vector_broadcast(i),
                 "integer": group.tensors[access.tensor].dtype == "int64",
                 "cached": cached and i in stat_accesses,
+                "kept_in_l2": _read_by_many_rows(group, layout, i),
                 "shared": shared and i in stat_accesses,
                 "cache_offset": sorted(stat_accesses).index(i) * span if shared and i in stat_accesses else 0,
                 "offset": layout.offsets[i],
@@ -716,8 +749,20 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "out_ctype": CTYPES[group.output.dtype],
         "stat_kinds": {reduce.kind for reduce in group.reduces()},
         "gathers": any(isinstance(node, Gather) for node in walk(group.expr)),
+        "kept_in_l2": any(a["kept_in_l2"] for a in element),
         **_dtype_context(group, _integer_reads(accesses)),
     }
+
+
+def _read_by_many_rows(group: Group, layout: _Layout, index: int) -> bool:
+    """True for an element access that other rows read again (it does not move along some outer dim, like a
+    [queries, keys] mask under [batch, heads, queries, keys] scores) and that is small enough to keep in L2."""
+    outer = len(layout.shape) - layout.row_dims
+    strides = layout.strides[index]
+    if not layout.along_row(index) or all(strides[d] for d in range(outer) if layout.shape[d] > 1):
+        return False
+    elements = math.prod(size for size, stride in zip(layout.shape, strides) if stride)
+    return elements * ITEM_SIZES[group.tensors[group.accesses[index].tensor].dtype] <= L2_KEPT_BYTES
 
 
 def _integer_reads(accesses: list[dict[str, Any]]) -> frozenset[int]:
