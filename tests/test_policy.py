@@ -928,8 +928,8 @@ def test_a_broadcast_too_large_for_l2_is_not_kept(tmp_path):
 
 def weighted_softmax_sum_problem(folder: Path) -> Path:
     """Long rows where the second level reads a row (y) that the first does not: y is cached in shared memory by
-    a pass of its own before level 0."""
-    return forward_problem(folder, "weighted_softmax_sum", "x, y", "(torch.softmax(x, -1) * y).sum(-1)",
+    a pass of its own before level 0. (A max, not a sum: a softmax-weighted sum would fold into one pass.)"""
+    return forward_problem(folder, "weighted_softmax_max", "x, y", "(torch.softmax(x, -1) * y).amax(-1)",
                            "torch.randn(8, 100000), torch.randn(8, 100000)")  # fmt: skip
 
 
