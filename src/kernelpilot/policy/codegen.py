@@ -900,17 +900,23 @@ class _RowProgram:
                 self._hoist(operand)
         row_code = self.row.lines[start:]
         emitter, loads = self._element_emitter([operand for reduce in reduces for operand in reduce.operands])
+        # The "max" phase of a chunked online softmax computes only the softmax inputs (nvcc warns of, and the
+        # reader would wonder about, values computed there for the other statistics and never used).
+        chunked = [reduce.value for reduce in reduces if reduce.kind == "online_softmax"]
+        max_emitter, max_loads = self._element_emitter(chunked)
         stats, slot = [], 0
         for reduce in reduces:
             fields = [{"name": f, "identity": STAT_IDENTITIES[(reduce.kind, f)]} for f in STAT_FIELDS[reduce.kind]]
             name = self.stat_names[reduce]
             value = emitter.value(reduce.value)
             weighted = emitter.value(reduce.weighted) if reduce.weighted is not None else None
+            max_value = max_emitter.value(reduce.value) if reduce.kind == "online_softmax" else None
             stats.append({"name": name, "kind": reduce.kind, "value": value, "weighted": weighted, "fields": fields,
-                          "slot": slot})  # fmt: skip
+                          "slot": slot, "max_value": max_value})  # fmt: skip
             slot += len(fields)
         comment = ", ".join(STAT_WORDS[reduce.kind] for reduce in reduces)
-        return {"row_code": row_code, "element_code": emitter.lines, "stats": stats, "accesses": loads, "comment": comment}
+        return {"row_code": row_code, "element_code": emitter.lines, "stats": stats, "accesses": loads, "comment": comment,
+                "max_code": max_emitter.lines, "max_accesses": max_loads}  # fmt: skip
 
     def _output(self) -> dict[str, Any]:
         expr = self.group.expr
