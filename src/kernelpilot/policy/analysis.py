@@ -1377,6 +1377,34 @@ def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target:
 # ------------------------------------------------------------------------------------------- helpers
 
 
+def rebuilt(expr: Expr, rule: Callable[[Expr], Expr | None], done: dict[Expr, Expr] | None = None) -> Expr:
+    """`expr` with each node that `rule` maps to a replacement replaced (the replacement is not visited again) and
+    the others rebuilt from their rewritten parts. `done` memoises, so a shared subexpression is rewritten once."""
+    done = {} if done is None else done
+    if expr in done:
+        return done[expr]
+    result = rule(expr)
+    if result is None:
+        def again(node: Expr) -> Expr:
+            return rebuilt(node, rule, done)
+
+        if isinstance(expr, Call):
+            result = Call(expr.op, tuple(again(arg) for arg in expr.args))
+        elif isinstance(expr, Reduce):
+            weighted = None if expr.weighted is None else again(expr.weighted)
+            result = replace(expr, value=again(expr.value), weighted=weighted)
+        elif isinstance(expr, Field):
+            result = replace(expr, reduce=again(expr.reduce))
+        elif isinstance(expr, Gather):
+            result = replace(expr, value=again(expr.value), index=again(expr.index))
+        elif isinstance(expr, Stack):
+            result = Stack(tuple(again(value) for value in expr.values))
+        else:
+            result = expr
+    done[expr] = result
+    return result
+
+
 def walk(expr: Expr | None) -> list[Expr]:
     """Every node of `expr` once, children before parents (a Reduce after the nodes of its value)."""
     seen: dict[Expr, None] = {}

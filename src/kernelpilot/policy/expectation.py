@@ -38,9 +38,9 @@ from kernelpilot.policy.analysis import (
     Group,
     Load,
     Reduce,
-    Stack,
     _resolve_accesses,
     _strides_in,
+    rebuilt,
     walk,
 )
 
@@ -165,25 +165,7 @@ def _rewritten(expr: Expr, total: Reduce, weighted: _Weighted) -> Expr:
 
 def _substituted(expr: Expr, fields: dict[Expr, Expr], done: dict[Expr, Expr]) -> Expr:
     """`expr` with the Fields in `fields` replaced, wherever they occur (statistics reading them included)."""
-    if expr in done:
-        return done[expr]
-    if expr in fields:
-        result = fields[expr]
-    elif isinstance(expr, Call):
-        result = Call(expr.op, tuple(_substituted(arg, fields, done) for arg in expr.args))
-    elif isinstance(expr, Reduce):
-        weighted = None if expr.weighted is None else _substituted(expr.weighted, fields, done)
-        result = replace(expr, value=_substituted(expr.value, fields, done), weighted=weighted)
-    elif isinstance(expr, Field):
-        result = Field(_substituted(expr.reduce, fields, done), expr.name)
-    elif isinstance(expr, Gather):
-        result = replace(expr, value=_substituted(expr.value, fields, done))
-    elif isinstance(expr, Stack):
-        result = Stack(tuple(_substituted(value, fields, done) for value in expr.values))
-    else:
-        result = expr
-    done[expr] = result
-    return result
+    return rebuilt(expr, fields.get, done)
 
 
 # ------------------------------------------------------------------------------------------ matching

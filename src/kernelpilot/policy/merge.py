@@ -14,17 +14,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kernelpilot.policy.analysis import (
-    Call,
     Expr,
-    Field,
-    Gather,
     Group,
     Leaf,
     Load,
-    Reduce,
     Source,
     Stack,
     _resolve_accesses,
+    rebuilt,
 )
 
 # Kinds of group whose reads are Loads in an expression, which `_relocate` can point at the stacked output.
@@ -103,24 +100,11 @@ def _reading_moved(group: Group, moves: dict[Source, tuple[Source, int]]) -> Gro
 
 def _relocate(expr: Expr, moves: dict[Source, tuple[Source, int]], done: dict[Expr, Expr]) -> Expr:
     """`expr` with its loads of moved tensors reading the same elements at their new place."""
-    if expr in done:
-        return done[expr]
-    if isinstance(expr, Load) and expr.leaf.source in moves:
-        source, start = moves[expr.leaf.source]
-        result: Expr = replace(expr, leaf=replace(expr.leaf, source=source, offset=expr.leaf.offset + start))
-    elif isinstance(expr, Call):
-        result = Call(expr.op, tuple(_relocate(arg, moves, done) for arg in expr.args))
-    elif isinstance(expr, Reduce):
-        weighted = None if expr.weighted is None else _relocate(expr.weighted, moves, done)
-        result = replace(expr, value=_relocate(expr.value, moves, done), weighted=weighted)
-    elif isinstance(expr, Field):
-        result = replace(expr, reduce=_relocate(expr.reduce, moves, done))
-    elif isinstance(expr, Gather):
-        result = replace(expr, value=_relocate(expr.value, moves, done), index=_relocate(expr.index, moves, done))
-    elif isinstance(expr, Stack):
-        result = Stack(tuple(_relocate(value, moves, done) for value in expr.values))
-    else:
-        result = expr
-    done[expr] = result
-    return result
 
+    def moved(node: Expr) -> Expr | None:
+        if not (isinstance(node, Load) and node.leaf.source in moves):
+            return None
+        source, start = moves[node.leaf.source]
+        return replace(node, leaf=replace(node.leaf, source=source, offset=node.leaf.offset + start))
+
+    return rebuilt(expr, moved, done)
