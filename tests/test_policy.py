@@ -886,7 +886,10 @@ def test_long_streamed_rows_have_candidates_that_share_an_sm():
         source = render_kernel(group, one_wave).content
         assert "__launch_bounds__(kThreads, kMinBlocks)" in source and "constexpr int kMinBlocks = 2;" in source
         assert "registers for 2 blocks per SM" in source
-        assert "kMinBlocks" not in render_kernel(group, candidates[0]).content
+        # Streamed teams that share an SM come first, the smallest first (run D); the 1024-thread team last.
+        streamed = [c for c in candidates if not c.shared_blocks and not c.persistent]
+        assert streamed[0] == LaunchConfig(256, 4, 1, persistent=False, min_blocks=2)
+        assert streamed[-1].threads == 1024 and "kMinBlocks" not in render_kernel(group, streamed[-1]).content
 
 
 def test_short_rows_ask_for_no_blocks_per_sm():

@@ -351,14 +351,20 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
         if preferred >= 512:
             candidates.append(LaunchConfig(256, 4, 1, persistent=False))
         candidates = [_with_min_blocks(group, layout, config, 2) for config in candidates]
+        # Teams that share their SM first, the smallest first: on the H100 (BENCHMARKS.md, run D) 256 x 4 with two
+        # blocks per SM was the fastest streamed candidate on 6 of 7 long bf16 rows and 512 x 2 on the 7th, while
+        # the 1024-thread team, once first, was the slowest on all 7 (by 7-26%).
+        # (The one-wave loop below still takes the 512-thread team, the one measured against the tile grids.)
+        one_wave_team = next((c for c in candidates if c.min_blocks > 1), candidates[0])
+        candidates.sort(key=lambda config: (config.min_blocks == 1, config.threads))
         shared = _shared_config(group, layout)
         # Caching in shared memory reads the row once instead of once per pass: expected best, so first.
         candidates = [shared, *candidates] if shared else candidates
-    in_registers = [c for c in candidates if not c.shared_blocks]
+    else:
+        one_wave_team = candidates[0]
     # The one-wave loop of a team that shares its SM where there is one (for token log-probs a one-wave 512-thread
-    # grid beat every tile grid); otherwise of the first.
-    one_wave = next((c for c in in_registers if c.min_blocks > 1), in_registers[0])
-    candidates.append(replace(one_wave, persistent=True))
+    # grid beat every tile grid before the two-blocks-per-SM teams existed); otherwise of the first.
+    candidates.append(replace(one_wave_team, persistent=True))
     return list(dict.fromkeys(candidates))
 
 
