@@ -85,8 +85,8 @@ def get_init_inputs():
     return path
 
 
-def analysed(path: Path) -> Analysis:
-    return analyze(load_problem(path))
+def analysed(path: Path, faithful: bool = False) -> Analysis:
+    return analyze(load_problem(path), faithful=faithful)
 
 
 # ----------------------------------------------------------------------------- a CPU reference of groups
@@ -209,10 +209,11 @@ def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.T
     }[(reduce.kind, name)]()
 
 
-def check_against_model(path: Path, atol: float = 1e-5, equal_nan: bool = False) -> Analysis:
-    """The analysis of `path` evaluated on CPU inputs equals Model's output (NaN where it is NaN: `equal_nan`)."""
+def check_against_model(path: Path, atol: float = 1e-5, equal_nan: bool = False, faithful: bool = False) -> Analysis:
+    """The analysis of `path` (`faithful`: analyze's) evaluated on CPU inputs equals Model's output (NaN where it is
+    NaN: `equal_nan`)."""
     problem = load_problem(path)
-    analysis = analyze(problem)
+    analysis = analyze(problem, faithful=faithful)
     assert analysis.supported, analysis.blockers()
     model = problem.make_model()
     inputs = problem.make_inputs(seed=0)
@@ -705,6 +706,69 @@ def test_matmul_zoo_computes_what_the_model_computes(tmp_path):
     assert [g.kind for g in analysis.groups].count("matmul") == 6
     transposed = [g.matmul for g in analysis.groups if g.kind == "matmul" and g.matmul.a.strides == (1, 64)]
     assert transposed and transposed[0].a.offset == 96 * 64  # a[1].t(): read in place, no copy
+
+
+# ------------------------------------------------------------------ analysis: rounding-faithful matmuls
+
+
+def test_faithful_lora_writes_the_bf16_product_then_scales_and_adds_in_one_elementwise_kernel():
+    analysis = analysed(EXAMPLES / "lora_residual_bf16.py", faithful=True)
+    assert analysis.supported, analysis.blockers()
+    down, up, update = analysis.groups
+    assert [down.matmul.epilogue(), up.matmul.epilogue()] == ["", ""]  # no alpha, no C: eager's bf16 product
+    assert up.matmul.alpha == 1.0 and up.matmul.residual is None and up.output.dtype == "bfloat16"
+    assert (update.kind, update.ops, update.output.dtype) == ("elementwise", ["aten.mul", "aten.add"], "bfloat16")
+    assert {(t.kind, t.name) for t in update.tensors} == {("group", up.name), ("input", "base_out")}
+    assert {node.value for node in _nodes(update) if isinstance(node, Const)} == {2.0}
+    assert analysis.outputs[0].source.name == update.name
+
+
+def test_faithful_out_projection_keeps_its_linear_bias_and_adds_the_residual_in_an_elementwise_kernel():
+    analysis = analysed(EXAMPLES / "out_proj_residual_bf16.py", faithful=True)
+    projection, residual_add = analysis.groups
+    # addmm's bias stays: eager's addmm adds it before its one rounding too.
+    assert projection.matmul.epilogue() == "bias" and projection.matmul.residual is None
+    assert (residual_add.kind, residual_add.ops) == ("elementwise", ["aten.add"])
+    assert {t.name for t in residual_add.tensors} == {projection.name, "residual"}
+
+
+@pytest.mark.parametrize("name", ["linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16",
+                                  "coordinate_mlp_relu_fp16", "layernorm", "conv2d_relu_bias"])  # fmt: skip
+def test_faithful_analysis_changes_nothing_without_a_half_precision_scale_or_add_after_a_product(name):
+    """fp32 products, and the bias and activation folds of half-precision ones, are kept as they are."""
+    path = EXAMPLES / f"{name}.py"
+    assert analysed(path, faithful=True) == analysed(path)
+
+
+@pytest.mark.parametrize("name", ["scaled_product_plus_residual", "scaled_before_relu", "linear_relu"])
+def test_faithful_analysis_keeps_fp32_epilogues(tmp_path, name):
+    path = matmul_problem(tmp_path, name)
+    assert analysed(path, faithful=True) == analysed(path)
+
+
+@pytest.mark.parametrize("name", sorted(LOW_PRECISION_MATMULS))
+def test_faithful_matmul_groups_compute_what_the_model_computes(tmp_path, name):
+    analysis = check_against_model(matmul_problem(tmp_path, name), atol=1e-2, faithful=True)
+    matmuls = [g.matmul for g in analysis.groups if g.kind == "matmul"]
+    assert all(m.residual is None and m.alpha == 1.0 for m in matmuls)
+
+
+# The bf16 product 256 + 1 = 257 rounds to 256 (a tie, to even): eager then adds -256 (or halves it and adds -128)
+# and gets 0, while one rounding of the whole sum gets 1 (or 0.5), beyond atol = rtol = 1e-2.
+CANCELLING_PRODUCTS = {
+    "residual": ("r + a @ b", "torch.full((8, 16), -256.0).bfloat16()"),
+    "scaled_residual": ("r + (a @ b) * 0.5", "torch.full((8, 16), -128.0).bfloat16()"),
+}
+CANCELLING_OPERANDS = "torch.tensor([[256.0, 1.0]] * 8).bfloat16(), torch.ones(2, 16).bfloat16(), "
+
+
+@pytest.mark.parametrize("name", sorted(CANCELLING_PRODUCTS))
+def test_faithful_analysis_rounds_the_product_as_eager_where_the_fused_epilogue_cannot(tmp_path, name):
+    returned, residual = CANCELLING_PRODUCTS[name]
+    path = forward_problem(tmp_path, name, "a, b, r", returned, CANCELLING_OPERANDS + residual)
+    with pytest.raises(AssertionError, match="Mismatched elements: 128 / 128"):
+        check_against_model(path, atol=1e-2)
+    check_against_model(path, atol=1e-2, faithful=True)
 
 
 @pytest.mark.parametrize("name", ["linear_relu", "linear_tanh_gelu_3d", "bmm_of_a_transpose", "matmul_of_a_slice"])

@@ -11,8 +11,10 @@ Matrix products (mm, addmm, bmm on float32, float16, bfloat16) become "matmul" g
 The product stays pending while the ops after it fit cuBLASLt's epilogue, D = act(A @ B + C + bias): a bias
 along the last dim, a whole output-shaped residual added before the activation, then ReLU or tanh-GELU. The
 first op that does not fit materialises it, and the elementwise/row machinery reads its output like any
-tensor. Convolutions become "conv" groups, one cuDNN call each, the same way (see convolution.py). Other matrix
-ops (baddbmm, ...) are "library" groups the policy does not generate.
+tensor. With `faithful`, a half-precision product takes no scale or add after it: it is written in its dtype
+first, as eager writes it, and they become an elementwise kernel (see `_fold_into_matmul`). Convolutions become
+"conv" groups, one cuDNN call each, the same way (see convolution.py). Other matrix ops (baddbmm, ...) are
+"library" groups the policy does not generate.
 
 A row may span several trailing dims of a kernel's iteration shape: group norm iterates over (N, G, C/G, H, W)
 and reduces each (sample, group) over the last three, while the tensors around it are indexed over (N, C, H, W),
@@ -54,6 +56,9 @@ MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
 MATMUL_DTYPES = ("float32", "float16", "bfloat16")
 # Byte alignment the generated matmuls ask cuBLASLt's algorithms for; an operand view off it is copied first.
 MATMUL_ALIGNMENT = 16
+# Output dtypes whose product eager rounds before the next op reads it, off by up to half an ulp (about 0.2% in
+# bf16): folding that op into the epilogue, which rounds once, differs by that much (`analyze(faithful=True)`).
+HALF_DTYPES = ("float16", "bfloat16")
 # Activations cuBLASLt's epilogue computes exactly as torch does (its GELU is the tanh approximation).
 EPILOGUE_ACTIVATIONS = {"relu": "ReLU", "gelu_tanh": "GELU (tanh)"}
 VIEW_OPS = frozenset(
@@ -421,8 +426,13 @@ class Analysis:
 # ------------------------------------------------------------------------------------------ analysis
 
 
-def analyze(problem: Problem) -> Analysis:
-    """Trace `problem`'s forward on meta tensors and partition it into groups (see the module docstring)."""
+def analyze(problem: Problem, faithful: bool = False) -> Analysis:
+    """Trace `problem`'s forward on meta tensors and partition it into groups (see the module docstring).
+
+    `faithful`: round a float16 or bfloat16 product as eager does, by writing it before a scale or an add after it
+    (slower: the elementwise kernel reads it back). The default folds them into cuBLASLt's epilogue, which rounds
+    the sum once; where the terms nearly cancel, eager's own rounding of the product can then exceed the tolerance
+    (a LoRA update on the H100: BENCHMARKS.md, run D)."""
     import torch
 
     from kernelpilot.policy.expectation import fold_expectations
@@ -436,7 +446,7 @@ def analyze(problem: Problem) -> Analysis:
     except Exception as err:  # noqa: BLE001 - any failure to trace means the policy cannot handle the forward
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
         return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", f"cannot be traced on meta tensors: {reason[:160]}")])
-    builder = _GroupBuilder()
+    builder = _GroupBuilder(faithful)
     env: dict[Any, Any] = {}
     for node in graph.nodes:
         if node.op == "placeholder":
@@ -495,7 +505,8 @@ def _forward_names(problem: Problem) -> list[str]:
 class _GroupBuilder:
     """Walks aten nodes, folding fusible ops into Values and materialising Groups where memory is needed."""
 
-    def __init__(self) -> None:
+    def __init__(self, faithful: bool = False) -> None:
+        self.faithful = faithful  # see `analyze`
         self.groups: list[Group] = []
         self.unsupported_ops: list[Unsupported] = []
         self._materialised: dict[Value | Matmul | Conv, Leaf] = {}
@@ -512,7 +523,7 @@ class _GroupBuilder:
         kwargs = {key: _lookup(value, env) for key, value in node.kwargs.items()}
         try:
             if any(isinstance(arg, _PendingMatmul) for arg in args):
-                folded = _fold_into_matmul(node, name, args, kwargs)
+                folded = _fold_into_matmul(node, name, args, kwargs, self.faithful)
                 if folded is not None:
                     return folded
             if any(isinstance(arg, PendingConv) for arg in args):
@@ -707,10 +718,14 @@ class _PendingMatmul:
 _RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach"})
 
 
-def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict) -> _PendingMatmul | None:
+def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict, faithful: bool = False) -> _PendingMatmul | None:
     """The pending matmul in `args` with this op joined to its epilogue, or None when cuBLASLt cannot do it.
 
-    Only a matmul nothing else reads can take an op: another reader needs the value without it.
+    Only a matmul nothing else reads can take an op: another reader needs the value without it. With `faithful`, a
+    half-precision product takes no add (a residual, or a bias added after mm) and no scale: eager rounds the
+    product before them. addmm's own bias stays in the epilogue (eager's addmm adds it before its one rounding
+    too), and so do ReLU (exact on a rounded input) and tanh-GELU (its slope is at most 1.13, so the rounding it
+    sees moves its result by about an ulp, with nothing left to cancel against).
     """
     pending = next(arg for arg in args if isinstance(arg, _PendingMatmul))
     matmul = pending.matmul
@@ -724,6 +739,8 @@ def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict) -> _Pendin
         return _PendingMatmul(replace(matmul, shape=shape), len(node.users))
     if shape != matmul.shape or matmul.activation is not None:
         return None  # an op after the activation, or one that broadcasts the product, is not in the epilogue
+    if faithful and matmul.dtype in HALF_DTYPES and name in ("add", "mul"):
+        return None
     if name == "add" and kwargs.get("alpha", 1) == 1 and len(args) == 2 and args[0] is not args[1]:
         (addend,) = [arg for arg in args if arg is not pending]
         folded = _with_addend(matmul, addend) if isinstance(addend, Leaf) else None
