@@ -2,8 +2,11 @@
 
 Over successive replies it plans (TodoWrite), writes the generated files, compiles, verifies and profiles them,
 then times each remaining launch configuration (Write of the re-rendered .cu, Compile, Profile), writes the
-fastest back, verifies it and finishes with an honest summary. A forward it cannot generate entirely ends after
-the plan with a Finish naming what is unsupported: it never falls back to torch ops in ModelNew.forward.
+fastest back, verifies it and finishes with an honest summary. When the first answer's outputs mismatch and the
+rounding-faithful analysis (`analyze(faithful=True)`: a half-precision product written in its dtype before a
+scale or an add, as eager rounds it) differs, it writes that form once and goes on from its Compile. A forward it
+cannot generate entirely ends after the plan with a Finish naming what is unsupported: it never falls back to
+torch ops in ModelNew.forward.
 
 The policy keeps no state between calls beyond a cache of the analysis: where it is in the run, and what the
 tools answered, is read back from the conversation (its tool call ids name the step), so a resumed run goes on
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +31,9 @@ if TYPE_CHECKING:
     from kernelpilot.problem import Problem
 
 CALL_PREFIX = "kp"
+# The stage that writes the faithful analysis' files; every reply after it works on that analysis.
+FAITHFUL_STAGE = "faithful"
+_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 WORKSPACE_LINE = re.compile(r"^Workspace:\s*`?(?P<path>[^`\n]+?)`?\s*$", re.MULTILINE)
 _CANDIDATE_MS = re.compile(r"^\s*candidate\s+(?P<ms>[0-9.]+(?:e[+-]?\d+)?) ms", re.MULTILINE | re.IGNORECASE)
 _SPEEDUP_LINE = re.compile(r"^Speedup: (?P<text>.+?)\.?$", re.MULTILINE)
@@ -52,6 +59,7 @@ class _Plan:
     problem: Problem
     analysis: Analysis
     candidates: dict[str, list[KernelConfig]]
+    faithful: bool = False  # from analyze(faithful=True): the fallback after a mismatch
 
     @property
     def groups(self) -> list[Group]:
@@ -69,25 +77,26 @@ class BuiltinPolicy:
 
     def __init__(self, problem_path: str | Path | None = None):
         self.problem_path = Path(problem_path) if problem_path is not None else None
-        self._plans: dict[Path, _Plan] = {}
+        self._plans: dict[tuple[Path, bool], _Plan] = {}  # (problem, faithful) -> its plan
 
     def query(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
-        plan = self._plan(messages)
+        path = self.problem_path or _workspace_model(messages)
         steps = _steps(messages)
-        return _Run(plan, steps, _tool_names(tools)).next_reply(1 + max((s.number for s in steps), default=0))
+        faithful = any(step.stage == FAITHFUL_STAGE for step in steps)
+        run = _Run(self._plan(path, faithful), steps, _tool_names(tools), fallback=lambda: self._plan(path, True))
+        return run.next_reply(1 + max((s.number for s in steps), default=0))
 
-    def _plan(self, messages: list[dict[str, Any]]) -> _Plan:
+    def _plan(self, path: Path, faithful: bool = False) -> _Plan:
         from kernelpilot.policy.analysis import analyze
         from kernelpilot.policy.codegen import launch_candidates
         from kernelpilot.problem import load_problem
 
-        path = self.problem_path or _workspace_model(messages)
-        if path not in self._plans:
+        if (path, faithful) not in self._plans:
             problem = load_problem(path)
-            analysis = analyze(problem)
+            analysis = analyze(problem, faithful=faithful)
             candidates = {g.name: launch_candidates(g) for g in analysis.generated_groups}
-            self._plans[path] = _Plan(problem, analysis, candidates)
-        return self._plans[path]
+            self._plans[path, faithful] = _Plan(problem, analysis, candidates, faithful)
+        return self._plans[path, faithful]
 
 
 def _workspace_model(messages: list[dict[str, Any]]) -> Path:
@@ -138,6 +147,11 @@ def verify_ok(text: str) -> bool:
     return re.search(r"^Verify PASSED\b", text, re.MULTILINE) is not None
 
 
+def verify_mismatch(text: str) -> bool:
+    """True when the outputs were compared and some were wrong: not a crash, a guard finding or a timeout."""
+    return re.search(r"^Verify FAILED \(mismatch\)", text, re.MULTILINE) is not None
+
+
 def candidate_ms(text: str) -> float | None:
     """The candidate's median time in a Profile result, or None when it was not timed (broken or wrong)."""
     if not verify_ok(text):
@@ -161,10 +175,11 @@ def _first_problem_line(text: str) -> str:
 class _Run:
     """The next reply, given the plan and what earlier replies got back."""
 
-    def __init__(self, plan: _Plan, steps: list[_Step], tools: set[str]):
+    def __init__(self, plan: _Plan, steps: list[_Step], tools: set[str], fallback: Callable[[], _Plan] | None = None):
         self.plan = plan
         self.steps = steps
         self.tools = tools
+        self.fallback = fallback  # the faithful plan, analysed only when a mismatch asks for it
         self.by_stage = {step.stage: step for step in steps}
         self.number = 0
 
@@ -175,15 +190,19 @@ class _Run:
             return self._todo()
         if last.stage == "plan":
             return self._write() if self.plan.analysis.supported else self._finish(self._unsupported_summary())
-        if last.stage == "write":
+        if last.stage in ("write", FAITHFUL_STAGE):
             return self._reply("compile", "Compile the generated kernels.", [("Compile", {})])
         if last.stage == "compile":
             if not build_ok(last.results.get("Compile", "")):
                 return self._finish(self._failure("did not compile", last.results.get("Compile", "")))
             return self._reply("verify", "Check the kernels against the reference.", [("Verify", {})])
         if last.stage == "verify":
-            if not verify_ok(last.results.get("Verify", "")):
-                return self._finish(self._failure("failed verification", last.results.get("Verify", "")))
+            verified = last.results.get("Verify", "")
+            if not verify_ok(verified):
+                faithful = self._faithful_fallback(verified)
+                if faithful is not None:
+                    return self._write_faithful(faithful)
+                return self._finish(self._failure("failed verification", verified))
             if "Profile" not in self.tools:
                 return self._finish(self._success_summary(verified=True))
             return self._reply("profile", "Time the first launch configuration.", [("Profile", {})])
@@ -223,6 +242,22 @@ class _Run:
 
         files = render_all(self.plan.problem, self.plan.analysis)
         return self._reply("write", "Write the generated files.", [("Write", _write_args(f)) for f in files])
+
+    def _faithful_fallback(self, verified: str) -> _Plan | None:
+        """The plan to write after a mismatch of the first answer, or None: only once, only for a mismatch (a
+        crash or a guard finding is no rounding), and only when rounding as eager does changes the kernels."""
+        if self.plan.faithful or self.fallback is None or not verify_mismatch(verified):
+            return None
+        faithful = self.fallback()
+        return faithful if faithful.analysis != self.plan.analysis else None
+
+    def _write_faithful(self, faithful: _Plan) -> ModelReply:
+        from kernelpilot.policy.codegen import render_all
+
+        # The faithful analysis only splits groups off, so its files overwrite every kernel of the first answer.
+        files = render_all(faithful.problem, faithful.analysis)
+        content = f"{_faithful_reason(faithful.analysis)} Write the unfused form and verify it."
+        return self._reply(FAITHFUL_STAGE, content, [("Write", _write_args(f)) for f in files])
 
     def _finish(self, summary: str) -> ModelReply:
         return self._reply("finish", summary, [("Finish", {"summary": summary})])
@@ -294,14 +329,18 @@ class _Run:
         return " ".join(parts)
 
     def _failure(self, what: str, text: str) -> str:
-        return (f"The generated kernels for {self.plan.analysis.problem_name} {what}: {_first_problem_line(text)} "
-                "model_new.py holds them as written; no verified candidate came out of this run.")  # fmt: skip
+        fallback = " (the unfused form written after the fused epilogue failed verification)" * self.plan.faithful
+        return (f"The generated kernels for {self.plan.analysis.problem_name}{fallback} {what}: "
+                f"{_first_problem_line(text)} model_new.py holds them as written; no verified candidate came out "
+                "of this run.")  # fmt: skip
 
     def _success_summary(self, verified: bool, final_index: int = 0) -> str:
         analysis = self.plan.analysis
         groups = "; ".join(group.describe() for group in self.plan.groups)
         parts = [f"Generated {len(self.plan.groups)} kernel(s) for {analysis.problem_name} ({groups})."]
         parts.append("Verified correct." if verified else "Not verified.")
+        if self.plan.faithful:
+            parts.append(_faithful_reason(analysis))
         best, best_ms, best_stage = self._timings()
         timed = [s for s in self.steps if s.stage == "profile" or s.stage.startswith("try")]
         if best_ms is not None:
@@ -319,6 +358,13 @@ class _Run:
         step = self.by_stage.get(stage)
         found = _SPEEDUP_LINE.search(step.results.get("Profile", "")) if step else None
         return f" ({found['text']})" if found else ""
+
+
+def _faithful_reason(analysis: Analysis) -> str:
+    """Why the faithful form was written, in one sentence naming the products' dtype."""
+    dtypes = {group.output.dtype for group in analysis.groups if group.kind == "matmul"} & set(_SHORT_DTYPES)
+    shown = " and ".join(_SHORT_DTYPES[dtype] for dtype in sorted(dtypes)) or "its dtype"
+    return f"The fused epilogue rounded differently from eager; the product is now written in {shown} first."
 
 
 def _try_stage(group_name: str, index: int) -> str:
