@@ -2,7 +2,9 @@
 
 For each problem: analyse it; if every op can be generated, scaffold a workspace, write the policy's kernels
 with their first launch configuration, build all workspaces in parallel, then judge each one (verify + time
-against eager and torch.compile) in one warm worker. With --search, every further launch configuration is then
+against eager and torch.compile) in one warm worker. A problem whose first answer mismatches gets the policy's
+fallback, the rounding-faithful kernels (`analyze(faithful=True)`), judged in its place and marked
+row["fallback"] = "faithful", when they differ. With --search, every further launch configuration is then
 tried the way the policy's own search does (one group at a time, the others at their best so far; each try
 built, verified and timed) and the fastest correct one is reported, as `kernelpilot optimize` would keep it.
 Prints one table and writes JSON.
@@ -50,7 +52,8 @@ def prepare(problem_path: Path, root: Path) -> dict:
 def judge_row(judge: Judge, row: dict, trials: int = 5) -> None:
     result = judge.evaluate(row["workspace"], trials=trials)
     bench = result.bench
-    row.update(correct=bool(result.verify and result.verify.ok), reward=result.reward, message=result.message)
+    row.update(correct=bool(result.verify and result.verify.ok), reward=result.reward, message=result.message,
+               error_kind=result.error_kind)
     if bench and bench.candidate:
         row.update(
             eager_ms=bench.eager.median_ms if bench.eager else None,
@@ -66,9 +69,33 @@ def judge_row(judge: Judge, row: dict, trials: int = 5) -> None:
     row["result"] = to_dict(result)
 
 
+def judge_problem(judge: Judge, row: dict, problem_path: Path, search: bool) -> None:
+    """What `optimize` would keep: the first answer; after a mismatch, the policy's fallback; with `search`, the
+    fastest correct launch configuration of whichever verified."""
+    judge_row(judge, row)
+    if row.get("error_kind") == "mismatch":  # not a crash or a guard finding: maybe rounding
+        faithful_row(judge, row, problem_path)
+    if search and row.get("correct"):
+        search_row(judge, row, problem_path)
+
+
+def faithful_row(judge: Judge, row: dict, problem_path: Path) -> None:
+    """As the policy does after a mismatch: write the rounding-faithful kernels, when they differ, and judge them in
+    place of the first answer, whose message is kept in row["first_message"]."""
+    problem = load_problem(problem_path)
+    faithful = analyze(problem, faithful=True)
+    if faithful == analyze(problem):
+        return
+    # The faithful analysis only splits groups off, so its files overwrite every kernel of the first answer.
+    for file in render_all(problem, faithful):
+        (Path(row["workspace"]) / file.path).write_text(file.content)
+    row.update(fallback="faithful", first_message=row.get("message"))
+    judge_row(judge, row)
+
+
 def search_row(judge: Judge, row: dict, problem_path: Path) -> None:
     """Try the other launch configurations in the policy's order; keep the fastest correct one in `row`."""
-    analysis = analyze(load_problem(problem_path))
+    analysis = analyze(load_problem(problem_path), faithful=row.get("fallback") == "faithful")
     groups = analysis.generated_groups
     candidates = {group.name: launch_candidates(group) for group in groups}
     best = {group.name: 0 for group in groups}
@@ -139,9 +166,7 @@ def main() -> None:
     with Judge() as judge:
         for row in supported:
             if row["built"]:
-                judge_row(judge, row)
-                if args.search and row.get("correct"):
-                    search_row(judge, row, args.folder / f"{row['problem']}.py")
+                judge_problem(judge, row, args.folder / f"{row['problem']}.py", args.search)
             # Written after every problem, so a run cut short by a time limit keeps what it measured.
             args.out.write_text(json.dumps({"gpu": judge.gpu_name, "rows": rows}, indent=2, default=str))
         gpu = judge.gpu_name or "GPU"
@@ -150,6 +175,9 @@ def main() -> None:
     for row in rows:
         if row.get("note") or (row.get("correct") is False):
             console.print(f"{row['problem']}: {row.get('note') or row.get('message')}", highlight=False)
+        if row.get("fallback"):
+            console.print(f"{row['problem']}: the first answer failed ({row['first_message']}); judged the "
+                          f"{row['fallback']} fallback instead", highlight=False)  # fmt: skip
     console.print(f"{len(rows)} problems in {time.perf_counter() - start:.1f} s")
     args.out.write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=2, default=str))
 

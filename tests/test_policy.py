@@ -1374,6 +1374,60 @@ def test_policy_falls_back_only_after_a_mismatch(lora_workspace, failure):
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
 
+class ScriptedJudge:
+    """Judges a bench_policy workspace with chosen verdicts, one per evaluation (then correct); records the kernels
+    it saw."""
+
+    def __init__(self, *error_kinds: str | None):
+        self.error_kinds = list(error_kinds)
+        self.kernels: list[list[str]] = []
+
+    def evaluate(self, workspace: str, trials: int = 5):
+        from kernelpilot.results import EvalResult, VerifyResult
+
+        self.kernels.append(sorted(path.name for path in (Path(workspace) / "kernels").glob("policy_g*.cu")))
+        kind = self.error_kinds.pop(0) if self.error_kinds else None
+        verify = VerifyResult(ok=kind is None, error_kind=kind, message=f"{kind} in trial 1" if kind else "")
+        return EvalResult("problem", workspace, verify=verify, reward=1 if kind is None else -1, error_kind=kind,
+                          message=verify.message)  # fmt: skip
+
+
+def bench_policy_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_policy", REPO_ROOT / "scripts" / "bench_policy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("error_kind", "fallback"), [("mismatch", "faithful"), ("guard", None), ("crash", None)])
+def test_bench_policy_judges_the_faithful_fallback_only_after_a_mismatch(tmp_path, error_kind, fallback):
+    bench = bench_policy_script()
+    path = EXAMPLES / "lora_residual_bf16.py"
+    row = bench.prepare(path, tmp_path)
+    judge = ScriptedJudge(error_kind)
+    bench.judge_problem(judge, row, path, search=False)
+    assert row.get("fallback") == fallback and row["correct"] == (fallback is not None)
+    fused = ["policy_g0.cu", "policy_g1.cu"]
+    assert judge.kernels == ([fused, fused + ["policy_g2.cu"]] if fallback else [fused])
+    if fallback:
+        assert row["first_message"] == "mismatch in trial 1"
+        model_new = (Path(row["workspace"]) / "model_new.py").read_text()
+        assert model_new == render_all(load_problem(path), analyze(load_problem(path), faithful=True))[-1].content
+
+
+def test_bench_policy_searches_the_faithful_kernels_after_a_fallback(tmp_path):
+    bench = bench_policy_script()
+    path = EXAMPLES / "lora_residual_bf16.py"
+    row = bench.prepare(path, tmp_path)
+    judge = ScriptedJudge("mismatch")
+    bench.judge_problem(judge, row, path, search=True)
+    faithful = analyze(load_problem(path), faithful=True).generated_groups
+    assert len(judge.kernels) == 2 + sum(len(launch_candidates(g)) - 1 for g in faithful)
+    assert all(len(kernels) == 3 for kernels in judge.kernels[1:]) and set(row["configs"]) == {"g0", "g1", "g2"}
+
+
 def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     unsupported_problem(tmp_path)
     tools = ScriptedTools()
