@@ -7,9 +7,11 @@ fallback, the rounding-faithful kernels (`analyze(faithful=True)`), judged in it
 row["fallback"] = "faithful", when they differ. With --search, every further launch configuration is then
 tried the way the policy's own search does (one group at a time, the others at their best so far; each try
 built, verified and timed) and the fastest correct one is reported, as `kernelpilot optimize` would keep it.
-Prints one table and writes JSON.
+Prints one table and writes JSON. --markdown turns such JSON files (one run split over several calls) into
+BENCHMARKS.md's table and the three counts the issue's goals are about, with no GPU.
 
     python3 scripts/bench_policy.py examples --search --out bench_policy.json
+    python3 scripts/bench_policy.py --markdown part1.json part2.json
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -106,7 +109,8 @@ def search_row(judge: Judge, row: dict, problem_path: Path) -> None:
             write_kernels(row, groups, candidates, choice)
             trial = dict(row)
             judge_row(judge, trial, trials=2)
-            row["tries"].append({"choice": choice, "ms": trial.get("ours_ms") if trial.get("correct") else None})
+            row["tries"].append({"choice": choice, "ms": trial.get("ours_ms") if trial.get("correct") else None,
+                                 "error_kind": trial.get("error_kind")})
             if trial.get("correct") and trial.get("ours_ms") and (not row.get("ours_ms") or trial["ours_ms"] < row["ours_ms"]):
                 row.update({key: value for key, value in trial.items() if key != "tries"})
                 best = choice
@@ -144,13 +148,70 @@ def render(rows: list[dict], gpu: str, searched: bool) -> Table:
     return table
 
 
+MARKDOWN_HEADER = ("problem", "supported", "correct", "eager ms", "compile ms", "ours ms (p10–p90)", "vs eager",
+                   "vs compile", "% SOL", "kept launch config")
+WIN = 1.05  # the issue's bar: at least this much faster than torch.compile
+
+
+def markdown(rows: list[dict]) -> str:
+    """BENCHMARKS.md's table of `rows` (sorted by problem), then the counts: correct, >= 1.05x vs torch.compile,
+    and the median % SOL of the memory-bound problems."""
+
+    def ms(value) -> str:
+        return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+
+    def ratio(value) -> str:
+        return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
+
+    def kept(row: dict) -> str:
+        if not row["supported"]:
+            return row.get("note") or "-"
+        if row.get("correct") is False:
+            return (row.get("message") or "").splitlines()[0] if row.get("message") else "-"
+        configs = row.get("configs") or {}
+        named = len(configs) > 1  # several groups: say which is which
+        text = "; ".join(f"{name}: {label}" if named else label for name, label in configs.items())
+        return f"{text} (faithful fallback)" if row.get("fallback") else text or "-"
+
+    lines = ["| " + " | ".join(MARKDOWN_HEADER) + " |", "|" + " --- |" * len(MARKDOWN_HEADER)]
+    for row in sorted(rows, key=lambda row: row["problem"]):
+        timed = row.get("correct") and isinstance(row.get("ours_ms"), (int, float))
+        ours = f"{ms(row['ours_ms'])} ({ms(row.get('ours_p10_ms'))}–{ms(row.get('ours_p90_ms'))})" if timed else "-"
+        sol = f"{row['sol'] * 100:.0f}%" if timed and isinstance(row.get("sol"), (int, float)) else "-"
+        cells = [row["problem"], "yes" if row["supported"] else "no",
+                 {True: "yes", False: "**no**"}.get(row.get("correct"), "-"),
+                 ms(row.get("eager_ms")) if timed else "-", ms(row.get("compile_ms")) if timed else "-", ours,
+                 ratio(row.get("vs_eager")) if timed else "-", ratio(row.get("vs_compile")) if timed else "-", sol,
+                 kept(row)]  # fmt: skip
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    supported = [row for row in rows if row["supported"]]
+    correct = [row for row in supported if row.get("correct")]
+    wins = [row for row in correct if (row.get("vs_compile") or 0) >= WIN]
+    memory = [row["sol"] for row in correct if row.get("bound") == "memory" and row.get("sol")]
+    lines += ["", f"- correct: {len(correct)} of {len(supported)} supported ({len(rows)} problems)",
+              f"- >= {WIN}x vs torch.compile: {len(wins)} of {len(supported)}",
+              "- median % SOL of the memory-bound: "
+              + (f"{statistics.median(memory) * 100:.0f}% over {len(memory)}" if memory else "-")]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("folder", type=Path, nargs="?", help="the problems (not with --markdown)")
+    parser.add_argument("--markdown", type=Path, nargs="+", metavar="JSON",
+                        help="print BENCHMARKS.md's table of these earlier outputs and stop (no GPU)")
     parser.add_argument("--out", type=Path, default=Path("bench_policy.json"))
     parser.add_argument("--search", action="store_true", help="time every launch configuration, keep the fastest")
     parser.add_argument("--only", default="", help="comma-separated problem names (default: every .py in FOLDER)")
     args = parser.parse_args()
+    if args.markdown:
+        missing = [str(path) for path in args.markdown if not path.is_file()]
+        if missing:
+            parser.error(f"no such file: {', '.join(missing)} (give the JSON files that --out wrote)")
+        print(markdown([row for path in args.markdown for row in json.loads(path.read_text())["rows"]]))
+        return
+    if args.folder is None:
+        parser.error("give the folder of problems, e.g. examples (or --markdown JSON... for a table)")
     names = {name.strip() for name in args.only.split(",") if name.strip()}
     start = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="kp-bench-policy-"))

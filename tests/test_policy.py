@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -1428,6 +1429,48 @@ def test_bench_policy_searches_the_faithful_kernels_after_a_fallback(tmp_path):
     assert all(len(kernels) == 3 for kernels in judge.kernels[1:]) and set(row["configs"]) == {"g0", "g1", "g2"}
 
 
+def test_bench_policy_search_records_why_a_try_was_rejected(tmp_path):
+    bench = bench_policy_script()
+    path = EXAMPLES / "lora_residual_bf16.py"
+    row = bench.prepare(path, tmp_path)
+    bench.judge_problem(ScriptedJudge(None, "mismatch", "crash"), row, path, search=True)
+    assert [t["error_kind"] for t in row["tries"][1:3]] == ["mismatch", "crash"]
+    assert [t["ms"] for t in row["tries"][1:3]] == [None, None] and row["correct"]
+
+
+def bench_row(problem: str, **fields) -> dict:
+    row = {"problem": problem, "supported": True, "correct": True, "eager_ms": 2.0, "compile_ms": 1.0,
+           "ours_p10_ms": 0.4, "ours_p90_ms": 0.6, "bound": "memory", "configs": {"g0": "256 threads per row"}}
+    return {**row, **fields}
+
+
+def test_bench_policy_markdown_is_the_table_and_the_three_counts_of_the_goals():
+    rows = [
+        bench_row("b_win", ours_ms=0.5, vs_eager=4.0, vs_compile=2.0, sol=0.9),
+        bench_row("a_parity", ours_ms=0.98, vs_eager=2.04, vs_compile=1.02, sol=0.7, bound="compute",
+                  configs={"g0": "cuBLASLt heuristic algorithm 1 of 4", "g1": "128 threads per block"}, fallback="faithful"),
+        bench_row("c_wrong", correct=False, message="trial 1 (seed 0): out: 3 elements outside tolerance\nmore"),
+        {"problem": "d_unsupported", "supported": False, "note": "aten.cumsum is not supported"},
+        bench_row("e_slow", ours_ms=1.25, vs_eager=1.6, vs_compile=0.8, sol=0.5),
+    ]
+    lines = bench_policy_script().markdown(rows).splitlines()
+    assert lines[0].startswith("| problem | supported | correct |") and lines[0].count("|") == 11
+    assert [line.split(" | ")[0] for line in lines[2:7]] == ["| a_parity", "| b_win", "| c_wrong", "| d_unsupported", "| e_slow"]
+    assert lines[2].endswith("| 1.02x | 70% | g0: cuBLASLt heuristic algorithm 1 of 4; g1: 128 threads per block (faithful fallback) |")
+    assert "| 0.500 (0.400–0.600) | 4.00x | 2.00x | 90% | 256 threads per row |" in lines[3]
+    assert lines[4] == "| c_wrong | yes | **no** | - | - | - | - | - | - | trial 1 (seed 0): out: 3 elements outside tolerance |"
+    assert lines[5] == "| d_unsupported | no | - | - | - | - | - | - | - | aten.cumsum is not supported |"
+    assert lines[-3:] == ["- correct: 3 of 4 supported (5 problems)", "- >= 1.05x vs torch.compile: 1 of 4",
+                          "- median % SOL of the memory-bound: 70% over 2"]
+
+
+def test_bench_policy_markdown_names_a_missing_file_in_one_sentence(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench_policy.py"), "--markdown",
+                           str(tmp_path / "nope.json")], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "no such file:" in done.stderr and "nope.json" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     unsupported_problem(tmp_path)
     tools = ScriptedTools()
@@ -1523,14 +1566,25 @@ def test_a_cancelling_bf16_sum_fails_fused_and_verifies_through_the_faithful_fal
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["lora_residual_bf16", "out_proj_residual_bf16"])
-def test_every_faithful_launch_candidate_of_the_residual_examples_passes_verification(tmp_path, judge, name):
-    assert_every_launch_candidate_verifies(judge, EXAMPLES / f"{name}.py", tmp_path, faithful=True)
+def test_every_faithful_launch_candidate_of_out_proj_residual_passes_verification(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / "out_proj_residual_bf16.py", tmp_path, faithful=True)
 
 
-def assert_every_launch_candidate_verifies(judge, problem_path: Path, folder: Path, faithful: bool = False) -> None:
+# The faithful form reproduces eager's rounding of the bf16 LoRA product only with the algorithm eager's cuBLAS
+# call gets, cuBLASLt's first heuristic answer: on the H100 (BENCHMARKS.md, 2026-11-26) the search's tries of
+# algorithms 2-4 for that product were all rejected (why was not recorded then; a one-ulp difference in the
+# product is enough where the sum cancels). The search may drop them on a mismatch, never on a crash.
+@pytest.mark.gpu
+def test_faithful_lora_verifies_with_the_first_algorithm_and_other_ones_at_worst_mismatch(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / "lora_residual_bf16.py", tmp_path, faithful=True,
+                                           later_may_mismatch=True)  # fmt: skip
+
+
+def assert_every_launch_candidate_verifies(judge, problem_path: Path, folder: Path, faithful: bool = False,
+                                           later_may_mismatch: bool = False) -> None:  # fmt: skip
     """Build and verify the policy's files once per launch candidate: the index-th of every group (or its last);
-    `faithful`: of analyze's rounding-faithful form."""
+    `faithful`: of analyze's rounding-faithful form; `later_may_mismatch`: candidates after the first may fail
+    verification with a mismatch (not with a crash or a guard finding)."""
     ws = policy_workspace(problem_path, folder, faithful)
     groups = analyze(ws.problem(), faithful=faithful).generated_groups
     for index in range(max(len(launch_candidates(g)) for g in groups)):
@@ -1541,7 +1595,8 @@ def assert_every_launch_candidate_verifies(judge, problem_path: Path, folder: Pa
         build = judge.build(ws.root)
         assert build.ok, build.log[-3000:]
         verify = judge.verify(ws.root, build, trials=2)
-        assert verify.ok, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
+        allowed = verify.ok or (later_may_mismatch and index > 0 and verify.error_kind == "mismatch")
+        assert allowed, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
 
 
 @pytest.mark.gpu
