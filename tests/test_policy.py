@@ -1303,7 +1303,7 @@ def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
 
-# As the H100 answered the LoRA example's fused first answer (BENCHMARKS.md, run D).
+# As the H100 answered the LoRA example's fused first answer (BENCHMARKS.md, 2026-11-23 and 2026-11-26).
 LORA_MISMATCH = (
     "Verify FAILED (mismatch): 4/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.\n"
     "Max abs error 0.0156, max rel error 0.0435.\n"
@@ -1546,7 +1546,7 @@ def _verified(judge, root: Path, trials: int = 3):
     return judge.verify(root, build, trials=trials)
 
 
-# lora_residual_bf16's first answer failed verification on the H100 (BENCHMARKS.md, run D): 1 of 33.5M outputs off
+# lora_residual_bf16's first answer failed verification on the H100 (BENCHMARKS.md, 2026-11-23 and -26): 1 of 33.5M outputs off
 # by 0.0156 where base_out and the update nearly cancel. cuBLASLt's epilogue rounds s * (A @ B) + base_out to bf16
 # once; eager rounds the product to bf16 first, so eager's own result is off by up to half an ulp of the product,
 # more than atol + rtol * |sum| for a small sum. It now verifies through the fallback, as `optimize` runs it (which
