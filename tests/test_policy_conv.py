@@ -34,7 +34,7 @@ from kernelpilot.errors import BuildError
 from kernelpilot.harness import guards
 from kernelpilot.policy.analysis import analyze
 from kernelpilot.policy.codegen import ConvConfig, launch_candidates, render_all, render_kernel
-from kernelpilot.policy.convolution import conv_context
+from kernelpilot.policy.convolution import channels_last_applies, conv_context
 
 CONV_INIT = """
 self.conv = nn.Conv2d(8, 16, 3, padding=1)
@@ -165,8 +165,10 @@ def test_conv2d_relu_bias_is_a_cudnn_call_then_one_elementwise_kernel():
     assert epilogue.kind == "elementwise" and epilogue.ops == ["aten.relu", "aten.add"]
     labels = [c.label for c in launch_candidates(conv)]
     assert labels[:4] == [f"cuDNN NCHW, heuristic algorithm {i} of 4" for i in (1, 2, 3, 4)]
-    assert labels[4:] == [f"cuDNN NHWC, heuristic algorithm {i} of 4 (input and weight transposed to NHWC, output back to "
-                          "NCHW)" for i in (1, 2, 3, 4)]  # fmt: skip
+    assert labels[4:8] == [f"cuDNN NHWC, heuristic algorithm {i} of 4 (input and weight transposed to NHWC, output back "
+                           "to NCHW)" for i in (1, 2, 3, 4)]  # fmt: skip
+    assert labels[8:] == [f"cuDNN NHWC, graph API engine configuration {i} of 4 (input and weight transposed to NHWC, "
+                          "output back to NCHW)" for i in (1, 2, 3, 4)]  # fmt: skip
     assert conv.describe() == ("aten.convolution: one cuDNN convolution, 32x64x128x128 * 128x64x3x3 (padding 1) "
                                "with a fused bias epilogue (float32)")  # fmt: skip
 
@@ -187,7 +189,7 @@ def test_conv_zoo_computes_what_the_model_computes(tmp_path):
 
 def test_a_fused_relu_has_one_nchw_candidate_the_implicit_precomputed_gemm_and_four_nhwc(tmp_path):
     group = only_group(analysed(conv_problem(tmp_path, "relu_returned")))
-    nhwc = [ConvConfig(i, channels_last=True) for i in range(4)]
+    nhwc = [ConvConfig(i, channels_last=True, graph=graph) for graph in (False, True) for i in range(4)]
     assert launch_candidates(group) == [ConvConfig(0, fused_relu=True), *nhwc]
     source = render_kernel(group, launch_candidates(group)[0]).content
     assert "CUDNN_ACTIVATION_RELU" in source and "cudnnConvolutionBiasActivationForward(" in source
@@ -243,7 +245,7 @@ def test_nhwc_candidates_follow_for_1d_and_2d_convolutions_not_3d(tmp_path, name
         with pytest.raises(ValueError, match="NHWC candidates are generated for 1-d and 2-d convolutions only"):
             conv_context(group, ConvConfig(0, channels_last=True))
     else:
-        assert nhwc == [ConvConfig(i, channels_last=True) for i in range(4)]
+        assert nhwc == [ConvConfig(i, channels_last=True, graph=graph) for graph in (False, True) for i in range(4)]
         assert launch_candidates(group)[0].channels_last is False  # NCHW first: the layout measured so far
 
 
@@ -259,6 +261,30 @@ def test_an_nhwc_candidate_fuses_the_bias_and_relu_into_the_nchw_write_back(tmp_
     assert "using OutputTranspose = Transpose<2, 144, 16>;" in source  # N of H*W x K
     assert "OutputTranspose::run<true, true>(y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), stream);" in source
     assert "kScratchBytes + plan_for_current_device(allow_tf32).workspace_bytes" in source
+
+
+def test_a_graph_api_candidate_ranks_the_heuristics_engine_configs_over_the_same_nhwc_copies(tmp_path):
+    group = only_group(analysed(conv_problem(tmp_path, "relu_returned")))
+    legacy = render_kernel(group, ConvConfig(1, channels_last=True)).content
+    source = render_kernel(group, ConvConfig(1, channels_last=True, graph=True)).content
+    assert "the graph API of cudnn_graph.h" in source and "constexpr int kAlgorithm = 1;" in source
+    for call in ("cudnnConvolutionForward(", "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnSetFilterNdDescriptor"):
+        assert call in legacy and call not in source
+    assert "CUDNN_HEUR_MODE_A" in source and "cudnnBackendExecute(plan.handle, plan.execution, pack.get())" in source
+    assert "convolve(plan, x_nhwc, w_nhwc, y_nhwc, scratch + kScratchBytes);" in source
+    # The same transposes and write-back as the legacy NHWC candidate.
+    for line in ("using InputTranspose = Transpose<2, 8, 144>;", "using OutputTranspose = Transpose<2, 144, 16>;",
+                 "OutputTranspose::run<true, true>(y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), stream);"):  # fmt: skip
+        assert line in legacy and line in source
+    # As torch filters engines: none converting inputs down, none on tensor cores for float32 without TF32.
+    assert "notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS" in source
+    assert "kDataType == CUDNN_DATA_FLOAT && !allow_tf32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE" in source
+
+
+def test_a_graph_api_candidate_needs_the_nhwc_layout(tmp_path):
+    group = only_group(analysed(conv_problem(tmp_path, "relu_returned")))
+    with pytest.raises(ValueError, match="graph-API candidates are generated for NHWC"):
+        conv_context(group, ConvConfig(0, graph=True))
 
 
 @pytest.mark.parametrize(
@@ -405,6 +431,24 @@ def test_conv_zoo_workspace_builds_and_links_cudnn(tmp_path):
     fused = next(line for line in ninja.splitlines() if line.startswith("cuda_flags = "))
     assert "cudnn" not in fused
     assert build.build_workspace(ws.root, arch="9.0").compiled == []  # nothing changed, nothing rebuilt
+    # The graph-API candidates call cudnn_graph.h's functions: every one the library needs, the linked libcudnn
+    # exports (so the dynamic linker resolves them where the GPU runs them).
+    analysis = analyze(ws.problem())
+    for group in analysis.generated_groups:
+        if group.kind == "conv" and channels_last_applies(group.conv):
+            kernel = render_kernel(group, ConvConfig(0, channels_last=True, graph=True))
+            (ws.root / kernel.path).write_text(kernel.content)
+    rebuilt = build.build_workspace(ws.root, arch="9.0")
+    assert rebuilt.ok and rebuilt.compiled, rebuilt.log[-3000:]
+    needed = _dynamic_symbols(rebuilt.library, "--undefined-only")
+    assert {"cudnnBackendCreateDescriptor", "cudnnBackendExecute", "cudnnBackendFinalize"} <= needed
+    cudnn = re.search(r"libcudnn\.so\S* => (\S+)", linked).group(1)
+    assert {name for name in needed if name.startswith("cudnn")} <= _dynamic_symbols(cudnn, "--defined-only")
+
+
+def _dynamic_symbols(library: str, which: str) -> set[str]:
+    listed = subprocess.run(["nm", "-D", which, library], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1].split("@")[0] for line in listed.splitlines() if line.strip()}
 
 
 # --------------------------------------------------------------------------------------------------- GPU

@@ -169,18 +169,22 @@ class ConvConfig:
     `fused_relu`: the ReLU runs in the call, which cuDNN allows with one algorithm only (implicit precomputed GEMM).
     `channels_last`: cuDNN convolves NHWC copies of the input and weight, and a generated kernel writes the NHWC
     result back as the NCHW output with the bias and ReLU applied (templates/policy/channels_last.cuh.j2).
+    `graph` (NHWC only): through cuDNN's graph API, `algorithm` then ranks the engine configurations of its
+    heuristics (templates/policy/cudnn_graph.cuh.j2) rather than the legacy API's algorithms.
     """
 
     algorithm: int
     fused_relu: bool = False
     channels_last: bool = False
+    graph: bool = False
 
     @property
     def label(self) -> str:
         if self.fused_relu:
             return "cuDNN NCHW, its implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
         layout = "NHWC" if self.channels_last else "NCHW"
-        label = f"cuDNN {layout}, heuristic algorithm {self.algorithm + 1} of {CONV_CANDIDATES}"
+        ranked = "graph API engine configuration" if self.graph else "heuristic algorithm"
+        label = f"cuDNN {layout}, {ranked} {self.algorithm + 1} of {CONV_CANDIDATES}"
         return label + " (input and weight transposed to NHWC, output back to NCHW)" * self.channels_last
 
 

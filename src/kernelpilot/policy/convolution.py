@@ -13,6 +13,9 @@ A 1-d or 2-d convolution also gets NHWC candidates (`channels_last_applies`): ge
 NHWC, where Hopper's tensor-core kernels need no transform of their own, and the write-back to the NCHW output the
 forward returns adds the bias and applies a fused ReLU, so cuDNN may run any algorithm there. The weight is copied
 on every call rather than cached: it is small, and the harness builds a new model with new weights each trial.
+The NHWC convolution runs through the legacy API's ranked algorithms or, as further candidates, through cuDNN's
+graph API (cudnn_graph.h), whose heuristics are what torch's own convolutions use: on an H100 those reach a Hopper
+(sm90) kernel for this layout that the legacy candidates, as measured, do not appear to run (BENCHMARKS.md).
 
 Transposed convolutions are not generated. Inputs and weights that are not contiguous (or whose offset is off
 16 bytes) are copied by an elementwise group first, as matmul operands are.
@@ -142,15 +145,18 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def conv_candidates(group: Group) -> list[ConvConfig]:
-    """The ranked algorithms worth timing, NCHW first, then NHWC where `channels_last_applies`.
+    """The ranked algorithms worth timing, NCHW first, then NHWC where `channels_last_applies`: the legacy API's,
+    then the graph API's engine configurations.
 
     In NCHW a fused ReLU has one algorithm (implicit precomputed GEMM), other convolutions the top few. In NHWC the
-    ReLU runs in the generated write-back kernel, so the top few run in every case. NCHW goes first only because
-    it is the layout measured so far; the search times both.
+    ReLU runs in the generated write-back kernel, so the top few run in every case. The order is the order in which
+    they were built and measured (the graph API's not yet on a GPU); the search times all of them.
     """
     conv = group.conv
     nchw = [ConvConfig(0, fused_relu=True)] if conv.activation else [ConvConfig(i) for i in range(CONV_CANDIDATES)]
-    nhwc = [ConvConfig(i, channels_last=True) for i in range(CONV_CANDIDATES)] if channels_last_applies(conv) else []
+    if not channels_last_applies(conv):
+        return nchw
+    nhwc = [ConvConfig(i, channels_last=True, graph=graph) for graph in (False, True) for i in range(CONV_CANDIDATES)]
     return nchw + nhwc
 
 
@@ -168,6 +174,8 @@ def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
     conv = group.conv
     if config.channels_last and not channels_last_applies(conv):
         raise ValueError(f"group {group.name}: NHWC candidates are generated for 1-d and 2-d convolutions only")
+    if config.graph and not config.channels_last:
+        raise ValueError(f"group {group.name}: graph-API candidates are generated for NHWC (channels_last) only")
     lift = (1,) if len(conv.shape) == 3 else ()  # cuDNN wants at least 4-d tensors
     index = {source: i for i, source in enumerate(group.tensors)}
 
