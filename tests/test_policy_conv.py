@@ -279,6 +279,7 @@ def test_a_graph_api_candidate_ranks_the_heuristics_engine_configs_over_the_same
     # As torch filters engines: none converting inputs down, none on tensor cores for float32 without TF32.
     assert "notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS" in source
     assert "kDataType == CUDNN_DATA_FLOAT && !allow_tf32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE" in source
+    assert "behaviors[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return false;" in source
 
 
 def test_a_graph_api_candidate_needs_the_nhwc_layout(tmp_path):
