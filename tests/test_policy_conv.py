@@ -486,6 +486,49 @@ def _numbered(shape: tuple[int, ...]) -> torch.Tensor:
 
 # Prints, for every element each transpose of an NHWC candidate moves, its source and destination offsets and
 # the bias index the write-back would add, walking tile_of's blocks as the kernel's threads do.
+@needs_nvcc
+@pytest.mark.parametrize("name", ["relu_returned", "conv1d", "groups", "stride_2_dilation_2", "bf16", "fp16"])
+def test_the_graph_api_candidate_describes_the_nhwc_copies_and_cudnn_accepts_its_convolution(tmp_path, name):
+    """Builds the graph candidate's tensors, convolution and forward operation on the host (cuDNN finalizes them
+    without a device: it checks the attribute types and that the output's shape follows from the input, the weight
+    and the convolution's settings) and reads the tensors' strides back. The graph, the heuristics and the run need
+    a GPU."""
+    group = next(g for g in analysed(conv_problem(tmp_path, name)).groups if g.kind == "conv")
+    described = _run_on_host(group, ConvConfig(0, channels_last=True, graph=True), DESCRIBE_MAIN, tmp_path)
+    context = conv_context(group, ConvConfig(0, channels_last=True, graph=True))
+    for role, dims in (("x", "input_dims"), ("w", "weight_dims"), ("y", "output_dims")):
+        channels_last = torch.empty(context[dims], device="meta").contiguous(memory_format=torch.channels_last)
+        # A dim of size 1 may have any stride (torch and cuDNN's descriptor give it different ones).
+        expected = [stride if size > 1 else None for size, stride in zip(context[dims], channels_last.stride())]
+        got = [stride if size > 1 else None for size, stride in zip(context[dims], described[role])]
+        assert got == expected, role
+    assert described["operation"] == ["finalized"]
+
+
+DESCRIBE_MAIN = """
+#include <cstdio>
+
+void print_strides(const char* role, const Descriptor& tensor) {
+  int64_t strides[kDims], count = 0;
+  KP_CUDNN_CHECK(cudnnBackendGetAttribute(tensor.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, kDims, &count, strides));
+  std::printf("%s", role);
+  for (int64_t d = 0; d < count; ++d) std::printf(" %lld", static_cast<long long>(strides[d]));
+  std::printf("\\n");
+}
+
+int main() {
+  Descriptor x = make_tensor(kInputDims, kInputId);
+  Descriptor w = make_tensor(kWeightDims, kWeightId);
+  Descriptor y = make_tensor(kOutputDims, kOutputId);
+  print_strides("x", x);
+  print_strides("w", w);
+  print_strides("y", y);
+  Descriptor operation = make_operation(x, w, y, make_convolution());
+  std::printf("operation finalized\\n");
+}
+"""
+
+
 WALK_MAIN = string.Template("""
 #include <cstdio>
 
@@ -513,18 +556,34 @@ int main() {
 """)
 
 
-def _walk_transposes(group, folder) -> dict[str, tuple[list[int], list[int], list[int]]]:
-    """Compile the NHWC candidate with WALK_MAIN on the host (linked against cuDNN, no GPU call made) and run it."""
+def _host_binary(source: str, folder) -> str:
+    """Compile a candidate's source with a host main() appended and link it against cuDNN: the binary's path."""
     from kernelpilot.build import find_cudnn, resolve_cuda_home
 
-    transposes = conv_context(group, ConvConfig(0, channels_last=True))["transposes"]
-    shapes = {role: f"{t['rows']}, {t['cols']}" for role, t in transposes.items()}
-    compile_cu(render_kernel(group, ConvConfig(0, channels_last=True)).content + WALK_MAIN.substitute(shapes), folder)
+    compile_cu(source, folder)
     cudnn = find_cudnn(resolve_cuda_home()).library
-    command = [_nvcc(), "kernel.o", "-o", "walk", f"-L{cudnn.parent}", f"-l:{cudnn.name}", f"-Xlinker=-rpath={cudnn.parent}"]
+    command = [_nvcc(), "kernel.o", "-o", "host", f"-L{cudnn.parent}", f"-l:{cudnn.name}", f"-Xlinker=-rpath={cudnn.parent}"]
     linked = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
     assert linked.returncode == 0, linked.stderr[-3000:]
-    ran = subprocess.run([str(folder / "walk")], capture_output=True, text=True, check=True, timeout=300)
+    return str(folder / "host")
+
+
+def _run_on_host(group, config: ConvConfig, main: str, folder) -> dict[str, list]:
+    """Run the candidate with a host `main` appended (no GPU call may be made); its output lines as {first word:
+    the rest, ints where they are}."""
+    ran = subprocess.run([_host_binary(render_kernel(group, config).content + main, folder)], capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
+    lines = [line.split() for line in ran.stdout.splitlines() if line.strip()]
+    return {words[0]: [int(w) if w.lstrip("-").isdigit() else w for w in words[1:]] for words in lines}
+
+
+def _walk_transposes(group, folder) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """Run the NHWC candidate with WALK_MAIN on the host (linked against cuDNN, no GPU call made)."""
+    transposes = conv_context(group, ConvConfig(0, channels_last=True))["transposes"]
+    shapes = {role: f"{t['rows']}, {t['cols']}" for role, t in transposes.items()}
+    program = render_kernel(group, ConvConfig(0, channels_last=True)).content + WALK_MAIN.substitute(shapes)
+    ran = subprocess.run([_host_binary(program, folder)], capture_output=True, text=True, check=True, timeout=300)
     walked: dict[str, tuple[list[int], list[int], list[int]]] = {role: ([], [], []) for role in transposes}
     for line in ran.stdout.splitlines():
         role, source, destination, bias_index = line.split()
