@@ -1571,9 +1571,9 @@ def test_every_faithful_launch_candidate_of_out_proj_residual_passes_verificatio
     assert_every_launch_candidate_verifies(judge, EXAMPLES / "out_proj_residual_bf16.py", tmp_path, faithful=True)
 
 
-# The faithful form reproduces eager's rounding of the bf16 LoRA product only with the algorithm eager's cuBLAS
-# call gets, cuBLASLt's first heuristic answer: on the H100 (BENCHMARKS.md, 2026-11-26) the search's tries of
-# algorithms 2-4 for that product were all rejected (why was not recorded then; a one-ulp difference in the
+# The faithful form reproduced eager's rounding of the bf16 LoRA product only with cuBLASLt's first heuristic
+# algorithm (most likely the kernel eager's own call runs): on the H100 (BENCHMARKS.md, 2026-11-26) the search's
+# tries of algorithms 2-4 for that product were all rejected (why was not recorded then; a one-ulp difference in the
 # product is enough where the sum cancels). The search may drop them on a mismatch, never on a crash.
 @pytest.mark.gpu
 def test_faithful_lora_verifies_with_the_first_algorithm_and_other_ones_at_worst_mismatch(tmp_path, judge):
