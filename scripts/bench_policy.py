@@ -30,6 +30,7 @@ from rich.table import Table
 
 from kernelpilot.build import build_workspace
 from kernelpilot.harness.judge import Judge
+from kernelpilot.harness.reward import DEFAULT_THRESHOLD
 from kernelpilot.policy.analysis import analyze
 from kernelpilot.policy.codegen import launch_candidates, render_all, render_kernel
 from kernelpilot.problem import load_problem
@@ -130,9 +131,6 @@ def render(rows: list[dict], gpu: str, searched: bool) -> Table:
     for name in ("problem", "supported", "correct", "eager ms", "compile ms", "ours ms", "vs eager", "vs compile", "% SOL"):
         table.add_column(name, justify="left" if name == "problem" else "right")
 
-    def fmt(value, pattern):
-        return pattern.format(value) if isinstance(value, (int, float)) else "-"
-
     for row in rows:
         table.add_row(
             row["problem"],
@@ -148,9 +146,14 @@ def render(rows: list[dict], gpu: str, searched: bool) -> Table:
     return table
 
 
+def fmt(value, pattern: str) -> str:
+    """A number through `pattern`, or "-" for a missing value."""
+    return pattern.format(value) if isinstance(value, (int, float)) else "-"
+
+
 MARKDOWN_HEADER = ("problem", "supported", "correct", "eager ms", "compile ms", "ours ms (p10–p90)", "vs eager",
                    "vs compile", "% SOL", "kept launch config")
-WIN = 1.05  # the issue's bar: at least this much faster than torch.compile
+WIN = DEFAULT_THRESHOLD  # the issue's bar, the reward's "faster": at least 1.05x torch.compile
 
 
 def markdown(rows: list[dict]) -> str:
@@ -158,10 +161,10 @@ def markdown(rows: list[dict]) -> str:
     and the median % SOL of the memory-bound problems."""
 
     def ms(value) -> str:
-        return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+        return fmt(value, "{:.3f}")
 
     def ratio(value) -> str:
-        return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
+        return fmt(value, "{:.2f}x")
 
     def kept(row: dict) -> str:
         if not row["supported"]:
