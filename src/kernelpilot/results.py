@@ -148,6 +148,7 @@ class VerifyResult:
     message: str = ""
     seconds: float = 0.0
     traceback: str = ""  # the full traceback of a HARNESS_ERROR, for the bug report its message asks for
+    base_seed: int = 0  # trial i draws its inputs from base_seed + i * SEED_STRIDE; the weights from base_seed
 
     @property
     def max_abs_error(self) -> float | None:
@@ -170,6 +171,9 @@ class Timing:
     mean_ms: float
     runs: int
     note: str = ""  # why the timing differs from the usual method (e.g. fewer runs for a very long call)
+    # Median over the runs of (the trusted side's wall time of a run) - (the time the model's process reported):
+    # the protocol's own cost for an honest model (inputs drawn, L2 flushed, outputs copied, the round trip).
+    unaccounted_ms: float | None = None
 
     @property
     def spread(self) -> float:
@@ -216,6 +220,9 @@ class BenchResult:
     kernels: list[KernelTime] = field(default_factory=list)
     error_kind: str | None = None
     message: str = ""
+    guards: list[GuardFinding] = field(default_factory=list)  # e.g. unaccounted-time
+    seed: int = 0  # timed run i drew its inputs from seed + i
+    checked_calls: int = 0  # timed calls whose outputs were compared with the reference's
 
 
 @dataclass

@@ -1,40 +1,37 @@
-"""Timing of forward calls: CUDA events, L2 flushed, inputs rotated; eager and compile baselines cached on disk.
+"""TRUSTED side: the bench of a candidate against eager and torch.compile, and the timer for trusted code.
 
-Runs inside the GPU worker. `time_callable` is the one timer (CUDA events on a GPU, perf_counter on the CPU
-for tests); `bench_candidate` times a candidate against the eager and torch.compile references on the same
-inputs, with the baselines measured once per (problem, GPU, torch version, input dtype) so that a turn never
-re-runs torch.compile.
+`bench_candidate` times the candidate's sandbox process with `timing.time_model` (fresh inputs per run, unannounced
+checked runs, the judge's own clock), and the baselines in clean processes where no candidate code ever ran; the
+baselines are cached on disk, signed (`cache.py`), and used only when a fresh eager measurement confirms them.
+`time_callable` times a callable of the judge's own in this process (the roofline's ceilings; CUDA events with the
+L2 flushed, perf_counter on the CPU for tests).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from kernelpilot.harness.cache import device_name, environment_key, load_entry, store_entry
+from kernelpilot.harness.failures import is_device_failure
 from kernelpilot.harness.roofline import dominant_dtype, nbytes_of, problem_roofline
+from kernelpilot.harness.timing import Checker, TimedRuns, find_unaccounted_time, plan_runs, summarize, time_model
 from kernelpilot.results import BenchResult, KernelTime, Roofline, Timing, from_dict, to_dict
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
 
-# Short calls get runs until about this much timed work (more samples, steadier median) up to `max_runs`.
-TARGET_TIMED_SECONDS = 0.5
-# A call so long that `min_runs` would blow the time cap still gets this many runs.
-LONG_CALL_MIN_RUNS = 5
-INPUT_SETS = 3
-BENCH_SEED = 1_000_003  # far from verify's seeds: timing inputs are not the ones checked
-# Input sets may take at most this share of the free GPU memory; the rest is for outputs and the callables.
-INPUT_SETS_MEMORY_SHARE = 0.25
 TOP_KERNELS = 10
 BASELINES_KIND = "baselines"
 # Bump when the timing method changes, so baselines measured the old way are measured again.
-TIMING_METHOD = 1
+TIMING_METHOD = 2  # 2: fresh inputs per run, device-wide sync, timed in a sandbox process
+# A cached eager time must agree with a fresh measurement within this share to be used.
+BASELINE_AGREEMENT = 0.25
+CALIBRATION_RUNS = 12
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -74,35 +71,6 @@ def time_callable(
         per_call_seconds = _warm_up(clock, calls, warmup)
         runs, note = plan_runs(per_call_seconds, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds)
         return summarize(clock.measure(calls, runs), note=note)
-
-
-def plan_runs(per_call_seconds: float, *, min_runs: int, max_runs: int, max_seconds: float) -> tuple[int, str]:
-    """How many timed runs to make, and a note when a long call gets fewer than `min_runs`."""
-    if per_call_seconds * min_runs > max_seconds:
-        runs = max(LONG_CALL_MIN_RUNS, int(max_seconds / per_call_seconds))
-        note = (
-            f"one call takes {per_call_seconds * 1e3:.0f} ms, so {runs} runs were timed instead of "
-            f"{min_runs} to stay near the {max_seconds:g} s cap"
-        )
-        return runs, note
-    budget = min(TARGET_TIMED_SECONDS, max_seconds)
-    wanted = int(budget / per_call_seconds) if per_call_seconds > 0 else max_runs
-    return min(max(wanted, min_runs), max(max_runs, min_runs)), ""
-
-
-def summarize(samples_ms: list[float], *, note: str = "") -> Timing:
-    """Median, p10, p90 and mean of the samples."""
-    if len(samples_ms) < 2:
-        raise ValueError("a timing needs at least two samples")
-    deciles = statistics.quantiles(samples_ms, n=10, method="inclusive")
-    return Timing(
-        median_ms=statistics.median(samples_ms),
-        p10_ms=deciles[0],
-        p90_ms=deciles[-1],
-        mean_ms=statistics.fmean(samples_ms),
-        runs=len(samples_ms),
-        note=note,
-    )
 
 
 def _warm_up(clock, calls: list[Callable[[], Any]], warmup: int) -> float:
@@ -218,81 +186,19 @@ def baseline_key(problem: Problem, *, device: str, dtype: str, graph: bool = Fal
 
 
 def load_baselines(key: dict[str, Any], cache_dir: Path | None = None) -> Baselines | None:
-    """The cached baselines under `key`, or None."""
+    """The cached baselines under `key`, or None (also when the entry's signature does not hold)."""
     cached = load_entry(BASELINES_KIND, key, cache_dir)
     return from_dict(Baselines, cached) if cached is not None else None
 
 
 def store_baselines(key: dict[str, Any], baselines: Baselines, cache_dir: Path | None = None) -> Path:
-    """Store baselines under `key`; returns the file written."""
+    """Store baselines under `key`, signed; returns the file written."""
     return store_entry(BASELINES_KIND, key, to_dict(baselines), cache_dir)
 
 
-def measure_baselines(
-    problem: Problem, input_sets: list[list], *, device: str, min_runs: int = 20, graph: bool = False, **timing: Any
-) -> Baselines:
-    """Time the eager reference and its torch.compile (default mode); a compile failure is a note."""
-    reference = problem.make_model(device)
-    eager = time_callable(reference, input_sets, device=device, min_runs=min_runs, graph=graph, **timing)
-    compiled, compile_note = _time_compiled(reference, input_sets, device=device, min_runs=min_runs, graph=graph, **timing)
-    return Baselines(eager=eager, compiled=compiled, compile_note=compile_note)
-
-
-def _time_compiled(reference, input_sets: list[list], *, device: str, **timing: Any) -> tuple[Timing | None, str]:
-    import torch
-
-    # Forget earlier problems' graphs: one worker compiles many models and dynamo's caches only grow.
-    torch._dynamo.reset()
-    compiled = torch.compile(reference)
-    try:
-        compiled(*input_sets[0])  # the compilation itself, outside any timed region
-        return time_callable(compiled, input_sets, device=device, **timing), ""
-    except Exception as err:  # noqa: BLE001 - any compiler failure is a property of the problem, not a crash
-        if is_device_failure(err):
-            raise
-        return None, f"torch.compile failed on this problem ({type(err).__name__}: {_first_line(err)})"
-
-
-def cached_baselines(
-    problem: Problem,
-    input_sets: list[list],
-    *,
-    device: str,
-    cache_dir: Path | None = None,
-    min_runs: int = 20,
-    graph: bool = False,
-) -> tuple[Baselines, str]:
-    """The problem's baselines from the cache, else measured and stored; and a note if storing failed."""
-    key = baseline_key(problem, device=device, dtype=dominant_dtype(input_sets[0]), graph=graph)
-    baselines = load_baselines(key, cache_dir)
-    if baselines is not None:
-        return baselines, ""
-    baselines = measure_baselines(problem, input_sets, device=device, min_runs=min_runs, graph=graph)
-    try:
-        store_baselines(key, baselines, cache_dir)
-    except OSError as err:
-        return baselines, f"baselines not cached ({err.strerror or err}): the next turn measures them again"
-    return baselines, ""
-
-
-# ------------------------------------------------------------------------------------------- inputs
-
-
-def make_input_sets(problem: Problem, *, device: str, count: int = INPUT_SETS, base_seed: int = BENCH_SEED) -> list[list]:
-    """`count` input sets from different seeds (fewer when they would crowd the GPU's free memory)."""
-    first = problem.make_inputs(device=device, seed=base_seed)
-    fitting = _sets_that_fit(nbytes_of(first), device, count)
-    return [first] + [problem.make_inputs(device=device, seed=base_seed + i) for i in range(1, fitting)]
-
-
-def _sets_that_fit(set_bytes: int, device: str, wanted: int) -> int:
-    import torch
-
-    dev = torch.device(device)
-    if dev.type != "cuda" or set_bytes == 0:
-        return wanted
-    free_bytes, _ = torch.cuda.mem_get_info(dev)
-    return max(1, min(wanted, int(free_bytes * INPUT_SETS_MEMORY_SHARE // set_bytes)))
+def agrees(cached: Timing, fresh: Timing) -> bool:
+    """A cached eager time that a fresh measurement of the same reference confirms (within noise)."""
+    return abs(cached.median_ms - fresh.median_ms) <= BASELINE_AGREEMENT * fresh.median_ms + 0.01
 
 
 # -------------------------------------------------------------------------------------- the profile
@@ -323,63 +229,137 @@ def profile_kernels(model: Callable[..., Any], inputs: list, *, device: str, top
 # ---------------------------------------------------------------------------------------- the bench
 
 
+class CleanModels(Protocol):
+    """The reference served by processes where no candidate code ever ran: eager, and compiled on demand."""
+
+    def eager(self) -> Any: ...
+
+    def compiled(self) -> Any: ...
+
+
 def bench_candidate(
     problem: Problem,
-    candidate_model: Callable[..., Any],
+    candidate: Any,
+    clean: CleanModels,
     *,
     device: str,
+    seed: int,
     cache_dir: Path | None = None,
     min_runs: int = 20,
-    graph: bool = False,
     ceilings: dict[str, Any] | None = None,
+    atol: float = 1e-2,
+    rtol: float = 1e-2,
+    timeout: float = 600.0,
 ) -> BenchResult:
-    """Time the candidate against eager and torch.compile on the same inputs; speedups, % SOL, kernel breakdown.
+    """Time the candidate's process against eager and torch.compile; speedups, % SOL, kernel breakdown.
 
-    `ceilings` replaces the measured GPU ceilings (needed for a roofline off the GPU). A failure of the
-    candidate or the reference is a result with a message; CUDA errors and OOM are raised for the worker,
-    which knows how to recover from them.
+    `candidate` and the clean models are `sandbox_client.ModelProcess`es whose weights were drawn under `seed`.
+    `ceilings` replaces the measured GPU ceilings (needed for a roofline off the GPU). A failure of the candidate
+    or the reference is a result with a message; this side's own OOM and CUDA errors are raised for the worker.
     """
     import torch
 
+    from kernelpilot.harness.sandbox_client import Deadline
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    deadline = Deadline(timeout)
     try:
         with torch.no_grad():
-            return _bench(problem, candidate_model, device, cache_dir, min_runs, graph, ceilings)
-    except Exception as err:  # noqa: BLE001 - a failing candidate is a result, not a crash
+            return _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, ceilings, atol, rtol)
+    except Exception as err:  # noqa: BLE001 - a failing reference is a result, not a crash
         if is_device_failure(err):
             raise
-        return BenchResult(
-            ok=False,
-            gpu=device_name(device),
-            error_kind="runtime",
-            message=f"timing failed: {type(err).__name__}: {_first_line(err)}",
-        )
+        return BenchResult(ok=False, gpu=device_name(device), error_kind="runtime",
+                           message=f"timing failed: {type(err).__name__}: {_first_line(err)}", seed=seed)  # fmt: skip
 
 
-def _bench(problem, candidate_model, device, cache_dir, min_runs, graph, ceilings) -> BenchResult:
-    input_sets = make_input_sets(problem, device=device)
-    notes = [] if len(input_sets) > 1 else ["inputs not rotated: a second input set does not fit in GPU memory"]
-    baselines, cache_note = cached_baselines(
-        problem, input_sets, device=device, cache_dir=cache_dir, min_runs=min_runs, graph=graph
-    )
-    candidate = time_callable(candidate_model, input_sets, device=device, min_runs=min_runs, graph=graph)
-    roofline, roofline_note = _roofline_or_note(problem, device, cache_dir, ceilings)
-    kernels, profile_note = _kernels_or_note(candidate_model, input_sets[0], device)
-    notes += [cache_note, baselines.compile_note, roofline_note, profile_note, candidate.note]
+def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, ceilings, atol, rtol) -> BenchResult:
+    import torch
+
+    torch.manual_seed(seed)
+    reference = problem.make_model("cpu").to(dev)
+    inputs = problem.make_inputs(dev, seed)
+    expected_like = reference(*inputs)
+    key = baseline_key(problem, device=str(dev), dtype=dominant_dtype(inputs), graph=False)
+    del inputs
+    gpu = device_name(str(dev))
+
+    def failed(kind: str, message: str, **extra: Any) -> BenchResult:
+        return BenchResult(ok=False, gpu=gpu, error_kind=kind, message=message, seed=seed, **extra)
+
+    timing = {"device": dev, "deadline": deadline, "min_runs": min_runs}
+    calibration = time_model(clean.eager(), expected_like, seed=seed, checker=None, runs=CALIBRATION_RUNS, **timing)
+    if calibration.timing is None:
+        return failed("reference", f"the reference failed while timed: {calibration.message}")
+    # (the calibration's median confirms or refutes the cached eager time; its protocol cost is re-measured
+    # between the candidate's runs below, under the same load)
+    baselines, cache_note = _baselines(key, clean, expected_like, seed, calibration.timing, cache_dir, timing)
+    if isinstance(baselines, TimedRuns):
+        return failed("reference", f"the reference failed while timed: {baselines.message}")
+    checker = Checker(problem, reference, dev, atol=atol, rtol=rtol)
+    timed = time_model(candidate, expected_like, seed=seed + 5_000_000, checker=checker, companion=clean.eager(), **timing)
+    if timed.timing is None:
+        return failed(timed.error_kind or "runtime", timed.message, checked_calls=timed.checked)
+    measured = timed.timing
+    protocol_ms = timed.companion_unaccounted_ms
+    if protocol_ms is None:
+        protocol_ms = calibration.timing.unaccounted_ms or 0.0
+    clock_finding = find_unaccounted_time(measured, protocol_ms, device_type=dev.type)
+    if clock_finding is not None:
+        return failed("guard", f"guard {clock_finding.guard} failed: {clock_finding.message}", guards=[clock_finding],
+                      candidate=measured, checked_calls=timed.checked)  # fmt: skip
+    roofline, roofline_note = _roofline_or_note(problem, str(dev), cache_dir, ceilings)
+    kernels, profile_note = _kernels_or_note(candidate, seed, deadline)
+    notes = [cache_note, baselines.compile_note, roofline_note, profile_note, measured.note]
     return BenchResult(
         ok=True,
-        gpu=device_name(device),
-        candidate=candidate,
+        gpu=gpu,
+        candidate=measured,
         eager=baselines.eager,
         compiled=baselines.compiled,
-        speedup_vs_eager=_ratio(baselines.eager, candidate),
-        speedup_vs_compile=_ratio(baselines.compiled, candidate),
+        speedup_vs_eager=_ratio(baselines.eager, measured),
+        speedup_vs_compile=_ratio(baselines.compiled, measured),
         roofline=roofline,
-        sol_candidate=_sol(roofline, candidate),
+        sol_candidate=_sol(roofline, measured),
         sol_eager=_sol(roofline, baselines.eager),
         sol_compile=_sol(roofline, baselines.compiled),
         kernels=kernels,
         message="; ".join(note for note in notes if note),
+        seed=seed,
+        checked_calls=timed.checked,
     )
+
+
+def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, timing) -> tuple[Baselines | TimedRuns, str]:
+    """Signed cached baselines a fresh eager measurement confirms; else eager and compile measured and stored."""
+    cached = load_baselines(key, cache_dir)
+    note = ""
+    if cached is not None and agrees(cached.eager, fresh_eager):
+        return cached, ""
+    if cached is not None:
+        note = (f"cached baselines disagreed with a fresh eager measurement ({cached.eager.median_ms:.4g} vs "
+                f"{fresh_eager.median_ms:.4g} ms): measured again")  # fmt: skip
+    eager = time_model(clean.eager(), expected_like, seed=seed + 1_000_000, checker=None, **timing)
+    if eager.timing is None:
+        return eager, ""
+    compiled, compile_note = None, ""
+    try:
+        runs = time_model(clean.compiled(), expected_like, seed=seed + 2_000_000, checker=None, **timing)
+        compiled = runs.timing
+        if compiled is None:
+            compile_note = f"torch.compile failed on this problem ({runs.message})"
+    except Exception as err:  # noqa: BLE001 - a compiler that cannot start is a note, not a failed bench
+        if is_device_failure(err):
+            raise
+        compile_note = f"torch.compile failed on this problem ({type(err).__name__}: {_first_line(err)})"
+    baselines = Baselines(eager=eager.timing, compiled=compiled, compile_note=compile_note)
+    try:
+        store_baselines(key, baselines, cache_dir)
+    except OSError as err:
+        note = "; ".join(filter(None, [note, f"baselines not cached ({err.strerror or err}): the next turn measures them again"]))
+    return baselines, note
 
 
 def _roofline_or_note(problem, device, cache_dir, ceilings) -> tuple[Roofline | None, str]:
@@ -395,13 +375,15 @@ def _roofline_or_note(problem, device, cache_dir, ceilings) -> tuple[Roofline | 
         return None, f"roofline unavailable ({type(err).__name__}: {_first_line(err)})"
 
 
-def _kernels_or_note(model, inputs, device) -> tuple[list[KernelTime], str]:
+def _kernels_or_note(candidate, seed: int, deadline) -> tuple[list[KernelTime], str]:
+    """The candidate's kernels as its own process profiled them (information, not evidence)."""
+    reply = candidate.request("kernels", {"seed": seed}, timeout=deadline.left())
+    if not reply.get("ok"):
+        return [], f"kernel breakdown unavailable ({reply.get('message', '')})"
     try:
-        return profile_kernels(model, inputs, device=device), ""
-    except Exception as err:  # noqa: BLE001 - the breakdown is extra information, like the roofline
-        if is_device_failure(err):
-            raise
-        return [], f"kernel breakdown unavailable ({type(err).__name__}: {_first_line(err)})"
+        return [from_dict(KernelTime, row) for row in reply.get("kernels", [])][:TOP_KERNELS], ""
+    except (TypeError, ValueError, KeyError):
+        return [], "kernel breakdown unavailable (the candidate's process sent an unreadable one)"
 
 
 def _ratio(baseline: Timing | None, candidate: Timing) -> float | None:
@@ -414,15 +396,6 @@ def _sol(roofline: Roofline | None, timing: Timing | None) -> float | None:
     if roofline is None or timing is None or timing.median_ms <= 0:
         return None
     return roofline.floor_ms / timing.median_ms
-
-
-def is_device_failure(err: BaseException) -> bool:
-    """OOM and CUDA errors: the worker classifies these (and restarts when the CUDA context is poisoned)."""
-    import torch
-
-    if isinstance(err, torch.cuda.OutOfMemoryError):
-        return True
-    return type(err).__name__ == "AcceleratorError" or "CUDA error" in str(err)
 
 
 def _first_line(err: BaseException) -> str:

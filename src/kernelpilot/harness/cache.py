@@ -1,13 +1,19 @@
-"""On-disk JSON cache of measurements (baselines, GPU ceilings, problem costs), keyed by what they depend on.
+"""TRUSTED side: on-disk JSON cache of measurements (baselines, GPU ceilings, problem costs), keyed by what they
+depend on, and signed.
 
-A measurement is stored as `<cache dir>/<kind>/<hash of key>.json` holding both the key and the value, so a
-lookup checks the key itself and never trusts a hash alone. Writes go to a temporary file and are renamed into
-place, so workers on several GPUs can share the folder without a reader ever seeing half a file.
+A measurement is stored as `<cache dir>/<kind>/<hash of key>.json` holding the key, the value and an HMAC-SHA256
+of both under a key only the judge's side reads (`<cache dir>/judge.key`, mode 0600, made on first use). A lookup
+checks the key itself and the signature, so an entry that anyone without the judge's key wrote or changed (a
+candidate forging slow baselines, say) is ignored and measured again. Sandboxes get a cache folder of their own,
+and where they run as another user they cannot read the key at all. Writes go to a temporary file and are renamed
+into place, so workers on several GPUs can share the folder without a reader ever seeing half a file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 import json
 import os
 import tempfile
@@ -48,23 +54,64 @@ def _entry_path(cache_dir: Path, kind: str, key: dict[str, Any]) -> Path:
     return cache_dir / kind / f"{digest}.json"
 
 
+KEY_FILE = "judge.key"
+
+
+def signing_key(cache_dir: Path) -> bytes:
+    """The judge's signing key for this cache folder, made (32 random bytes, mode 0600) on first use."""
+    path = cache_dir / KEY_FILE
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".key", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        os.chmod(tmp, 0o600)
+        try:
+            os.link(tmp, path)  # never replaces a key another worker made meanwhile
+        except FileExistsError:
+            pass
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return bytes.fromhex(path.read_text().strip())
+
+
+def _signature(secret: bytes, key: Any, value: Any) -> str:
+    canonical = json.dumps({"key": key, "value": value}, sort_keys=True)
+    return hmac.new(secret, canonical.encode(), hashlib.sha256).hexdigest()
+
+
 def load_entry(kind: str, key: dict[str, Any], cache_dir: Path | None = None) -> Any | None:
-    """The value stored under `key`, or None when absent, unreadable or stored under a different key."""
-    path = _entry_path(cache_dir or default_cache_dir(), kind, key)
+    """The value stored under `key`, or None when absent, unreadable, stored under another key or not signed
+    with the judge's key."""
+    cache_dir = cache_dir or default_cache_dir()
+    path = _entry_path(cache_dir, kind, key)
     try:
         stored = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(stored, dict) or stored.get("key") != json.loads(json.dumps(key)):
         return None
+    try:
+        expected = _signature(signing_key(cache_dir), stored["key"], stored.get("value"))
+    except OSError:
+        return None
+    if not hmac.compare_digest(str(stored.get("hmac", "")), expected):
+        return None
     return stored.get("value")
 
 
 def store_entry(kind: str, key: dict[str, Any], value: Any, cache_dir: Path | None = None) -> Path:
     """Store a JSON-able `value` under `key` atomically; returns the file written."""
-    path = _entry_path(cache_dir or default_cache_dir(), kind, key)
+    cache_dir = cache_dir or default_cache_dir()
+    path = _entry_path(cache_dir, kind, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps({"key": key, "value": value}, indent=1, sort_keys=True)
+    plain_key, plain_value = json.loads(json.dumps(key)), json.loads(json.dumps(value))
+    signature = _signature(signing_key(cache_dir), plain_key, plain_value)
+    payload = json.dumps({"key": plain_key, "value": plain_value, "hmac": signature}, indent=1, sort_keys=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:

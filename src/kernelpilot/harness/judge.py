@@ -24,8 +24,8 @@ from kernelpilot.results import BenchResult, BuildResult, EvalResult, Timing, Ve
 if TYPE_CHECKING:
     from rich.console import Console
 
-# A candidate that dies or raises while being timed is broken even though it passed the trials.
-_BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime")
+# A candidate that dies, raises, answers wrong or hides work while being timed fails although it passed the trials.
+_BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime", "mismatch", "guard")
 
 
 @dataclass
@@ -95,20 +95,34 @@ class Judge:
         trials: int = 5,
         atol: float = 1e-2,
         rtol: float = 1e-2,
-        base_seed: int = 0,
+        base_seed: int | None = None,
     ) -> VerifyResult:
-        """Load the candidate (with `build`'s extension) and run the correctness trials and guards."""
+        """Load the candidate (with `build`'s extension) in a fresh sandbox and run the trials and guards.
+
+        `base_seed` None draws an unpredictable one (the result records it, so a run can be reproduced).
+        """
         ws = _open(ws_root)
-        args = _candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol, "base_seed": base_seed}
+        args = _candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol, "base_seed": base_seed,
+                                                  "timeout": _inner(self.timeouts.verify)}  # fmt: skip
         reply = self._call("verify", args, self.timeouts.verify)
         if reply.ok:
             return from_dict(VerifyResult, reply.result)
         return VerifyResult(ok=False, atol=atol, rtol=rtol, error_kind=reply.error_kind, message=reply.message)
 
-    def bench(self, ws_root: Path | str, build: BuildResult | None = None, *, min_runs: int = 20) -> BenchResult:
-        """Time the candidate against eager and torch.compile (baselines from the cache when present)."""
+    def bench(
+        self,
+        ws_root: Path | str,
+        build: BuildResult | None = None,
+        *,
+        min_runs: int = 20,
+        atol: float = 1e-2,
+        rtol: float = 1e-2,
+    ) -> BenchResult:
+        """Time the candidate in a fresh sandbox against eager and torch.compile (signed, confirmed baselines);
+        timed calls are checked against the reference with `atol`/`rtol`."""
         ws = _open(ws_root)
-        args = _candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir)}
+        args = _candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir),
+                                                  "atol": atol, "rtol": rtol, "timeout": _inner(self.timeouts.bench)}  # fmt: skip
         reply = self._call("bench", args, self.timeouts.bench)
         if reply.ok:
             return from_dict(BenchResult, reply.result)
@@ -134,7 +148,7 @@ class Judge:
         if not result.verify.ok:
             return _failed(result, result.verify.error_kind or "mismatch", result.verify.message)
         if bench:
-            result.bench = self.bench(ws.root, result.build)
+            result.bench = self.bench(ws.root, result.build, atol=atol, rtol=rtol)
             if not result.bench.ok:
                 kind = result.bench.error_kind or "runtime"
                 if kind in _BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE:
@@ -227,6 +241,11 @@ def _candidate_args(root: Path, build: BuildResult | None) -> dict[str, Any]:
     from kernelpilot.results import to_dict
 
     return {"workspace": str(root), "build": to_dict(build) if build is not None else None}
+
+
+def _inner(timeout: float) -> float:
+    """The time the worker gives a step's sandbox: less than the step's own, so the sandbox is the one killed."""
+    return max(timeout - min(10.0, 0.1 * timeout), 1.0)
 
 
 def _str_or_none(path: Path | None) -> str | None:

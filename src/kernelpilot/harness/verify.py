@@ -1,22 +1,23 @@
-"""Correctness of a candidate: trials on fresh seeded inputs against the reference, under the anti-cheat guards.
+"""TRUSTED side: correctness of a model under test, trials on fresh seeded inputs against the reference.
 
-Runs inside the worker process (device "cuda"; "cpu" for tests). Each trial draws new inputs, runs the reference
-on clones of them, fills the allocator's free memory with NaN (CUDA), runs the candidate, compares outputs with
-`|actual - expected| <= atol + rtol * |expected|` and runs the guards of guards.py. The first failing trial ends
-the run; the result always carries max abs error, max rel error and the worst index of every trial run.
+Runs in the judge's worker, where no candidate code ever runs: the model under test lives in a sandbox process
+(`sandbox.py`). Each trial draws new inputs here, runs the reference on clones of them, lends the sandbox a shared
+copy of the inputs and output slots poisoned with NaN (`shared.py`), and asks it for one call. What counts comes
+from this side: the comparison of the slots with the reference (`|actual - expected| <= atol + rtol * |expected|`,
+plus a scale check where that band is wider than the outputs themselves), the inputs left unchanged, outputs
+that follow their inputs, the protected files, the float64 precision check. What the sandbox reports about
+itself (torch ops it saw, kernels under its profiler, aliasing) is recorded too: it catches honest mistakes.
+The first failing trial ends the run.
 
-Every call into the candidate's code is wrapped: what it raises is the candidate's "runtime", "oom" or "crash"
-error. An exception from anywhere else is kernelpilot's own checking code failing, reported as a "harness" error
-with its traceback, never as the candidate's fault (see `_checking_failure` for the exceptions it still blames on
-the candidate).
+A failure of the model (it raised, ran out of memory, broke its CUDA context, hung, died) comes back as the
+sandbox's reply and is the candidate's verdict; an exception of this side's own code is a "harness" error with
+its traceback, never the candidate's fault.
 """
 
 from __future__ import annotations
 
 import copy
-import re
-import sys
-import weakref
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from traceback import extract_tb, format_exception
@@ -25,54 +26,61 @@ from typing import Any
 import torch
 
 from kernelpilot.harness import guards
-from kernelpilot.harness.bench import is_device_failure
+from kernelpilot.harness.failures import describe_exception, failure_kind, is_device_failure
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
+from kernelpilot.harness.sandbox_client import Deadline
+from kernelpilot.harness.shared import SharedArena, share_tree
 from kernelpilot.results import HARNESS_ERROR, GuardFinding, TrialResult, VerifyResult
 
 # Far apart, so that consecutive trials never draw overlapping random streams by accident.
 SEED_STRIDE = 7919
 # Above this many bytes of inputs and weights, the float64 reference for the precision check is skipped.
 PRECISION_CHECK_MAX_BYTES = 2 * 1024**3
+# The scale check (see _ElementErrors.scale_failure): from this many finite elements, when atol + rtol * |typical|
+# is at least SCALE_CHECK_BAND times the outputs' spread, the RMS error must stay under SCALE_CHECK_FRACTION of the
+# spread or SCALE_CHECK_ULPS units in the last place of a typical output.
+SCALE_CHECK_MIN_ELEMENTS = 16
+SCALE_CHECK_BAND = 0.25
+SCALE_CHECK_FRACTION = 0.1
+SCALE_CHECK_ULPS = 8
 # Elements compared per step, bounding the comparison's temporary memory (a few times 64 MB).
 COMPARE_CHUNK = 1 << 24
-
-# Captured when the worker imports this module, before any candidate can replace it.
-_synchronize = torch.cuda.synchronize
-
-# Monkeypatch findings of candidate classes whose module patched when it ran: the worker imports a module once,
-# so a later verification of the same class would otherwise find everything restored.
-_PATCHED_AT_IMPORT: weakref.WeakKeyDictionary[type, GuardFinding] = weakref.WeakKeyDictionary()
-
-# CUDA errors after which the context is unusable: the worker must be replaced, not reused.
-_STICKY_CUDA_ERRORS = (
-    "illegal memory access", "illegaladdress", "misaligned address", "misalignedaddress", "unspecified launch failure",
-    "launchfailure", "device-side assert", "illegal instruction", "illegalinstruction", "hardware stack error",
-)  # fmt: skip
-_SOURCE_LOCATION = re.compile(r"[\w./\\-]+\.(?:cu|cuh|cpp|cc|h|hpp):\d+")
 _KERNELPILOT_DIR = Path(__file__).resolve().parents[1]
+
+
+def random_seed() -> int:
+    """A seed nobody can predict, recorded in the result so the run can be reproduced."""
+    return secrets.randbelow(2**31 - SEED_STRIDE * 64)
 
 
 def verify_candidate(
     problem: Any,
-    candidate_cls: type,
+    model: Any,
     *,
     device: str,
     trials: int = 5,
-    base_seed: int = 0,
+    base_seed: int | None = None,
     atol: float = 1e-2,
     rtol: float = 1e-2,
     workspace: Path | None = None,
+    timeout: float = 600.0,
 ) -> VerifyResult:
-    """Run `trials` correctness trials of `candidate_cls` against `problem`'s Model and every applicable guard."""
+    """Run `trials` correctness trials of the model a `sandbox_client.ModelProcess` serves against `problem`.
+
+    `base_seed` None draws one at random; the model process must hold weights drawn under the same seed.
+    """
     started = guards.perf_counter()
-    verification = _Verification(problem, torch.device(device), atol=atol, rtol=rtol, workspace=workspace)
+    base_seed = random_seed() if base_seed is None else base_seed
+    verification = _Verification(problem, torch.device(device), model, atol=atol, rtol=rtol, workspace=workspace,
+                                 timeout=timeout)  # fmt: skip
     try:
-        verification.run(candidate_cls, trials=max(trials, 1), base_seed=base_seed)
+        verification.run(trials=max(trials, 1), base_seed=base_seed)
     except _Stopped as stop:
         verification.stopped = stop
-    except Exception as exc:  # noqa: BLE001 - raised outside the candidate's wrapped calls: see _checking_failure
-        verification.stopped = _checking_failure(exc, candidate_cls, verification.workspace)
+    except Exception as exc:  # noqa: BLE001 - this side's own code failing: see _checking_failure
+        verification.stopped = _checking_failure(exc)
     result = verification.result()
+    result.base_seed = base_seed
     result.seconds = guards.perf_counter() - started
     return result
 
@@ -125,7 +133,7 @@ def compare_tensors(name: str, actual: Any, expected: torch.Tensor, *, atol: flo
         actual, expected = torch.view_as_real(actual.resolve_conj()), torch.view_as_real(expected.resolve_conj())
     if not expected.is_floating_point():
         atol = rtol = 0.0  # integers and booleans must match exactly
-    errors = _ElementErrors(expected.shape)
+    errors = _ElementErrors(expected.shape, atol=atol, rtol=rtol)
     flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
     for start in range(0, flat_expected.numel(), COMPARE_CHUNK):
         stop = start + COMPARE_CHUNK
@@ -136,8 +144,9 @@ def compare_tensors(name: str, actual: Any, expected: torch.Tensor, *, atol: flo
 class _ElementErrors:
     """Running error statistics of one tensor, accumulated chunk by chunk."""
 
-    def __init__(self, shape: torch.Size):
+    def __init__(self, shape: torch.Size, *, atol: float = 0.0, rtol: float = 0.0):
         self.shape = shape
+        self._atol, self._rtol = atol, rtol
         self.max_abs = 0.0
         self.max_rel = 0.0
         self.worst_ratio = 0.0
@@ -147,6 +156,11 @@ class _ElementErrors:
         self.missing_nan = 0  # a number where the reference has NaN
         self.wrong_inf = 0  # Inf where the reference has a finite value or the other Inf
         self.first_non_finite: int | None = None
+        # For the scale check: sums over the finite elements of the squared error, the reference and its square.
+        self.finite = 0
+        self.squared_error = 0.0
+        self.sum_expected = 0.0
+        self.sum_expected_squared = 0.0
 
     def add(self, actual: torch.Tensor, expected: torch.Tensor, offset: int, *, atol: float, rtol: float) -> None:
         compute_dtype = torch.float64 if expected.dtype == torch.float64 else torch.float32
@@ -166,6 +180,11 @@ class _ElementErrors:
         self.outside_tolerance += int((difference > allowed).sum())
         ratio = difference / allowed.clamp_min(torch.finfo(compute_dtype).tiny)
         relative = torch.where(finite & (b != 0), difference / b.abs(), 0.0)
+        self.finite += int(finite.sum())
+        self.squared_error += float(difference.double().square().sum())
+        finite_b = torch.where(finite, b, 0.0).double()
+        self.sum_expected += float(finite_b.sum())
+        self.sum_expected_squared += float(finite_b.square().sum())
         self.max_abs = max(self.max_abs, float(difference.max()))
         self.max_rel = max(self.max_rel, float(relative.max()))
         chunk_worst = int(ratio.argmax())
@@ -190,7 +209,36 @@ class _ElementErrors:
                 f"{self.max_abs:.3g}, max rel error {self.max_rel:.3g}; worst at {comparison.worst_index}: "
                 f"got {got:.6g}, expected {want:.6g}"
             )
+            return comparison
+        scale_failure = self.scale_failure(name, expected.dtype, atol=self._atol, rtol=self._rtol)
+        if scale_failure:
+            comparison.ok, comparison.worst_ratio, comparison.message = False, float("inf"), scale_failure
         return comparison
+
+    def scale_failure(self, name: str, dtype: torch.dtype, *, atol: float, rtol: float) -> str:
+        """Why the outputs are no better than a constant answer, when the tolerance is too wide to tell.
+
+        Where atol + rtol * |typical output| is as wide as the outputs' own spread (every output of a softmax
+        over 32k columns is below atol), any constant or noise passes the element test. Then the root-mean-square
+        error must also be far below the spread: under a tenth of the outputs' standard deviation (or a few units
+        in the last place of their dtype, whichever is larger).
+        """
+        if self.finite < SCALE_CHECK_MIN_ELEMENTS or not dtype.is_floating_point:
+            return ""
+        mean = self.sum_expected / self.finite
+        variance = max(self.sum_expected_squared / self.finite - mean * mean, 0.0)
+        spread, typical = variance**0.5, (self.sum_expected_squared / self.finite) ** 0.5
+        if spread == 0.0 or atol + rtol * typical < SCALE_CHECK_BAND * spread:
+            return ""
+        rms_error = (self.squared_error / self.finite) ** 0.5
+        allowed = max(SCALE_CHECK_FRACTION * spread, SCALE_CHECK_ULPS * torch.finfo(dtype).eps * typical)
+        if rms_error <= allowed:
+            return ""
+        return (
+            f"{name}: within atol/rtol only because the tolerance is wider than the outputs' scale (their standard "
+            f"deviation is {spread:.3g}, atol + rtol*|typical| is {atol + rtol * typical:.3g}); the root-mean-square "
+            f"error {rms_error:.3g} is not far below it (at most {allowed:.3g}), as no better than a constant answer"
+        )
 
     def _non_finite_text(self) -> str:
         parts = []
@@ -255,38 +303,68 @@ def trial_from(seed: int, leaves: list[LeafComparison]) -> TrialResult:
     return trial
 
 
-# ------------------------------------------------------------------------------------------ poisoning
+# ---------------------------------------------------------------------------------- outputs from slots
 
 
-def poison_free_memory(device: torch.device, output_bytes: list[int]) -> None:
-    """Fill the caching allocator's free blocks on the current stream with 0xFF bytes, NaN in every float type.
+def fill_poison(tensor: torch.Tensor) -> None:
+    """NaN in a float slot (0xFF bytes otherwise): a slot the model never wrote cannot look right."""
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(True)
+    else:
+        tensor.fill_(-1)
 
-    Each free block is claimed by an allocation of exactly its size, filled and released, and so is a fresh
-    block of each output's size; an output the candidate allocates but does not fully write then shows NaN
-    instead of a previous result (the reference's, or an earlier trial's) that happened to lie there.
+
+def actual_from(structure: Any, slots: list[torch.Tensor]) -> Any:
+    """The model's outputs as the trusted side sees them: the slots it wrote, in the structure it reported.
+
+    A tensor leaf the sandbox could not copy (another shape, dtype or device) becomes a meta tensor of what was
+    reported, so the comparison names the difference; the values compared are only ever the slots'.
     """
-    stream = torch.cuda.current_stream(device).cuda_stream
-    free_blocks = [
-        block["size"]
-        for segment in torch.cuda.memory_snapshot()
-        if segment["device"] == device.index and segment["stream"] == stream
-        for block in segment["blocks"]
-        if block["state"] == "inactive"
-    ]
-    claimed = []
-    try:
-        for size in [*free_blocks, *output_bytes]:
-            claimed.append(torch.empty(size, dtype=torch.uint8, device=device).fill_(0xFF))
-    except torch.cuda.OutOfMemoryError:
-        pass  # what was claimed so far is poisoned; the rest stays as it is
-    del claimed
+    from kernelpilot.harness.shared import DTYPES
+
+    kind = structure.get("t") if isinstance(structure, dict) else None
+    if kind == "tensor":
+        index = structure.get("i")
+        if structure.get("copied") and isinstance(index, int) and 0 <= index < len(slots):
+            return slots[index]
+        dtype = DTYPES.get(str(structure.get("dtype")), torch.uint8)
+        shape = [int(size) for size in structure.get("shape", [])]
+        return _Reported(torch.empty(shape, dtype=dtype, device="meta"), str(structure.get("device")))
+    if kind in ("tuple", "list"):
+        items = [actual_from(item, slots) for item in structure.get("items", [])]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {key: actual_from(item, slots) for key, item in dict(structure.get("items", {})).items()}
+    if kind == "value":
+        return structure.get("v")
+    return _Other(str(structure.get("type", "unknown")) if isinstance(structure, dict) else "unknown")
+
+
+class _Reported(torch.Tensor):
+    """A reported output the sandbox did not copy: shape and dtype only (and the device it was on)."""
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, device: str):
+        tensor = meta.as_subclass(cls)
+        tensor.reported_device = device
+        return tensor
+
+
+class _Other:
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"
 
 
 # ------------------------------------------------------------------------------------------ the run
 
 
 class _Stopped(Exception):
-    """Ends the run early: the candidate (or the reference) raised, or the checking code failed."""
+    """Ends the run early: the model (or the reference) failed, or the checking code did."""
 
     def __init__(self, kind: str, message: str, traceback: str = ""):
         super().__init__(message)
@@ -303,38 +381,44 @@ class _ReferenceRun:
 
 
 class _Verification:
-    """State of one verify_candidate call: models, trial results, guard findings, what the last call returned."""
+    """State of one verify_candidate call: the reference, trial results, guard findings, the last trial's slots."""
 
-    def __init__(self, problem: Any, device: torch.device, *, atol: float, rtol: float, workspace: Path | None):
-        self.problem, self.device, self.atol, self.rtol = problem, device, atol, rtol
+    def __init__(self, problem: Any, device: torch.device, model: Any, *, atol: float, rtol: float,
+                 workspace: Path | None, timeout: float):  # fmt: skip
+        self.problem, self.device, self.model, self.atol, self.rtol = problem, device, model, atol, rtol
         self.workspace = Path(workspace) if workspace is not None else None
         self.cuda = device.type == "cuda"
         if self.cuda and device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.deadline = Deadline(timeout)
         self.trials: list[TrialResult] = []
         self.findings: list[GuardFinding] = []
         self.notes: list[str] = []
-        self.previous: guards.PreviousCall | None = None
+        self.previous: tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]] | None = None
         self.stopped: _Stopped | None = None
 
     # ---------------------------------------------------------------- driving
 
-    def run(self, candidate_cls: type, *, trials: int, base_seed: int) -> None:
-        self._check_import_patches(candidate_cls)
-        if self.workspace is not None:
-            self._record(guards.find_tampered_files(self.workspace))
-        self.reference, self.candidate = self._build_models(candidate_cls, base_seed)
+    def run(self, *, trials: int, base_seed: int) -> None:
+        hello = self.model.hello
+        if not hello.get("ok"):
+            raise _Stopped(hello.get("error_kind") or "load", hello.get("message") or "the model could not be loaded")
+        for finding in hello.get("import_findings", []):
+            self._record_reported(finding)
+        self.reference = self._build_reference(base_seed)
         try:
-            for index in range(trials):
-                trial = self._run_trial(index, base_seed + index * SEED_STRIDE, last=index == trials - 1)
-                self.trials.append(trial)
-                if not trial.ok:
-                    break
+            with SharedArena(self.device) as arena:
+                for index in range(trials):
+                    trial = self._run_trial(arena, index, base_seed + index * SEED_STRIDE, last=index == trials - 1)
+                    self.trials.append(trial)
+                    if not trial.ok:
+                        break
         finally:
-            self._check_functions("after forward")
             self.previous = None
+            if self.workspace is not None:  # after the model ran: it may have rewritten a protected file
+                self._record(guards.find_tampered_files(self.workspace))
 
-    def _run_trial(self, index: int, seed: int, *, last: bool) -> TrialResult:
+    def _run_trial(self, arena: SharedArena, index: int, seed: int, *, last: bool) -> TrialResult:
         try:
             inputs = self.problem.make_inputs(self.device, seed)
         except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
@@ -342,16 +426,36 @@ class _Verification:
             raise _Stopped("reference", message) from None
         inputs_before = clone_tree(inputs)
         reference = self._run_reference(inputs, seed)
+        shared_inputs, inputs_description = share_tree(arena, inputs)
+        expected = tensor_leaves(reference.output, "out")
+        slots, slot_refs = [], []
+        for _, tensor in expected:
+            slot, slot_ref = arena.like(tensor)
+            fill_poison(slot)
+            slots.append(slot)
+            slot_refs.append(slot_ref)
         if self.cuda:
-            poison_free_memory(self.device, [t.nbytes for _, t in tensor_leaves(reference.output, "out")])
-        actual, read_at_return = self._run_candidate(inputs, seed)
-
+            torch.cuda.synchronize(self.device)
+        reply = self.model.request(
+            "call",
+            {"inputs": inputs_description, "slots": slot_refs, "seed": seed,
+             "reference_aliases_inputs": reference.aliases_inputs},  # fmt: skip
+            timeout=self.deadline.left(),
+        )
+        if not reply.get("ok"):
+            raise _Stopped(reply.get("error_kind") or "runtime", reply.get("message") or "the call failed")
+        for finding in reply.get("findings", []):
+            self._record_reported(finding)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        actual = actual_from(reply.get("structure"), slots)
         trial = trial_from(seed, compare_outputs(actual, reference.output, atol=self.atol, rtol=self.rtol))
-        failed_guards = self._check_call(actual, read_at_return, inputs, inputs_before, reference)
+        self._check_trusted(shared_inputs, inputs_before, reference, slots, expected)
+        failed_guards = self._failed_guards()
         if last and self.cuda and not failed_guards:
-            # After the last trial: a candidate that stops computing after its first call is caught by the
-            # cached-output guards on trial 2, and is not also reported for the kernels its later calls skip.
-            failed_guards = self._check_profiled_call(inputs_before, seed)
+            # After the last trial: a model that stops computing after its first call is caught by the repeated
+            # values guard on trial 2, and is not also reported for the kernels its later calls skip.
+            failed_guards = self._check_profiled_call(arena, inputs_before, seed)
         if index == 0 and trial.ok and not failed_guards:
             self._check_precision(inputs_before, actual, reference.output)
         if failed_guards:
@@ -359,29 +463,14 @@ class _Verification:
             trial.message = "; ".join(filter(None, [f"guards failed: {', '.join(failed_guards)}", trial.message]))
         return trial
 
-    def _build_models(self, candidate_cls: type, seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
-        """The reference Model and `candidate_cls(*init_inputs)` holding the same weights, on the device."""
+    def _build_reference(self, seed: int) -> torch.nn.Module:
+        """The reference Model with the weights drawn under `seed`: the sandbox draws the same ones."""
         torch.manual_seed(seed)
         try:
-            reference = self.problem.make_model("cpu")
+            return self.problem.make_model("cpu").to(self.device)
         except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
             message = f"the reference Model(*get_init_inputs()) raised {describe_exception(exc)}"
             raise _Stopped("reference", message) from None
-        try:
-            candidate = candidate_cls(*self.problem.init_inputs)
-        except Exception as exc:  # noqa: BLE001 - the user's constructor failing is a result, not a crash
-            raise _Stopped("init", f"ModelNew(*get_init_inputs()) raised {describe_exception(exc)}") from None
-        if not isinstance(candidate, torch.nn.Module):
-            raise _Stopped("init", f"ModelNew is {_describe(candidate)}, not a torch.nn.Module")
-        try:
-            candidate.load_state_dict(reference.state_dict(), strict=True)
-        except RuntimeError as exc:
-            detail = " ".join(str(exc).split())[:400]
-            raise _Stopped("init", f"ModelNew's parameters and buffers do not match Model's state_dict: {detail}") from None
-        try:
-            return reference.to(self.device), candidate.to(self.device).train(reference.training)
-        except Exception as exc:  # noqa: BLE001
-            raise _Stopped(*_failure_kind(exc, "moving the models to the device")) from None
 
     def _run_reference(self, inputs: list, seed: int) -> _ReferenceRun:
         reference_inputs = clone_tree(inputs)
@@ -399,70 +488,43 @@ class _Verification:
             aliases_inputs=bool(guards.aliased_pairs(tensor_leaves(output, "out"), after)),
         )
 
-    def _run_candidate(self, inputs: list, seed: int) -> tuple[Any, Any]:
-        """The candidate's output, and (CUDA) a copy of it read the moment forward returned."""
-        recorder = guards.AtenOpRecorder()
-        try:
-            with torch.no_grad(), recorder:
-                actual = self.candidate(*inputs)
-            read_at_return = clone_tree(actual) if self.cuda else None
-            if self.cuda:
-                _synchronize(self.device)
-        except Exception as exc:  # noqa: BLE001 - every failure of the candidate becomes a result
-            kind, message = _failure_kind(exc, f"ModelNew.forward (seed {seed})")
-            raise _Stopped(kind, message) from None
-        self._record(guards.find_torch_compute(recorder.counts))
-        return actual, read_at_return
-
     # ---------------------------------------------------------------- guards
 
-    def _check_call(
-        self, actual: Any, read_at_return: Any, inputs: list, inputs_before: list, reference: _ReferenceRun
-    ) -> list[str]:
-        """Run the per-call guards; return the names of those that failed (torch-compute included)."""
-        outputs = tensor_leaves(actual, "out")
-        expected = tensor_leaves(reference.output, "reference out")
-        findings = [
-            guards.find_output_aliasing(
-                outputs, tensor_leaves(inputs, "inputs"), expected, reference_aliases_inputs=reference.aliases_inputs
-            ),
+    def _check_trusted(self, shared_inputs: Any, inputs_before: Any, reference: _ReferenceRun,
+                       slots: list[torch.Tensor], expected: list[tuple[str, torch.Tensor]]) -> None:  # fmt: skip
+        """The guards that need no trust in the sandbox: inputs left as they were, outputs that follow the inputs."""
+        self._record(
             guards.find_mutated_inputs(
-                tensor_leaves(inputs, "inputs"), tensor_leaves(inputs_before, "inputs"), mutable=reference.mutated_inputs
-            ),
-            guards.find_module_held_output(outputs, self.candidate),
-        ]
-        if read_at_return is not None:
-            findings.append(guards.find_unsynced_output(tensor_leaves(read_at_return, "out"), outputs))
-        if self.previous is not None:
-            findings.append(guards.find_reused_output(outputs, self.previous))
-            findings.append(guards.find_repeated_values(outputs, expected, self.previous))
-        for finding in findings:
-            self._record(finding)
-        self.previous = guards.PreviousCall(
-            outputs=[(f"previous {name}", t) for name, t in outputs],
-            values=[(f"previous {name}", t.clone()) for name, t in outputs],
-            reference_values=expected,
+                tensor_leaves(shared_inputs, "inputs"), tensor_leaves(inputs_before, "inputs"),
+                mutable=reference.mutated_inputs,
+            )  # fmt: skip
         )
-        return sorted({f.guard for f in self.findings if f.severity == "fail"})
+        outputs = [(name, slot) for (name, _), slot in zip(expected, slots)]
+        if self.previous is not None:
+            earlier_values, earlier_reference = self.previous
+            previous = guards.PreviousCall(outputs=[], values=[(f"previous {n}", v) for (n, _), v in
+                                           zip(expected, earlier_values)], reference_values=earlier_reference)  # fmt: skip
+            self._record(guards.find_repeated_values(outputs, expected, previous))
+        self.previous = ([slot.clone() for slot in slots], [(f"previous {n}", t) for n, t in expected])
 
-    def _check_profiled_call(self, inputs_before: list, seed: int) -> list[str]:
-        """One more forward under the profiler: its own kernels, torch's kernels, side streams (CUDA only)."""
-        profile_inputs = clone_tree(inputs_before)
-
-        def forward() -> None:
-            try:
-                with torch.no_grad():
-                    self.candidate(*profile_inputs)
-            except Exception as exc:  # noqa: BLE001 - the candidate's failure, not the profiler's
-                raise _Stopped(*_failure_kind(exc, f"ModelNew.forward under the profiler (seed {seed})")) from None
-
-        profiled = guards.profile_forward(forward, self.device)
-        names = [kernel.name for kernel in profiled.kernels]
+    def _check_profiled_call(self, arena: SharedArena, inputs_before: list, seed: int) -> list[str]:
+        """One more forward under the sandbox's profiler: its own kernels, torch's kernels, side streams."""
+        _, description = share_tree(arena, clone_tree(inputs_before))
+        reply = self.model.request("profiled_call", {"inputs": description, "seed": seed}, timeout=self.deadline.left())
+        if not reply.get("ok"):
+            raise _Stopped(reply.get("error_kind") or "runtime", reply.get("message") or "the profiled call failed")
+        names = [str(name) for name in reply.get("kernels", [])]
+        streams = list(reply.get("streams", []))
+        profiled = guards.ProfiledForward(
+            kernels=[guards.KernelLaunch(name, stream) for name, stream in zip(names, streams)],
+            current_stream=reply.get("current_stream"),
+            synchronized=bool(reply.get("synchronized")),
+        )
         source = guards.workspace_kernel_source(self.workspace) if self.workspace is not None else None
         self._record(guards.find_no_custom_kernel(names, source))
         self._record(guards.find_torch_kernels(names))
         self._record(guards.find_unsynced_side_stream(profiled))
-        return sorted({f.guard for f in self.findings if f.severity == "fail"})
+        return self._failed_guards()
 
     def _check_precision(self, inputs: list, actual: Any, expected: Any) -> None:
         """Warn when fp32 outputs look computed in half precision, judged against a float64 reference."""
@@ -471,7 +533,7 @@ class _Verification:
         checked = [
             (index, out, ref)
             for index, ((_, out), (_, ref)) in enumerate(leaf_pairs)
-            if ref.dtype == torch.float32 and out.dtype == torch.float32 and ref.numel() > 0
+            if ref.dtype == torch.float32 and out.dtype == torch.float32 and ref.numel() > 0 and out.device == ref.device
         ]
         if not checked:
             return
@@ -492,22 +554,18 @@ class _Verification:
         for index, out, ref in checked:
             self._record(guards.find_precision_drop(out, ref, exact_leaves[index]))
 
-    def _check_functions(self, when: str) -> None:
-        self._record(guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when=when))
-        guards.restore_functions(guards.PRISTINE_FUNCTIONS)
-
-    def _check_import_patches(self, candidate_cls: type) -> None:
-        """Patches made when the candidate's module ran; remembered, since a worker imports a module only once."""
-        finding = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
-        guards.restore_functions(guards.PRISTINE_FUNCTIONS)
-        if finding is not None:
-            _PATCHED_AT_IMPORT[candidate_cls] = finding
-        self._record(_PATCHED_AT_IMPORT.get(candidate_cls))
+    def _record_reported(self, finding: dict) -> None:
+        """A finding the sandbox reported about itself (advice: a hostile model can always stay silent)."""
+        if isinstance(finding, dict) and finding.get("severity") in ("fail", "warn"):
+            self._record(GuardFinding(str(finding.get("guard")), finding["severity"], str(finding.get("message", ""))))
 
     def _record(self, finding: GuardFinding | None) -> None:
         """Keep the first finding of each guard (a guard that fires on every trial is reported once)."""
         if finding is not None and all(f.guard != finding.guard for f in self.findings):
             self.findings.append(finding)
+
+    def _failed_guards(self) -> list[str]:
+        return sorted({f.guard for f in self.findings if f.severity == "fail"})
 
     # ---------------------------------------------------------------- result
 
@@ -553,18 +611,10 @@ def _as_float64(item: Any) -> Any:
     return item.double() if isinstance(item, torch.Tensor) and item.dtype == torch.float32 else item
 
 
-def _checking_failure(exc: Exception, candidate_cls: type, workspace: Path | None) -> _Stopped:
-    """Whose fault an exception raised outside the candidate's wrapped calls is.
-
-    A CUDA error or running out of device memory reflects the device's state, which the candidate's kernels left
-    (the checks run torch's own kernels on valid tensors); an exception raised while the candidate's code ran
-    inside a check (a method of a tensor subclass it returned, an override on its module) is the candidate's;
-    anything else is a bug in kernelpilot's checking code: a "harness" error, with the traceback for a report.
-    """
-    if is_device_failure(exc):  # OOM or a CUDA error, on every torch kernelpilot supports
-        return _Stopped(*_failure_kind(exc, "checking ModelNew's results"))
-    if _ran_candidate_code(exc, candidate_cls, workspace):
-        return _Stopped("runtime", f"ModelNew's code raised {describe_exception(exc)} while its results were checked")
+def _checking_failure(exc: Exception) -> _Stopped:
+    """An exception of the trusted side's own code, where no model code runs: the device's state, or a bug."""
+    if is_device_failure(exc):  # out of memory, or a CUDA error, on the judge's side
+        return _Stopped(*failure_kind(exc, "checking the results"))
     place = next((f for f in reversed(extract_tb(exc.__traceback__)) if _in_kernelpilot(f.filename)), None)
     where = f" (in {place.name}, {Path(place.filename).name}:{place.lineno})" if place is not None else ""
     message = (
@@ -575,39 +625,5 @@ def _checking_failure(exc: Exception, candidate_cls: type, workspace: Path | Non
     return _Stopped(HARNESS_ERROR, message, "".join(format_exception(exc)))
 
 
-def _ran_candidate_code(exc: BaseException, candidate_cls: type, workspace: Path | None) -> bool:
-    """True when a frame of `exc`'s traceback is the candidate's: in its module's file or its workspace."""
-    module_file = getattr(sys.modules.get(candidate_cls.__module__), "__file__", None)
-    candidate_file = Path(module_file).resolve() if module_file else None
-    workspace_root = workspace.resolve() if workspace is not None else None
-    for frame in extract_tb(exc.__traceback__):
-        path = Path(frame.filename).resolve()
-        if path == candidate_file or (workspace_root is not None and path.is_relative_to(workspace_root)):
-            return True
-    return False
-
-
 def _in_kernelpilot(filename: str) -> bool:
     return Path(filename).resolve().is_relative_to(_KERNELPILOT_DIR)
-
-
-def _failure_kind(exc: BaseException, during: str) -> tuple[str, str]:
-    """("oom" | "crash" | "runtime", one-line message) for an exception raised by the candidate."""
-    message = f"{during} raised {describe_exception(exc)}"
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return "oom", message
-    text = str(exc).lower()
-    if any(marker in text for marker in _STICKY_CUDA_ERRORS):
-        return "crash", message
-    return "runtime", message
-
-
-def describe_exception(exc: BaseException) -> str:
-    """`Type: first line`, plus the first kernel source location the message names when the first line has none."""
-    lines = str(exc).strip().splitlines()
-    first = lines[0][:300] if lines else ""
-    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    location = _SOURCE_LOCATION.search(str(exc))
-    if location and location.group(0) not in first:
-        text += f" (at {location.group(0)})"
-    return text

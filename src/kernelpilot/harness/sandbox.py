@@ -1,0 +1,375 @@
+"""UNTRUSTED side of the judge: the process that loads one candidate and runs the calls it is asked for.
+
+Everything here runs next to candidate code (model_new.py, its extension, whatever they import), so nothing here
+decides a verdict: this side holds no reference output, compares nothing that counts and keeps no clock whose
+reading counts. It maps the inputs and output slots the trusted side lends it (`shared.py`), runs the model, copies
+each output into its slot and answers in JSON. What it reports about itself (op counts, kernels, aliasing, its
+own event times) is advice that catches honest mistakes; the verdict comes from the trusted side's comparison of
+the slots and its own wall clock (`verify.py`, `timing.py`).
+
+A sandbox serves one model for its whole life: a candidate (`mode="candidate"`), or the reference in eager or
+compiled form for the baselines (`mode="eager"|"compile"`), in a process where no candidate code ever ran.
+`LocalModel` is the model-facing half, also used in-process by CPU tests; `serve` wraps it in the process loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Imported before any candidate code: guards.py takes its snapshot of the watched functions at import.
+from kernelpilot.harness import guards  # noqa: I001
+from kernelpilot.harness.failures import describe_exception, failure_kind
+from kernelpilot.harness.guards import PreviousCall, clone_tree, tensor_leaves
+from kernelpilot.harness.shared import dtype_name, open_reference, open_tree
+
+# Captured before any candidate code runs (self-protection for honest reports, not a trust boundary).
+_synchronize = torch.cuda.synchronize
+_Event = torch.cuda.Event
+_perf_counter = time.perf_counter
+# The GPU sleeps this long before each timed call, so the call's CPU dispatch overlaps it and is not timed.
+DISPATCH_COVER_S = 100e-6
+MODES = ("candidate", "eager", "compile")
+
+
+class LocalModel:
+    """One model and the calls the judge makes on it: checked calls, timed runs and a profiled call."""
+
+    def __init__(self, problem: Any, model: torch.nn.Module, device: torch.device, *, workspace: Path | None = None):
+        self.problem, self.model, self.device = problem, model, device
+        self.cuda = device.type == "cuda"
+        self.workspace = workspace
+        self.previous: PreviousCall | None = None
+        self.timing_slots: list[torch.Tensor] = []
+        self._flush = None
+
+    # ---------------------------------------------------------------------------- checked calls
+
+    def call(self, inputs: list, slots: list[torch.Tensor], *, seed: int, reference_aliases_inputs: bool) -> dict:
+        """Run forward on `inputs` under the self-checks, copy the outputs into `slots`; a JSON-able report."""
+        if self.cuda:
+            poison_free_memory(self.device, [slot.nbytes for slot in slots])
+        recorder = guards.AtenOpRecorder()
+        try:
+            with torch.no_grad(), recorder:
+                actual = self.model(*inputs)
+            read_at_return = clone_tree(actual) if self.cuda else None
+            if self.cuda:
+                _synchronize(self.device)
+        except Exception as exc:  # noqa: BLE001 - every failure of the model becomes a report
+            return _failed(exc, f"ModelNew.forward (seed {seed})")
+        outputs = tensor_leaves(actual, "out")
+        findings = [
+            guards.find_torch_compute(recorder.counts),
+            guards.find_output_aliasing(outputs, tensor_leaves(inputs, "inputs"), [],
+                                        reference_aliases_inputs=reference_aliases_inputs),  # fmt: skip
+            guards.find_module_held_output(outputs, self.model),
+            guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after forward"),
+        ]
+        if read_at_return is not None:
+            findings.append(guards.find_unsynced_output(tensor_leaves(read_at_return, "out"), outputs))
+        if self.previous is not None:
+            findings.append(guards.find_reused_output(outputs, self.previous))
+        self.previous = PreviousCall(
+            outputs=[(f"previous {name}", t) for name, t in outputs],
+            values=[(f"previous {name}", t.clone()) for name, t in outputs],
+            reference_values=[],
+        )
+        structure = copy_into_slots(actual, slots)
+        if self.cuda:
+            _synchronize(self.device)
+        return {"ok": True, "structure": structure, "findings": [_finding(f) for f in findings if f is not None]}
+
+    def profiled_call(self, inputs: list, *, seed: int) -> dict:
+        """One more forward under the profiler: the kernels it launched, on which streams, whether torch's."""
+        error: list[dict] = []
+
+        def forward() -> None:
+            try:
+                with torch.no_grad():
+                    self.model(*inputs)
+            except Exception as exc:  # noqa: BLE001 - the model's failure, not the profiler's
+                error.append(_failed(exc, f"ModelNew.forward under the profiler (seed {seed})"))
+
+        profiled = guards.profile_forward(forward, self.device)
+        if error:
+            return error[0]
+        names = [kernel.name for kernel in profiled.kernels]
+        return {"ok": True, "kernels": names, "current_stream": profiled.current_stream,
+                "streams": [k.stream for k in profiled.kernels], "synchronized": profiled.synchronized}  # fmt: skip
+
+    # ---------------------------------------------------------------------------- timed runs
+
+    def bind(self, slots: list[torch.Tensor], *, flush_l2: bool) -> dict:
+        """The slots every timed run copies its outputs into, until the next bind."""
+        self.timing_slots = slots
+        if self.cuda and flush_l2 and self._flush is None:
+            l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
+            self._flush = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=self.device)
+        return {"ok": True}
+
+    def run(self, seed: int) -> dict:
+        """One timed call on fresh inputs drawn from `seed`: its time in ms, outputs copied into the bound slots.
+
+        On a GPU: L2 flushed, the GPU kept busy while the call is dispatched, then an event, the call, a
+        device-wide synchronisation (work on every stream counts) and an event.
+        """
+        try:
+            inputs = self.problem.make_inputs(self.device, seed)
+        except Exception as exc:  # noqa: BLE001
+            return {"ok": False, "error_kind": "reference", "message": f"get_inputs() raised {describe_exception(exc)}"}
+        try:
+            with torch.no_grad():
+                ms, actual = self._timed(inputs)
+        except Exception as exc:  # noqa: BLE001
+            return _failed(exc, f"ModelNew.forward while timed (seed {seed})")
+        structure = copy_into_slots(actual, self.timing_slots)
+        if self.cuda:
+            _synchronize(self.device)
+        return {"ok": True, "ms": ms, "structure": structure}
+
+    def _timed(self, inputs: list) -> tuple[float, Any]:
+        if not self.cuda:
+            start = _perf_counter()
+            actual = self.model(*inputs)
+            return (_perf_counter() - start) * 1e3, actual
+        _synchronize(self.device)
+        if self._flush is not None:
+            self._flush.zero_()
+        torch.cuda._sleep(int(torch.cuda.get_device_properties(self.device).clock_rate * 1e3 * DISPATCH_COVER_S))
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        start.record()
+        actual = self.model(*inputs)
+        _synchronize(self.device)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), actual
+
+    def kernels(self, seed: int) -> dict:
+        """The kernels of one call on inputs from `seed`, longest first (the bench's breakdown)."""
+        from kernelpilot.harness.bench import profile_kernels
+        from kernelpilot.results import to_dict
+
+        inputs = self.problem.make_inputs(self.device, seed)
+        with torch.no_grad():
+            rows = profile_kernels(self.model, inputs, device=str(self.device))
+        return {"ok": True, "kernels": [to_dict(row) for row in rows]}
+
+
+def copy_into_slots(actual: Any, slots: list[torch.Tensor]) -> Any:
+    """Describe `actual` as JSON and copy each tensor leaf into the slot of its index when layouts agree."""
+    counter = iter(range(len(slots) + 1_000_000))
+
+    def describe(tree: Any) -> Any:
+        if isinstance(tree, torch.Tensor):
+            index = next(counter)
+            slot = slots[index] if index < len(slots) else None
+            copied = (
+                slot is not None and tree.shape == slot.shape and tree.dtype == slot.dtype and tree.device == slot.device
+            )
+            if copied:
+                slot.copy_(tree)
+            return {"t": "tensor", "i": index, "shape": list(tree.shape), "dtype": dtype_name(tree.dtype),
+                    "device": str(tree.device), "copied": copied}  # fmt: skip
+        if isinstance(tree, (tuple, list)):
+            return {"t": "tuple" if isinstance(tree, tuple) else "list", "items": [describe(item) for item in tree]}
+        if isinstance(tree, dict):
+            return {"t": "dict", "items": {str(key): describe(item) for key, item in tree.items()}}
+        if tree is None or isinstance(tree, (bool, int, float, str)):
+            return {"t": "value", "v": tree}
+        return {"t": "other", "type": type(tree).__name__}
+
+    return describe(actual)
+
+
+def poison_free_memory(device: torch.device, output_bytes: list[int]) -> None:
+    """Fill the caching allocator's free blocks with 0xFF bytes (NaN in every float type) before a checked call.
+
+    An output the model allocates but does not fully write then shows NaN instead of an earlier result that
+    happened to lie in the reused block.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream
+    free_blocks = [
+        block["size"]
+        for segment in torch.cuda.memory_snapshot()
+        if segment["device"] == device.index and segment["stream"] == stream
+        for block in segment["blocks"]
+        if block["state"] == "inactive"
+    ]
+    claimed = []
+    try:
+        for size in [*free_blocks, *output_bytes]:
+            claimed.append(torch.empty(size, dtype=torch.uint8, device=device).fill_(0xFF))
+    except torch.cuda.OutOfMemoryError:
+        pass  # what was claimed so far is poisoned; the rest stays as it is
+    del claimed
+
+
+def _finding(finding: Any) -> dict:
+    return {"guard": finding.guard, "severity": finding.severity, "message": finding.message}
+
+
+def _failed(exc: BaseException, during: str) -> dict:
+    kind, message = failure_kind(exc, during)
+    return {"ok": False, "error_kind": kind, "message": message}
+
+
+# ------------------------------------------------------------------------------------- loading a model
+
+
+def load_model(mode: str, problem: Any, device: torch.device, *, seed: int, workspace: Path | None, library: str | None):
+    """The model this sandbox serves, holding the reference's weights drawn under `seed`.
+
+    Raises `SandboxLoadError` with the verdict's kind ("load", "init") when the candidate cannot be used.
+    """
+    torch.manual_seed(seed)
+    try:
+        reference = problem.make_model("cpu")
+    except Exception as exc:  # noqa: BLE001
+        raise SandboxLoadError("reference", f"the reference Model(*get_init_inputs()) raised {describe_exception(exc)}") from None
+    if mode != "candidate":
+        model = reference.to(device)
+        return torch.compile(model) if mode == "compile" else model
+    from kernelpilot.harness.candidate import CandidateError, load_candidate
+    from kernelpilot.results import BuildResult
+    from kernelpilot.workspace import Workspace
+
+    from kernelpilot.workspace import EXTENSION_NAME
+
+    build = BuildResult(ok=True, workspace=str(workspace), extension_name=EXTENSION_NAME, arch="", library=library) if library else None
+    try:
+        candidate_cls = load_candidate(Workspace(workspace), build)
+    except CandidateError as err:
+        raise SandboxLoadError("load", err.message, err.hint) from None
+    try:
+        candidate = candidate_cls(*problem.init_inputs)
+    except Exception as exc:  # noqa: BLE001 - the user's constructor failing is a verdict, not a crash
+        raise SandboxLoadError("init", f"ModelNew(*get_init_inputs()) raised {describe_exception(exc)}") from None
+    if not isinstance(candidate, torch.nn.Module):
+        raise SandboxLoadError("init", f"ModelNew is a {type(candidate).__name__}, not a torch.nn.Module")
+    try:
+        candidate.load_state_dict(reference.state_dict(), strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:400]
+        raise SandboxLoadError("init", f"ModelNew's parameters and buffers do not match Model's state_dict: {detail}") from None
+    try:
+        return candidate.to(device).train(reference.training)
+    except Exception as exc:  # noqa: BLE001
+        raise SandboxLoadError(*failure_kind(exc, "moving ModelNew to the device")) from None
+
+
+class SandboxLoadError(Exception):
+    def __init__(self, kind: str, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.hint = kind, message, hint
+
+
+# ------------------------------------------------------------------------------------- the process
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Ready (torch imported, CUDA up: a spare waits here), then a "load" request, then one reply per request."""
+    _harden()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.init()
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.empty(1, device=device)  # the context and the allocator, before any candidate is waiting
+    with os.fdopen(args.requests_fd, "r", encoding="utf-8") as requests, os.fdopen(args.replies_fd, "w") as replies:
+        _write(replies, {"ok": True, "ready": True, "pid": os.getpid()})
+        local = None
+        for line in requests:
+            request = json.loads(line)
+            if local is None:
+                local, reply = _load(request, device)
+            else:
+                reply = handle(local, request)
+            _write(replies, {"id": request.get("id"), "ok": True, "result": reply, "exiting": reply.get("exiting")})
+            if reply.get("exiting"):
+                sys.stdout.flush()
+                os._exit(3)
+
+
+def _load(request: dict, device: torch.device) -> tuple[LocalModel | None, dict]:
+    """The one "load" request a sandbox takes: the model it serves for the rest of its life."""
+    from kernelpilot.problem import load_problem
+
+    args = request.get("args", {})
+    if request.get("op") != "load" or args.get("mode") not in MODES:
+        return None, {"ok": False, "error_kind": "harness", "message": "a sandbox must be loaded first", "exiting": True}
+    try:
+        problem = load_problem(Path(args["problem"]), validate=False)
+        workspace = Path(args["workspace"]) if args.get("workspace") else None
+        model = load_model(args["mode"], problem, device, seed=int(args["seed"]), workspace=workspace,
+                           library=args.get("library"))  # fmt: skip
+    except SandboxLoadError as err:
+        return None, {"ok": False, "error_kind": err.kind, "message": err.message, "hint": err.hint, "exiting": True}
+    imported = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
+    return LocalModel(problem, model, device, workspace=workspace), {
+        "ok": True, "pid": os.getpid(), "import_findings": [_finding(imported)] if imported else []}  # fmt: skip
+
+
+def handle(local: LocalModel, request: dict) -> dict:
+    """One request's reply (a JSON-able dict with "ok"); a failure of the model is a reply, not an exception."""
+    op, args = request.get("op"), request.get("args", {})
+    try:
+        if op == "call":
+            inputs = open_tree(args["inputs"])
+            slots = [open_reference(ref) for ref in args["slots"]]
+            reply = local.call(inputs, slots, seed=args["seed"], reference_aliases_inputs=args["reference_aliases_inputs"])
+            del inputs, slots
+        elif op == "profiled_call":
+            reply = local.profiled_call(open_tree(args["inputs"]), seed=args["seed"])
+        elif op == "bind":
+            reply = local.bind([open_reference(ref) for ref in args["slots"]], flush_l2=args.get("flush_l2", True))
+        elif op == "run":
+            reply = local.run(args["seed"])
+        elif op == "kernels":
+            reply = local.kernels(args["seed"])
+        else:
+            reply = {"ok": False, "error_kind": "harness", "message": f"unknown sandbox request {op!r}"}
+    except Exception as exc:  # noqa: BLE001 - whatever happens here is reported, the process goes on if it can
+        reply = _failed(exc, f"the sandbox's {op}")
+    if reply.get("error_kind") in ("crash", "cuda-error"):
+        reply["exiting"] = True  # the CUDA context is unusable
+    return reply
+
+
+def _harden() -> None:
+    """No new privileges for anything the candidate starts; die with the judge that started us."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig, pr_set_no_new_privs = 1, 38
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the judge died before the death signal was armed
+        os._exit(4)
+
+
+def _write(stream: Any, data: dict) -> None:
+    stream.write(json.dumps(data, default=str) + "\n")
+    stream.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="kernelpilot sandbox (started by the judge, not by hand)")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--requests-fd", type=int, required=True)
+    parser.add_argument("--replies-fd", type=int, required=True)
+    serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

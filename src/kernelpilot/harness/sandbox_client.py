@@ -1,0 +1,151 @@
+"""TRUSTED side's handle on a sandbox process: start it for one model, send it requests, read its JSON replies.
+
+The sandbox (`sandbox.py`) runs in a process of its own group, with an environment stripped to the toolchain's
+settings and private cache and temp folders, and dies with the judge's worker. Requests carry only JSON (shared
+tensors go by reference, see `shared.py`); replies are parsed as JSON and nothing else. A sandbox serves one model
+and is closed after it: the next candidate gets a fresh process, so nothing one candidate changed can judge the
+next. `InProcessModel` runs the same request handling inside this process, for CPU tests only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from kernelpilot.harness.worker import Worker, WorkerStartError
+
+_counter = itertools.count(1)
+
+
+class ModelProcess(Protocol):
+    """What the trusted side asks of a model under test: `request(op, args, timeout) -> reply dict`."""
+
+    hello: dict
+
+    def request(self, op: str, args: dict, *, timeout: float) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class Deadline:
+    """The time left for a step that makes several requests."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self, minimum: float = 1.0) -> float:
+        return max(self.end - time.monotonic(), minimum)
+
+
+class Sandbox:
+    """A sandbox process: started blank (torch imported, CUDA up), then loaded with the one model it serves."""
+
+    def __init__(self, device: str, *, log_dir: Path):
+        log_path = Path(log_dir) / f"sandbox-{next(_counter)}.log"
+        self._worker = Worker(device, log_path=log_path, module="kernelpilot.harness.sandbox", sandboxed=True)
+        self.hello: dict = {"ok": False, "error_kind": "harness", "message": "the sandbox was not loaded"}
+        self.mode = ""
+        self._started: dict | None = None
+
+    def launch(self) -> None:
+        """Start the blank process without waiting for it."""
+        self._worker.launch()
+
+    def start(self) -> dict:
+        """Start the blank process (the expensive part: a spare is started ahead of need)."""
+        if self._started is None:
+            try:
+                self._started = dict(self._worker.start())
+            except WorkerStartError as err:
+                self._started = {"ok": False, "error_kind": "crash", "message": err.message}
+        return self._started
+
+    def load(self, mode: str, problem_path: Path, *, seed: int, timeout: float, workspace: Path | None = None,
+             library: str | None = None) -> dict:  # fmt: skip
+        """Load the model this sandbox serves; its reply (ok, or the verdict's kind and message) is `hello`."""
+        self.mode = mode
+        started = self.start()
+        if not started.get("ok"):
+            self.hello = {**started, "message": f"the sandbox did not start: {started.get('message', '')}"}
+            return self.hello
+        args = {"mode": mode, "problem": str(problem_path), "seed": seed,
+                "workspace": str(workspace) if workspace else None, "library": library}  # fmt: skip
+        reply = self._request("load", args, timeout=timeout, what="loading the candidate")
+        self.hello = reply
+        if not reply.get("ok"):
+            self._worker.close()
+        return reply
+
+    @property
+    def pid(self) -> int | None:
+        return self._worker.pid
+
+    def request(self, op: str, args: dict, *, timeout: float) -> dict:
+        if not self.hello.get("ok"):
+            return dict(self.hello)
+        return self._request(op, args, timeout=timeout, what=op)
+
+    def _request(self, op: str, args: dict, *, timeout: float, what: str) -> dict:
+        reply = self._worker.call(op, args, timeout=timeout)
+        if reply.ok and isinstance(reply.result, dict):
+            return reply.result
+        kind = reply.error_kind or "crash"
+        if kind == "timeout":
+            message = f"{what} did not finish within {timeout:g} s; the candidate's process was killed"
+        elif kind == "crash":
+            message = reply.message.replace("the worker died", "the candidate's process died").replace("; it will restart.", ".")
+        else:
+            message = reply.message
+        return {"ok": False, "error_kind": kind, "message": message}
+
+    def close(self) -> None:
+        self._worker.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SandboxPool:
+    """Hands out fresh sandboxes, keeping one spare started ahead so a turn does not wait for torch's import."""
+
+    def __init__(self, device: str, log_dir: Path):
+        self.device, self.log_dir = device, log_dir
+        self._spare: Sandbox | None = None
+
+    def take(self) -> Sandbox:
+        sandbox = self._spare or Sandbox(self.device, log_dir=self.log_dir)
+        sandbox.start()
+        self._spare = Sandbox(self.device, log_dir=self.log_dir)
+        self._spare.launch()
+        return sandbox
+
+    def close(self) -> None:
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
+
+
+class InProcessModel:
+    """The sandbox's request handling run in this process, JSON round trips included: for CPU tests only.
+
+    There is no boundary here; the trusted logic under test is the same as with a `Sandbox`.
+    """
+
+    def __init__(self, local: Any):
+        self.local = local
+        self.hello = {"ok": True, "pid": None, "import_findings": []}
+
+    def request(self, op: str, args: dict, *, timeout: float) -> dict:
+        from kernelpilot.harness.sandbox import handle
+
+        reply = handle(self.local, {"op": op, "args": json.loads(json.dumps(args))})
+        return json.loads(json.dumps(reply, default=str))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,204 @@
+"""TRUSTED side: timing a model in its process, with every timed call a call that may be checked.
+
+Each timed run is one request: the model's process draws fresh inputs from a seed this side picks, flushes the
+L2, times one call between CUDA events around a device-wide synchronisation (work on every stream counts) and
+copies the outputs into slots this side owns. Three things keep the figure honest however the process lies:
+
+- **Fresh inputs per run**: nothing can be reused from one run to the next (memoising by input identity, data
+  pointer or content gains nothing).
+- **Checked runs**: after some runs, chosen here at random and never announced, this side draws the same inputs,
+  runs the reference and compares the slots; a model idle or wrong while timed fails as a mismatch.
+- **A trusted clock**: this side measures each request's wall time; wall time minus the reported time is the
+  protocol's cost, which the baselines' clean process measures for the same problem. A model whose unaccounted
+  time is well above that did work outside its timed window (or reported less than it took): "unaccounted-time".
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernelpilot.harness.guards import tensor_leaves
+from kernelpilot.harness.sandbox_client import Deadline
+from kernelpilot.harness.shared import SharedArena
+from kernelpilot.results import GuardFinding, Timing
+
+UNACCOUNTED_TIME = "unaccounted-time"
+# Short calls get runs until about this much timed work (more samples, steadier median) up to `max_runs`.
+TARGET_TIMED_SECONDS = 0.5
+# A call so long that `min_runs` would blow the time cap still gets this many runs.
+LONG_CALL_MIN_RUNS = 5
+# Checked runs: this share of the timed runs, at least CHECKED_MIN (all runs when there are fewer).
+CHECKED_SHARE = 0.1
+CHECKED_MIN = 3
+# Unaccounted time above the clean process's by more than this floor and share of the reported median fails.
+UNACCOUNTED_FLOOR_MS = {"cuda": 0.05, "cpu": 5.0}  # CPU timings serve tests, on machines that may be busy
+UNACCOUNTED_SHARE = 0.25
+COMPANION_RUNS = 12
+_clock = time.perf_counter
+
+
+@dataclass
+class TimedRuns:
+    """What timing a model produced: the timing, or the failure that stopped it."""
+
+    timing: Timing | None = None
+    error_kind: str | None = None
+    message: str = ""
+    checked: int = 0
+    findings: list[GuardFinding] = field(default_factory=list)
+    # The companion's (a clean process timed between the model's runs) median unaccounted time, if one ran.
+    companion_unaccounted_ms: float | None = None
+
+
+def plan_runs(per_call_seconds: float, *, min_runs: int, max_runs: int, max_seconds: float) -> tuple[int, str]:
+    """How many timed runs to make, and a note when a long call gets fewer than `min_runs`."""
+    if per_call_seconds * min_runs > max_seconds:
+        runs = max(LONG_CALL_MIN_RUNS, int(max_seconds / per_call_seconds))
+        note = (
+            f"one call takes {per_call_seconds * 1e3:.0f} ms, so {runs} runs were timed instead of "
+            f"{min_runs} to stay near the {max_seconds:g} s cap"
+        )
+        return runs, note
+    budget = min(TARGET_TIMED_SECONDS, max_seconds)
+    wanted = int(budget / per_call_seconds) if per_call_seconds > 0 else max_runs
+    return min(max(wanted, min_runs), max(max_runs, min_runs)), ""
+
+
+def summarize(samples_ms: list[float], *, note: str = "") -> Timing:
+    """Median, p10, p90 and mean of the samples."""
+    if len(samples_ms) < 2:
+        raise ValueError("a timing needs at least two samples")
+    deciles = statistics.quantiles(samples_ms, n=10, method="inclusive")
+    return Timing(
+        median_ms=statistics.median(samples_ms),
+        p10_ms=deciles[0],
+        p90_ms=deciles[-1],
+        mean_ms=statistics.fmean(samples_ms),
+        runs=len(samples_ms),
+        note=note,
+    )
+
+
+
+class Checker:
+    """Compares a timed run's slots with the reference on the same inputs (trusted side)."""
+
+    def __init__(self, problem: Any, reference: torch.nn.Module, device: torch.device, *, atol: float, rtol: float):
+        self.problem, self.reference, self.device, self.atol, self.rtol = problem, reference, device, atol, rtol
+
+    def mismatch(self, seed: int, structure: Any, slots: list[torch.Tensor]) -> str:
+        """"" when the slots hold the reference's answer for inputs drawn from `seed`, else why not."""
+        from kernelpilot.harness.verify import actual_from, compare_outputs, trial_from
+
+        inputs = self.problem.make_inputs(self.device, seed)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            expected = self.reference(*inputs)
+        trial = trial_from(seed, compare_outputs(actual_from(structure, slots), expected, atol=self.atol, rtol=self.rtol))
+        return "" if trial.ok else trial.message
+
+
+def time_model(
+    model: Any,
+    expected_like: Any,
+    *,
+    device: torch.device,
+    seed: int,
+    deadline: Deadline,
+    checker: Checker | None,
+    min_runs: int = 20,
+    max_runs: int = 200,
+    max_seconds: float = 10.0,
+    runs: int | None = None,
+    companion: Any = None,
+) -> TimedRuns:
+    """Time the model a ModelProcess serves; `expected_like` is one reference output (the slots' layout).
+
+    A `companion` (the clean eager process) gets one run after every few of the model's, so that the protocol's
+    cost it shows was measured under the same load as the model's runs.
+    """
+    with SharedArena(device) as arena:
+        slots = _bind(arena, model, expected_like, deadline)
+        if isinstance(slots, dict):
+            return TimedRuns(error_kind=slots.get("error_kind") or "runtime", message=slots.get("message", ""))
+        if companion is not None and isinstance(_bind(arena, companion, expected_like, deadline), dict):
+            companion = None
+        run_seed = iter(range(seed, seed + 10_000_000))
+        warm = [_run(model, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
+        failed = next((reply for reply, _ in warm if not reply.get("ok")), None)
+        if failed is not None:
+            return TimedRuns(error_kind=failed.get("error_kind") or "runtime", message=failed.get("message", ""))
+        if runs is None:
+            per_call_s = statistics.fmean(wall for _, wall in warm[1:]) / 1e3
+            runs, note = plan_runs(per_call_s, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds)
+        else:
+            note = ""
+        checked_runs = set(random.SystemRandom().sample(range(runs), min(runs, max(CHECKED_MIN, int(runs * CHECKED_SHARE)))))
+        samples, unaccounted, companion_unaccounted, checked = [], [], [], 0
+        every = max(runs // COMPANION_RUNS, 1)
+        for index in range(runs):
+            if companion is not None and index % every == 0:
+                reply, wall_ms = _run(companion, next(run_seed), deadline)
+                if reply.get("ok"):
+                    companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
+            run_seed_now = next(run_seed)
+            reply, wall_ms = _run(model, run_seed_now, deadline)
+            if not reply.get("ok"):
+                kind = reply.get("error_kind") or "runtime"
+                return TimedRuns(error_kind=kind, message=f"timed run {index + 1}: {reply.get('message', '')}", checked=checked)
+            reported = float(reply.get("ms", 0.0))
+            samples.append(reported)
+            unaccounted.append(wall_ms - reported)
+            if checker is not None and index in checked_runs:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                problem = checker.mismatch(run_seed_now, reply.get("structure"), slots)
+                checked += 1
+                if problem:
+                    message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
+                    return TimedRuns(error_kind="mismatch", message=message, checked=checked)
+        timing = summarize(samples, note=note)
+        timing.unaccounted_ms = statistics.median(unaccounted)
+        companion_ms = statistics.median(companion_unaccounted) if companion_unaccounted else None
+        return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms)
+
+
+def _bind(arena: SharedArena, model: Any, expected_like: Any, deadline: Deadline) -> list[torch.Tensor] | dict:
+    """Slots shaped like the reference's outputs, bound as the model's timed runs' outputs; a failed reply."""
+    slots, refs = [], []
+    for _, tensor in tensor_leaves(expected_like, "out"):
+        slot, ref = arena.like(tensor)
+        slots.append(slot)
+        refs.append(ref)
+    bound = model.request("bind", {"slots": refs, "flush_l2": True}, timeout=deadline.left())
+    return slots if bound.get("ok") else bound
+
+
+def _run(model: Any, seed: int, deadline: Deadline) -> tuple[dict, float]:
+    start = _clock()
+    reply = model.request("run", {"seed": seed}, timeout=deadline.left())
+    return reply, (_clock() - start) * 1e3
+
+
+def find_unaccounted_time(candidate: Timing, clean_unaccounted_ms: float, *, device_type: str = "cuda") -> GuardFinding | None:
+    """Fail when the candidate's runs took clearly longer on the trusted clock than it reported, beyond the
+    protocol's own cost as the clean (reference) process showed it for the same problem, under the same load."""
+    if candidate.unaccounted_ms is None:
+        return None
+    excess = candidate.unaccounted_ms - clean_unaccounted_ms
+    allowed = max(UNACCOUNTED_FLOOR_MS.get(device_type, 0.05), UNACCOUNTED_SHARE * candidate.median_ms)
+    if excess <= allowed:
+        return None
+    return GuardFinding(
+        UNACCOUNTED_TIME,
+        "fail",
+        f"each timed run took {excess:.3f} ms longer on the judge's clock than the model's process reported "
+        f"(median {candidate.median_ms:.3f} ms reported; the protocol's own cost is {clean_unaccounted_ms:.3f} ms, "
+        f"at most {allowed:.3f} ms more is allowed): work ran outside the timed window or the timer was changed.",
+    )
