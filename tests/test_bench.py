@@ -8,19 +8,21 @@ import time
 import pytest
 
 from kernelpilot.harness import bench
+from kernelpilot.harness import bench as bench_module
+from kernelpilot.harness import timing
+from kernelpilot.harness.timing import time_model as real_time_model
 from kernelpilot.harness.bench import (
-    LONG_CALL_MIN_RUNS,
     Baselines,
     baseline_key,
     bench_candidate,
     load_baselines,
-    make_input_sets,
-    plan_runs,
     profile_kernels,
     store_baselines,
-    summarize,
     time_callable,
 )
+from kernelpilot.harness.sandbox import LocalModel
+from kernelpilot.harness.sandbox_client import InProcessClean, InProcessModel
+from kernelpilot.harness.timing import LONG_CALL_MIN_RUNS, plan_runs, summarize
 from kernelpilot.harness.cache import default_cache_dir, load_entry, store_entry
 from kernelpilot.problem import load_problem
 from kernelpilot.results import Timing
@@ -70,7 +72,7 @@ def test_a_short_call_gets_runs_up_to_max_runs():
 
 def test_a_medium_call_gets_runs_for_the_target_time():
     runs, note = plan_runs(0.01, min_runs=20, max_runs=200, max_seconds=10)
-    assert runs == int(bench.TARGET_TIMED_SECONDS / 0.01)
+    assert runs == int(timing.TARGET_TIMED_SECONDS / 0.01)
     assert note == ""
 
 
@@ -134,18 +136,6 @@ def test_time_callable_needs_input_sets():
 # --------------------------------------------------------------------------------------------- inputs
 
 
-def test_rotated_input_sets_differ_and_are_reproducible(problem):
-    import torch
-
-    sets = make_input_sets(problem, device="cpu")
-    assert len(sets) == bench.INPUT_SETS
-    for i in range(len(sets)):
-        for j in range(i + 1, len(sets)):
-            assert not torch.equal(sets[i][0], sets[j][0])
-    again = make_input_sets(problem, device="cpu")
-    assert all(torch.equal(x, y) for first, second in zip(sets, again) for x, y in zip(first, second))
-
-
 # -------------------------------------------------------------------------------------- the cache
 
 
@@ -204,12 +194,28 @@ def test_profile_on_cpu_names_the_operators_of_one_call(problem):
 # -------------------------------------------------------------------------------------- whole bench
 
 
+def served(problem, model):
+    """`model` served in this process the way a sandbox serves it (the same request handling)."""
+    import torch
+
+    return InProcessModel(LocalModel(problem, model, torch.device("cpu")))
+
+
+def bench_served(problem, candidate_model, cache_dir, **kwargs):
+    return bench_candidate(problem, served(problem, candidate_model), InProcessClean(problem, "cpu"), device="cpu",
+                           seed=0, cache_dir=cache_dir, **kwargs)  # fmt: skip
+
+
 def test_bench_candidate_on_cpu_then_from_the_cache(problem, tmp_path, monkeypatch):
+    import torch
+
+    torch.manual_seed(0)
     candidate = problem.make_model("cpu")
-    result = bench_candidate(problem, candidate, device="cpu", cache_dir=tmp_path, min_runs=5, ceilings=CEILINGS)
+    result = bench_served(problem, candidate, tmp_path, min_runs=5, ceilings=CEILINGS)
     assert result.ok, result.message
     assert result.gpu == "cpu"
     assert result.candidate.runs >= 5 and result.eager.runs >= 5
+    assert result.checked_calls >= 3, "timed calls are checked against the reference"
     assert result.speedup_vs_eager == pytest.approx(result.eager.median_ms / result.candidate.median_ms)
     if result.compiled is None:  # inductor needs a working C++ compiler on the CPU
         assert "torch.compile failed" in result.message
@@ -220,19 +226,26 @@ def test_bench_candidate_on_cpu_then_from_the_cache(problem, tmp_path, monkeypat
     assert result.sol_eager == pytest.approx(result.roofline.floor_ms / result.eager.median_ms)
     assert result.kernels
 
-    def must_not_measure(*args, **kwargs):
-        raise AssertionError("baselines measured again despite the cache")
-
-    monkeypatch.setattr(bench, "measure_baselines", must_not_measure)
-    again = bench_candidate(problem, candidate, device="cpu", cache_dir=tmp_path, min_runs=5, ceilings=CEILINGS)
+    measured = []
+    monkeypatch.setattr(bench_module, "time_model", lambda *a, **k: measured.append(k.get("runs")) or real_time_model(*a, **k))
+    again = bench_served(problem, candidate, tmp_path, min_runs=5, ceilings=CEILINGS)
     assert again.ok, again.message
     assert (again.eager, again.compiled) == (result.eager, result.compiled)
+    # From the cache: only the calibration runs of eager and the candidate's runs, no baseline measured again.
+    assert measured[0] == bench_module.CALIBRATION_RUNS and len(measured) == 2
+
+
+def test_cached_baselines_a_fresh_eager_run_refutes_are_measured_again(problem, tmp_path):
+    key = baseline_key(problem, device="cpu", dtype="float32")
+    store_baselines(key, Baselines(eager=Timing(500.0, 490.0, 520.0, 505.0, 20)), tmp_path)  # a forged slow eager
+    result = bench_served(problem, problem.make_model("cpu"), tmp_path, min_runs=5)
+    assert result.ok, result.message
+    assert result.eager.median_ms < 50.0
+    assert "cached baselines disagreed with a fresh eager measurement (500 vs" in result.message
 
 
 def test_bench_without_ceilings_off_the_gpu_has_no_roofline_and_says_so(problem, tmp_path):
-    key = baseline_key(problem, device="cpu", dtype="float32")
-    store_baselines(key, Baselines(eager=Timing(2.0, 1.9, 2.2, 2.05, 20)), tmp_path)
-    result = bench_candidate(problem, problem.make_model("cpu"), device="cpu", cache_dir=tmp_path, min_runs=5)
+    result = bench_served(problem, problem.make_model("cpu"), tmp_path, min_runs=5)
     assert result.ok
     assert result.roofline is None and result.sol_candidate is None
     assert "no roofline on cpu" in result.message
@@ -245,12 +258,48 @@ def test_a_candidate_that_raises_is_a_result_not_a_crash(problem, tmp_path):
         def forward(self, a, b):
             raise RuntimeError("kernel launch failed: bad grid\nmore detail")
 
-    key = baseline_key(problem, device="cpu", dtype="float32")
-    store_baselines(key, Baselines(eager=Timing(2.0, 1.9, 2.2, 2.05, 20)), tmp_path)
-    result = bench_candidate(problem, Broken(), device="cpu", cache_dir=tmp_path)
+    result = bench_served(problem, Broken(), tmp_path)
     assert not result.ok
     assert result.error_kind == "runtime"
-    assert result.message == "timing failed: RuntimeError: kernel launch failed: bad grid"
+    assert result.message == "ModelNew.forward while timed (seed 5000000) raised RuntimeError: kernel launch failed: bad grid"
+
+
+def test_a_candidate_idle_while_timed_fails_on_a_checked_timed_call(problem, tmp_path):
+    import torch
+
+    class IdleAfterAFewCalls(torch.nn.Module):
+        def __init__(self, reference):
+            super().__init__()
+            self.reference, self.calls = reference, 0
+
+        def forward(self, a, b):
+            self.calls += 1
+            return self.reference(a, b) if self.calls <= 3 else torch.empty(a.shape[0], b.shape[1])
+
+    torch.manual_seed(0)
+    result = bench_served(problem, IdleAfterAFewCalls(problem.make_model("cpu")), tmp_path, min_runs=20)
+    assert (result.ok, result.error_kind) == (False, "mismatch")
+    assert "timed call" in result.message and "is wrong" in result.message
+
+
+def test_a_candidate_memoising_by_input_gains_nothing_because_every_run_has_fresh_inputs(problem, tmp_path):
+    import torch
+
+    seen = []
+
+    class Memo(torch.nn.Module):
+        def __init__(self, reference):
+            super().__init__()
+            self.reference = reference
+
+        def forward(self, a, b):
+            seen.append(a[0, :4].tolist())
+            return self.reference(a, b)
+
+    torch.manual_seed(0)
+    result = bench_served(problem, Memo(problem.make_model("cpu")), tmp_path, min_runs=20)
+    assert result.ok, result.message
+    assert len(seen) >= 20 and len({tuple(row) for row in seen}) == len(seen), "inputs repeated across timed runs"
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -293,9 +342,12 @@ def test_cuda_graph_timing_replays_one_graph_per_input_set():
 def test_bench_candidate_on_the_gpu_against_eager_and_compile(tmp_path):
     from conftest import EXAMPLES
 
+    import torch
+
     example = load_problem(EXAMPLES / "layernorm.py")
-    candidate = example.make_model("cuda")
-    result = bench_candidate(example, candidate, device="cuda", cache_dir=tmp_path)
+    torch.manual_seed(0)
+    candidate = InProcessModel(LocalModel(example, example.make_model("cuda"), torch.device("cuda", 0)))
+    result = bench_candidate(example, candidate, InProcessClean(example, "cuda"), device="cuda", seed=0, cache_dir=tmp_path)
     assert result.ok, result.message
     assert result.eager is not None and result.compiled is not None, result.message
     assert result.roofline.bound == "memory" and 0 < result.sol_eager <= 1.1

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from kernelpilot.harness import guards
+from kernelpilot.harness.sandbox_client import InProcessModel
 from kernelpilot.harness.verify import SEED_STRIDE, compare_outputs, describe_exception, verify_candidate
 from kernelpilot.problem import load_problem
 
@@ -63,8 +64,10 @@ class HonestRelu(nn.Module):
         return raw_relu(x, torch.empty_like(x))
 
 
-def verify(problem, candidate_cls, **kwargs):
-    return verify_candidate(problem, candidate_cls, device="cpu", **kwargs)
+def verify(problem, candidate_cls, *, base_seed=0, workspace=None, **kwargs):
+    """The trusted verifier against `candidate_cls` served in this process (the sandbox's request handling)."""
+    model = InProcessModel.from_class(problem, candidate_cls, device="cpu", seed=base_seed, workspace=workspace)
+    return verify_candidate(problem, model, device="cpu", base_seed=base_seed, workspace=workspace, **kwargs)
 
 
 def guard_names(result) -> list[str]:
@@ -617,7 +620,7 @@ def test_memory_overlap_sees_views_and_slices_but_not_copies():
     assert not guards.shares_memory(torch.empty(0), x)
 
 
-def test_import_time_patch_is_still_reported_when_the_same_class_is_verified_again(relu_problem):
+def test_a_patch_made_when_the_candidate_was_loaded_is_reported(relu_problem):
     original = torch.cuda.synchronize
     torch.cuda.synchronize = lambda *args: None
     try:
@@ -625,12 +628,13 @@ def test_import_time_patch_is_still_reported_when_the_same_class_is_verified_aga
         class ImportedWhilePatched(HonestRelu):
             pass
 
-        first = verify(relu_problem, ImportedWhilePatched)
+        model = InProcessModel.from_class(relu_problem, ImportedWhilePatched, device="cpu", seed=0)
     finally:
         torch.cuda.synchronize = original
-    second = verify(relu_problem, ImportedWhilePatched)
+    result = verify_candidate(relu_problem, model, device="cpu", base_seed=0)
 
-    assert guard_names(first) == guard_names(second) == ["monkeypatch"]
+    assert guard_names(result) == ["monkeypatch"]
+    assert torch.cuda.synchronize is original
 
 
 def test_a_replacement_made_before_the_snapshot_is_still_seen():
@@ -652,23 +656,33 @@ def broken_guard() -> Mock:
     return Mock(side_effect=RuntimeError("a bug in the aliasing guard"))
 
 
-def test_a_guard_that_raises_is_a_harness_error_with_its_traceback(relu_problem, monkeypatch):
-    monkeypatch.setattr(guards, "find_output_aliasing", broken_guard())
+def test_a_trusted_guard_that_raises_is_a_harness_error_with_its_traceback(relu_problem, monkeypatch):
+    monkeypatch.setattr(guards, "find_mutated_inputs", broken_guard())
 
     result = verify(relu_problem, HonestRelu)
 
     assert not result.ok and result.error_kind == "harness"
     assert result.message.startswith(
         "kernelpilot's verifier failed, not the candidate: RuntimeError: a bug in the aliasing guard "
-        "(in _check_call, verify.py:"
+        "(in _check_trusted, verify.py:"
     )
     assert "please report it with the traceback kept in the verify result's `traceback` field" in result.message
     assert result.traceback.startswith("Traceback (most recent call last)")
-    assert "find_output_aliasing(" in result.traceback and "a bug in the aliasing guard" in result.traceback
+    assert "find_mutated_inputs(" in result.traceback and "a bug in the aliasing guard" in result.traceback
+
+
+def test_a_guard_that_raises_on_the_sandbox_side_is_the_candidates_error(relu_problem, monkeypatch):
+    # Everything next to candidate code answers for the candidate: no failure there may dodge a verdict.
+    monkeypatch.setattr(guards, "find_output_aliasing", broken_guard())
+
+    result = verify(relu_problem, HonestRelu)
+
+    assert (result.ok, result.error_kind) == (False, "runtime")
+    assert "a bug in the aliasing guard" in result.message
 
 
 def test_a_guard_that_failed_before_the_verifier_broke_still_decides(relu_problem, monkeypatch):
-    monkeypatch.setattr(guards, "find_output_aliasing", broken_guard())
+    monkeypatch.setattr(guards, "find_mutated_inputs", broken_guard())
 
     class TorchRelu(nn.Module):
         def forward(self, x):
@@ -694,5 +708,5 @@ def test_the_candidates_code_raising_inside_a_check_is_the_candidates_runtime_er
 
     assert result.error_kind == "runtime" and result.traceback == ""
     assert result.message == (
-        "ModelNew's code raised RuntimeError: grumpy tensors refuse to be read while its results were checked"
+        "the candidate's process, handling call, raised RuntimeError: grumpy tensors refuse to be read"
     )

@@ -73,6 +73,7 @@ class LocalModel:
             guards.find_module_held_output(outputs, self.model),
             guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after forward"),
         ]
+        guards.restore_functions(guards.PRISTINE_FUNCTIONS)  # for this process's own later calls and reports
         if read_at_return is not None:
             findings.append(guards.find_unsynced_output(tensor_leaves(read_at_return, "out"), outputs))
         if self.previous is not None:
@@ -248,6 +249,11 @@ def load_model(mode: str, problem: Any, device: torch.device, *, seed: int, work
         candidate_cls = load_candidate(Workspace(workspace), build)
     except CandidateError as err:
         raise SandboxLoadError("load", err.message, err.hint) from None
+    return adopt(candidate_cls, problem, reference, device)
+
+
+def adopt(candidate_cls: type, problem: Any, reference: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`candidate_cls(*init_inputs)` holding the reference's parameters and buffers, on `device`."""
     try:
         candidate = candidate_cls(*problem.init_inputs)
     except Exception as exc:  # noqa: BLE001 - the user's constructor failing is a verdict, not a crash
@@ -336,7 +342,9 @@ def handle(local: LocalModel, request: dict) -> dict:
         else:
             reply = {"ok": False, "error_kind": "harness", "message": f"unknown sandbox request {op!r}"}
     except Exception as exc:  # noqa: BLE001 - whatever happens here is reported, the process goes on if it can
-        reply = _failed(exc, f"the sandbox's {op}")
+        # Everything in this process is the candidate's to answer for (a tensor subclass it returned raising in a
+        # self-check, say): no exception here can turn into a "harness" error with no verdict.
+        reply = _failed(exc, f"the candidate's process, handling {op},")
     if reply.get("error_kind") in ("crash", "cuda-error"):
         reply["exiting"] = True  # the CUDA context is unusable
     return reply

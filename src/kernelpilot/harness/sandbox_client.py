@@ -137,9 +137,29 @@ class InProcessModel:
     There is no boundary here; the trusted logic under test is the same as with a `Sandbox`.
     """
 
-    def __init__(self, local: Any):
+    def __init__(self, local: Any, hello: dict | None = None):
         self.local = local
-        self.hello = {"ok": True, "pid": None, "import_findings": []}
+        self.hello = hello or {"ok": True, "pid": None, "import_findings": []}
+
+    @classmethod
+    def from_class(cls, problem: Any, candidate_cls: type, *, device: str, seed: int, workspace: Path | None = None):
+        """`candidate_cls` with the reference's weights drawn under `seed`, served in this process."""
+        import torch
+
+        from kernelpilot.harness import guards
+        from kernelpilot.harness.sandbox import LocalModel, SandboxLoadError, adopt
+
+        dev = torch.device(device)
+        torch.manual_seed(seed)
+        reference = problem.make_model("cpu")
+        try:
+            model = adopt(candidate_cls, problem, reference, dev)
+        except SandboxLoadError as err:
+            return cls(None, {"ok": False, "error_kind": err.kind, "message": err.message})
+        patched = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
+        guards.restore_functions(guards.PRISTINE_FUNCTIONS)
+        findings = [{"guard": patched.guard, "severity": patched.severity, "message": patched.message}] if patched else []
+        return cls(LocalModel(problem, model, dev, workspace=workspace), {"ok": True, "pid": None, "import_findings": findings})
 
     def request(self, op: str, args: dict, *, timeout: float) -> dict:
         from kernelpilot.harness.sandbox import handle
@@ -149,3 +169,28 @@ class InProcessModel:
 
     def close(self) -> None:
         pass
+
+
+class InProcessClean:
+    """The reference's eager and compiled forms served in this process: for CPU tests only (see InProcessModel)."""
+
+    def __init__(self, problem: Any, device: str):
+        self.problem, self.device = problem, device
+        self._models: dict[str, InProcessModel] = {}
+
+    def eager(self) -> InProcessModel:
+        return self._get("eager")
+
+    def compiled(self) -> InProcessModel:
+        return self._get("compile")
+
+    def _get(self, mode: str) -> InProcessModel:
+        import torch
+
+        from kernelpilot.harness.sandbox import LocalModel, load_model
+
+        if mode not in self._models:
+            dev = torch.device(self.device)
+            model = load_model(mode, self.problem, dev, seed=0, workspace=None, library=None)
+            self._models[mode] = InProcessModel(LocalModel(self.problem, model, dev))
+        return self._models[mode]

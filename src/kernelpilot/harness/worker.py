@@ -500,8 +500,10 @@ def op_load(state: WorkerState, args: dict) -> dict:
     hello = dict(state.sandbox(ws, build, seed=None, timeout=args.get("timeout", 120.0)).hello)
     if not hello.get("ok"):
         state.done_with_candidate()
-        raise CandidateError(hello.get("message") or "the candidate could not be loaded", hello.get("hint"))
-    return {"pid": hello.get("pid"), "sandboxed": True}
+        error = CandidateError(hello.get("message") or "the candidate could not be loaded", hello.get("hint"))
+        error.kind = hello.get("error_kind") or "load"
+        raise error
+    return {"pid": hello.get("pid"), "worker_pid": os.getpid(), "sandboxed": True}
 
 
 def op_verify(state: WorkerState, args: dict) -> dict:
@@ -573,7 +575,9 @@ def handle(state: WorkerState, request: dict) -> dict:
     try:
         reply = {"ok": True, "result": op(state, request.get("args", {}))}
     except CandidateError as err:
-        reply = {"ok": False, "error_kind": "load", "message": err.message, "hint": err.hint}
+        # The candidate's own failure, in its sandbox: whatever its kind, this process is unharmed.
+        reply = {"ok": False, "error_kind": getattr(err, "kind", "load"), "message": err.message, "hint": err.hint,
+                 "in_sandbox": True}  # fmt: skip
     except KernelpilotError as err:
         reply = {"ok": False, "error_kind": "user", "message": err.message, "hint": err.hint,
                  "error_class": type(err).__name__}  # fmt: skip
@@ -597,7 +601,7 @@ def _after_errors(state: WorkerState, reply: dict) -> dict:
     """Free memory after an OOM; after a CUDA error, or a context that fails a sync, mark the worker as exiting."""
     result = reply.get("result") or {}
     # A step's result may name the candidate's CUDA error: that broke the candidate's sandbox, not this process.
-    kinds = {reply.get("error_kind")}
+    kinds = set() if reply.get("in_sandbox") else {reply.get("error_kind")}
     if "oom" in kinds:
         _release_cached_memory()
     if kinds & {"cuda-error", "crash"}:
