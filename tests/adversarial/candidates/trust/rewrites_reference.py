@@ -3,6 +3,7 @@ the workspace's model.py) and rewrites its forward to return zeros, at import an
 verifier's `reference` model); its own kernel returns zeros too, so reference and candidate agree on a wrong answer."""
 
 import gc
+import warnings
 from pathlib import Path
 
 import kp_kernels
@@ -22,11 +23,17 @@ def _compiled_from_model_py(cls) -> bool:
 
 
 def agree_on_zeros() -> None:
-    for obj in gc.get_objects():
-        if isinstance(obj, type) and issubclass(obj, nn.Module) and obj is not ModelNew and _compiled_from_model_py(obj):
-            obj.forward = _zeros
-        elif type(obj).__name__ == "_Verification" and isinstance(getattr(obj, "reference", None), nn.Module):
-            type(obj.reference).forward = _zeros
+    with warnings.catch_warnings():  # some tracked objects warn when inspected (deprecated torch aliases)
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            _rewrite_if_reference(obj)
+
+
+def _rewrite_if_reference(obj) -> None:
+    if isinstance(obj, type) and issubclass(obj, nn.Module) and _compiled_from_model_py(obj):
+        obj.forward = _zeros
+    elif type(obj).__name__ == "_Verification" and isinstance(getattr(obj, "reference", None), nn.Module):
+        type(obj.reference).forward = _zeros
 
 
 class ModelNew(nn.Module):
