@@ -1,0 +1,68 @@
+// Python bindings of probe.cu for the trust-boundary candidates. Nothing here calls torch compute: outputs
+// and scratch space come from torch::empty*, everything else from the launchers.
+#include <torch/types.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <vector>
+
+#include "kp_registry.h"
+
+void kp_touch_launch(const float* x, cudaStream_t stream);
+void kp_fingerprint(const float* x, int64_t n, float* device_samples, float* host_samples, int64_t count,
+                    cudaStream_t stream);
+void kp_noise_launch(float* y, int64_t n, float center, float spread, uint32_t seed, cudaStream_t stream);
+void kp_relu_unjoined_launch(const float* x, float* y, int64_t n);
+
+namespace {
+
+void check_float_cuda(const torch::Tensor& x, const char* op) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.numel() > 0, op,
+              ": x must be a non-empty contiguous float32 CUDA tensor");
+}
+
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+void touch(const torch::Tensor& x) {
+  check_float_cuda(x, "touch");
+  const c10::cuda::CUDAGuard guard(x.device());
+  kp_touch_launch(x.data_ptr<float>(), current_stream());
+}
+
+std::vector<float> fingerprint(const torch::Tensor& x, int64_t count) {
+  check_float_cuda(x, "fingerprint");
+  TORCH_CHECK(count > 0, "fingerprint: count must be positive");
+  const c10::cuda::CUDAGuard guard(x.device());
+  torch::Tensor samples = torch::empty({count}, x.options());
+  std::vector<float> host(static_cast<size_t>(count));
+  kp_fingerprint(x.data_ptr<float>(), x.numel(), samples.data_ptr<float>(), host.data(), count, current_stream());
+  return host;
+}
+
+torch::Tensor noise_like(const torch::Tensor& x, double center, double spread, int64_t seed) {
+  check_float_cuda(x, "noise_like");
+  const c10::cuda::CUDAGuard guard(x.device());
+  torch::Tensor y = torch::empty_like(x);
+  kp_noise_launch(y.data_ptr<float>(), y.numel(), static_cast<float>(center), static_cast<float>(spread),
+                  static_cast<uint32_t>(seed), current_stream());
+  return y;
+}
+
+torch::Tensor relu_unjoined(const torch::Tensor& x) {
+  check_float_cuda(x, "relu_unjoined");
+  const c10::cuda::CUDAGuard guard(x.device());
+  torch::Tensor y = torch::empty_like(x);
+  kp_relu_unjoined_launch(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  return y;
+}
+
+void register_probe(pybind11::module_& m) {
+  m.def("touch", &touch, "reads x[0] in a one-thread kernel: a launch of the workspace, no work");
+  m.def("fingerprint", &fingerprint, "`count` evenly spaced elements of x, copied to the host without torch");
+  m.def("noise_like", &noise_like, "uniform values around `center`, `spread` wide, seeded; x is not read");
+  m.def("relu_unjoined", &relu_unjoined, "y = max(x, 0) on a stream of its own that is never joined");
+}
+
+}  // namespace
+
+KP_REGISTER(register_probe);
