@@ -37,6 +37,7 @@ _perf_counter = time.perf_counter
 # The GPU sleeps this long before each timed call, so the call's CPU dispatch overlaps it and is not timed.
 DISPATCH_COVER_S = 100e-6
 MODES = ("candidate", "eager", "compile")
+_LEFT_MAPPED: list = []  # shared tensors never unmapped: the process exits right after a CUDA error
 
 
 class LocalModel:
@@ -330,6 +331,8 @@ def handle(local: LocalModel, request: dict) -> dict:
             inputs = open_tree(args["inputs"])
             slots = [open_reference(ref) for ref in args["slots"]]
             reply = local.call(inputs, slots, seed=args["seed"], reference_aliases_inputs=args["reference_aliases_inputs"])
+            if reply.get("error_kind") in ("crash", "cuda-error"):
+                _LEFT_MAPPED.append((inputs, slots))  # unmapped in a broken context, they would abort the process
             del inputs, slots
         elif op == "profiled_call":
             reply = local.profiled_call(open_tree(args["inputs"]), seed=args["seed"])

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from kernelpilot.harness.failures import classify
 from kernelpilot.harness.worker import Worker, WorkerStartError
 
 _counter = itertools.count(1)
@@ -97,6 +98,8 @@ class Sandbox:
             message = f"{what} did not finish within {timeout:g} s; the candidate's process was killed"
         elif kind == "crash":
             message = reply.message.replace("the worker died", "the candidate's process died").replace("; it will restart.", ".")
+            if classify(message=self._worker.log_tail(400)) == "cuda-error":
+                kind = "cuda-error"  # torch aborted on the CUDA error that broke the context
         else:
             message = reply.message
         return {"ok": False, "error_kind": kind, "message": message}
