@@ -98,8 +98,9 @@ class Sandbox:
             message = f"{what} did not finish within {timeout:g} s; the candidate's process was killed"
         elif kind == "crash":
             message = reply.message.replace("the worker died", "the candidate's process died").replace("; it will restart.", ".")
-            if classify(message=self._worker.log_tail(400)) == "cuda-error":
-                kind = "cuda-error"  # torch aborted on the CUDA error that broke the context
+            cuda_lines = [line for line in self._worker.log_tail(400).splitlines() if classify(message=line) == "cuda-error"]
+            if cuda_lines:  # torch aborted on the CUDA error that broke the context
+                kind, message = "cuda-error", f"{what} broke the candidate's CUDA context: {cuda_lines[0].strip()[:300]}"
         else:
             message = reply.message
         return {"ok": False, "error_kind": kind, "message": message}
