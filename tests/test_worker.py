@@ -239,3 +239,50 @@ def test_candidate_model_gets_the_reference_weights(tmp_path):
 """
     with pytest.raises(CandidateError, match=r"parameters do not match Model's.*extra"):
         make_candidate_model(problem, load_candidate(write_workspace(tmp_path / "extra", extra_parameter), None), "cpu")
+
+
+# ------------------------------------------------------------------------------------------ the trust boundary
+
+DAEMON_CANDIDATE = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:  # the grandchild: a daemon out of the sandbox's process group
+        with open("{pid_file}", "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(600)
+    os._exit(0)
+os.wait()
+from model import Model
+
+
+class ModelNew(Model):
+    pass
+"""
+
+
+def test_a_daemon_the_candidate_forks_does_not_outlive_the_step(worker, tmp_path):
+    import time
+
+    pid_file = tmp_path / "daemon.pid"
+    ws = write_workspace(tmp_path / "ws", DAEMON_CANDIDATE.format(pid_file=pid_file))
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    assert reply.ok, reply.message
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the daemon never started"
+        time.sleep(0.05)
+    daemon = int(pid_file.read_text())
+    assert not is_alive(daemon), "a process the candidate started outlived the step that loaded it"
+
+
+def test_the_sandbox_environment_keeps_the_toolchain_and_drops_credentials(tmp_path):
+    from kernelpilot.harness.worker import sandbox_environment
+
+    env = {"PATH": "/usr/bin", "CUDA_HOME": "/usr/local/cuda", "OPENAI_API_KEY": "sk-secret", "GITHUB_TOKEN": "t",
+           "HOME": "/root", "KERNELPILOT_CACHE_DIR": "/root/.cache/kernelpilot", "AWS_SECRET_ACCESS_KEY": "a"}
+    sandboxed = sandbox_environment(env, tmp_path)
+    assert sandboxed["PATH"] == "/usr/bin" and sandboxed["CUDA_HOME"] == "/usr/local/cuda"
+    assert not {"OPENAI_API_KEY", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"} & set(sandboxed)
+    for name in ("HOME", "KERNELPILOT_CACHE_DIR", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert Path(sandboxed[name]).is_relative_to(tmp_path), name

@@ -121,13 +121,19 @@ class SandboxPool:
     def __init__(self, device: str, log_dir: Path):
         self.device, self.log_dir = device, log_dir
         self._spare: Sandbox | None = None
+        self._handed_out: list[Sandbox] = []
 
     def take(self) -> Sandbox:
         sandbox = self._spare or Sandbox(self.device, log_dir=self.log_dir)
         sandbox.start()
         self._spare = Sandbox(self.device, log_dir=self.log_dir)
         self._spare.launch()
+        self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]
         return sandbox
+
+    def pids(self) -> list[int | None]:
+        """The processes of the sandboxes this pool started that are still running (the spare's included)."""
+        return [s.pid for s in [*self._handed_out, *([self._spare] if self._spare else [])]]
 
     def close(self) -> None:
         if self._spare is not None:

@@ -421,6 +421,12 @@ class WorkerState:
         self._candidate = ((key, seed), sandbox)
         return sandbox
 
+    def kill_orphans(self) -> list[int]:
+        """Kill the processes a candidate left behind (daemons that left its sandbox's group)."""
+        from kernelpilot.harness.orphans import kill_orphans
+
+        return kill_orphans({pid for pid in self.pool.pids() if pid is not None})
+
     def done_with_candidate(self) -> None:
         if self._candidate is not None:
             self._candidate[1].close()
@@ -585,6 +591,8 @@ def handle(state: WorkerState, request: dict) -> dict:
         message = _describe_exception(exc)
         reply = {"ok": False, "error_kind": classify_error(message, exc), "message": message}
     _refine_result_error_kind(reply)
+    if request.get("op") != "build":  # (a build's own processes have ended with it)
+        state.kill_orphans()
     return _after_errors(state, reply)
 
 
@@ -665,7 +673,10 @@ def serve(device: str, requests_fd: int, replies_fd: int) -> None:
     """The worker's loop: hello, then one reply per request line until the request pipe closes."""
     import torch  # noqa: F401 - imported once here, so no request pays for it
 
+    from kernelpilot.harness.orphans import become_subreaper
+
     _not_dumpable()
+    become_subreaper()
     state = WorkerState(device)
     try:
         with os.fdopen(requests_fd, "r", encoding="utf-8") as requests, os.fdopen(replies_fd, "w", encoding="utf-8") as replies:
