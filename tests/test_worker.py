@@ -264,7 +264,7 @@ class ModelNew(Model):
 def test_a_daemon_the_candidate_forks_does_not_outlive_the_step(worker, tmp_path):
     import time
 
-    pid_file = tmp_path / "daemon.pid"
+    pid_file = Path(f"/dev/shm/kernelpilot-test-daemon-{os.getpid()}-{tmp_path.name}.pid")  # /dev stays writable
     ws = write_workspace(tmp_path / "ws", DAEMON_CANDIDATE.format(pid_file=pid_file))
     reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
     assert reply.ok, reply.message
@@ -273,7 +273,25 @@ def test_a_daemon_the_candidate_forks_does_not_outlive_the_step(worker, tmp_path
         assert time.monotonic() < deadline, "the daemon never started"
         time.sleep(0.05)
     daemon = int(pid_file.read_text())
+    pid_file.unlink()
     assert not is_alive(daemon), "a process the candidate started outlived the step that loaded it"
+
+
+def landlock_available() -> bool:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1) >= 1
+
+
+@pytest.mark.skipif("not landlock_available()", reason="this kernel has no Landlock: sandboxes run unconfined here")
+def test_a_candidate_cannot_write_outside_its_sandbox(worker, tmp_path):
+    target = tmp_path / "written-by-the-candidate.pth"
+    writer = f"open({str(target)!r}, 'w').write('import evil')\n" + HONEST_CANDIDATE
+    ws = write_workspace(tmp_path / "ws", writer)
+    reply = worker.call("load", {"workspace": str(ws.root)}, timeout=60)
+    assert (reply.ok, reply.error_kind) == (False, "load")
+    assert "PermissionError" in reply.message
+    assert not target.exists()
 
 
 def test_the_sandbox_environment_keeps_the_toolchain_and_drops_credentials(tmp_path):

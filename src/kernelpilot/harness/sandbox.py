@@ -283,14 +283,16 @@ class SandboxLoadError(Exception):
 
 def serve(args: argparse.Namespace) -> None:
     """Ready (torch imported, CUDA up: a spare waits here), then a "load" request, then one reply per request."""
-    _harden()
+    from kernelpilot.harness.confine import harden
+
+    confinement = harden()
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.init()
         device = torch.device("cuda", torch.cuda.current_device())
         torch.empty(1, device=device)  # the context and the allocator, before any candidate is waiting
     with os.fdopen(args.requests_fd, "r", encoding="utf-8") as requests, os.fdopen(args.replies_fd, "w") as replies:
-        _write(replies, {"ok": True, "ready": True, "pid": os.getpid()})
+        _write(replies, {"ok": True, "ready": True, "pid": os.getpid(), "confinement": confinement})
         local = None
         for line in requests:
             request = json.loads(line)
@@ -351,22 +353,6 @@ def handle(local: LocalModel, request: dict) -> dict:
     if reply.get("error_kind") in ("crash", "cuda-error"):
         reply["exiting"] = True  # the CUDA context is unusable
     return reply
-
-
-def _harden() -> None:
-    """No new privileges for anything the candidate starts; die with the judge that started us."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig, pr_set_no_new_privs = 1, 38
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-        libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the judge died before the death signal was armed
-        os._exit(4)
 
 
 def _write(stream: Any, data: dict) -> None:

@@ -16,12 +16,15 @@ from __future__ import annotations
 import base64
 import io
 import itertools
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+SHARED_DIR_ENV = "KERNELPILOT_SHARED_DIR"  # where the trusted side puts shared tensors' files (CPU), if set
 
 # dtypes a shared tensor may have, by name: the reference names one of these and nothing else.
 DTYPES: dict[str, torch.dtype] = {
@@ -48,7 +51,7 @@ class SharedArena:
         if self.device.type == "cuda":
             self._pool = torch.cuda.MemPool()
         else:
-            self._folder = Path(tempfile.mkdtemp(prefix="kernelpilot-shared-"))
+            self._folder = Path(tempfile.mkdtemp(prefix="kernelpilot-shared-", dir=os.environ.get(SHARED_DIR_ENV)))
 
     def empty_strided(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, dict]:
         """An uninitialised shared tensor with this layout, and the reference the sandbox opens it by."""

@@ -187,8 +187,8 @@ class Worker:
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
             child_env, child_device = _child_environment(self.device)
-            if self.sandboxed:
-                child_env = sandbox_environment(child_env, Path(self.log_path).parent)
+            if self.sandboxed:  # a home of its own, beside its log
+                child_env = sandbox_environment(child_env, self.log_path.with_suffix(".home"))
             command = [sys.executable, "-m", self.module, "--device", child_device, *self.module_args,
                        "--requests-fd", str(requests_read), "--replies-fd", str(replies_write)]  # fmt: skip
             self._proc = subprocess.Popen(
@@ -309,14 +309,19 @@ _SANDBOX_ENV_PREFIXES = ("CUDA", "NVIDIA", "TORCH_CUDA", "PYTORCH_CUDA", "CUBLAS
 
 
 def sandbox_environment(env: dict[str, str], private_dir: Path) -> dict[str, str]:
-    """A sandbox's environment: toolchain and device settings only, and every cache and temp folder its own."""
+    """A sandbox's environment: toolchain and device settings only, every cache and temp folder its own (under
+    `private_dir`), and the folders it may write (its own and the judge's shared-tensor folder)."""
+    from kernelpilot.harness.confine import WRITABLE_ENV
+    from kernelpilot.harness.shared import SHARED_DIR_ENV
+
     kept = {k: v for k, v in env.items() if k in _SANDBOX_ENV_NAMES or k.startswith(_SANDBOX_ENV_PREFIXES)}
-    home = private_dir / "sandbox-home"
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir.mkdir(parents=True, exist_ok=True)
     for name, sub in (("HOME", ""), ("TMPDIR", "tmp"), ("XDG_CACHE_HOME", "cache"), ("KERNELPILOT_CACHE_DIR", "kp-cache"),
                       ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):  # fmt: skip
-        (home / sub).mkdir(parents=True, exist_ok=True)
-        kept[name] = str(home / sub)
+        (private_dir / sub).mkdir(parents=True, exist_ok=True)
+        kept[name] = str(private_dir / sub)
+    writable = [str(private_dir)] + ([env[SHARED_DIR_ENV]] if env.get(SHARED_DIR_ENV) else [])
+    kept[WRITABLE_ENV] = os.pathsep.join(writable)
     return kept
 
 
@@ -374,10 +379,14 @@ class WorkerState:
 
     def __init__(self, device: str):
         from kernelpilot.harness.sandbox_client import SandboxPool
+        from kernelpilot.harness.shared import SHARED_DIR_ENV
 
         self.device = device
         self.problems: dict[tuple[str, str], Any] = {}
         self.log_dir = Path(tempfile.mkdtemp(prefix="kernelpilot-sandboxes-"))
+        shared = self.log_dir / "shared"
+        shared.mkdir()
+        os.environ[SHARED_DIR_ENV] = str(shared)  # SharedArena's files (CPU) go here, the one folder sandboxes share
         self.pool = SandboxPool(device, self.log_dir)
         self.clean: OrderedDict[tuple[str, str], CleanSandboxes] = OrderedDict()
         self._candidate: tuple[tuple, Any] | None = None

@@ -1,0 +1,69 @@
+"""The sandbox confines itself before any candidate code runs: no new privileges, death with the judge, and
+(where the kernel has Landlock) writes only to its own folders.
+
+Reading stays open (Python, torch, the workspace's sources and its built extension must be read), but a candidate
+can then write nowhere except the sandbox's private home, temp and cache folders, the judge's shared-tensor folder
+and /dev (the GPU's device files): not the baseline cache, not the workspace, not the Python installation (a .pth
+file there would run code in every later Python process, the judge's included), not another sandbox's caches.
+Landlock needs Linux 5.13; elsewhere the sandbox says it is unconfined and runs as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+WRITABLE_ENV = "KERNELPILOT_SANDBOX_WRITABLE"  # os.pathsep-separated folders the sandbox may write under
+
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and arm64
+_LANDLOCK_CREATE_RULESET_VERSION, _LANDLOCK_RULE_PATH_BENEATH = 1, 1
+# Every right that changes the file system (Landlock ABI 1), then REFER (ABI 2) and TRUNCATE (ABI 3).
+_WRITE_RIGHTS = {1: sum(1 << bit for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)), 2: 1 << 13, 3: 1 << 14}
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def harden() -> str:
+    """Apply every confinement this system allows; returns how the file system is confined ("landlock" | "none")."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if os.getppid() == 1:  # the judge died before the death signal was armed
+        os._exit(4)
+    writable = [path for path in os.environ.get(WRITABLE_ENV, "").split(os.pathsep) if path]
+    return "landlock" if writable and restrict_writes(libc, [*writable, "/dev"]) else "none"
+
+
+def restrict_writes(libc: ctypes.CDLL, writable: list[str]) -> bool:
+    """Allow this process (and its children) to write only under `writable`; False when Landlock is missing."""
+    abi = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        return False
+    rights = sum(right for version, right in _WRITE_RIGHTS.items() if version <= abi)
+    attr = _RulesetAttr(rights)
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+    try:
+        for path in writable:
+            try:
+                folder = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
+            except OSError:
+                continue
+            rule = _PathBeneath(rights, folder)
+            added = libc.syscall(_SYS_ADD_RULE, ruleset, ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
+            os.close(folder)
+            if added != 0:
+                return False
+        return libc.syscall(_SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) == 0
+    finally:
+        os.close(ruleset)
