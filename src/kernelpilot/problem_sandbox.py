@@ -364,8 +364,11 @@ def _gpu_memory(device: str | None) -> tuple[int | None, str | None]:
 
     if device == "cpu" or not torch.cuda.is_available():
         return None, None
-    index = torch.device(device or "cuda").index
-    properties = torch.cuda.get_device_properties(index if index is not None else 0)
+    try:
+        index = torch.device(device or "cuda").index
+        properties = torch.cuda.get_device_properties(index if index is not None else 0)
+    except (RuntimeError, AssertionError, ValueError):  # a bad device name or index: the judge reports it when it runs
+        return None, None
     return properties.total_memory, properties.name
 
 
