@@ -180,6 +180,23 @@ def test_processes_the_file_starts_are_killed_with_it(tmp_path):
     assert not _alive(sleeper)
 
 
+def test_a_process_that_escapes_the_group_and_holds_the_pipes_does_not_hang_the_load(tmp_path):
+    pid_file = tmp_path / "sleeper.pid"
+    source = (
+        "import subprocess\n"
+        "SLEEPER = subprocess.Popen(['setsid', 'sleep', '300'])\n"  # a new session: the group kill cannot reach it
+        f"open({str(pid_file)!r}, 'w').write(str(SLEEPER.pid))\n" + VALID
+    )
+    started = time.monotonic()
+    try:
+        check = check_problem(write(tmp_path, source, name="good.py"), limits=ProblemLimits(timeout_s=60))
+        assert check.size.input_bytes == 4 * 8 * 4
+        assert time.monotonic() - started < 60
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 9)
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, killed and waiting for its reaper, counts as gone)."""
     try:

@@ -60,6 +60,9 @@ FORWARD = "Model.forward() on meta tensors"
 _CHILD_COMMAND = "from kernelpilot.problem_sandbox import child_main; child_main()"
 _REPORT_LIMIT = 1 << 20  # bytes of JSON read from the child; a size and a message need a few hundred
 _OUTPUT_TAIL = 4096  # bytes of the file's own printing kept, for the last line in a hint
+# After the child ends, how long its pipes may take to drain: a process the file started outside the child's process
+# group may hold them open forever, and what the child itself wrote is in the pipe already.
+_DRAIN_S = 2.0
 _UNIT_FACTORS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"}
 
@@ -183,9 +186,15 @@ def _run_child(file: Path, device: str | None, limits: ProblemLimits) -> dict[st
         _kill_group(child.pid)
         child.wait()
         for reader in readers:
-            reader.join()
-    messages = reports.messages
+            reader.join(_DRAIN_S)
+    messages = list(reports.messages)
     stage = next((m["stage"] for m in reversed(messages) if "stage" in m), STARTUP)
+    if timed_out and stage == STARTUP:
+        raise ProblemError(
+            f"The process loading {shown_path(file)} did not start within {STARTUP_ALLOWANCE_S:g} s "
+            "(before any of the file's code ran).",
+            hint="The machine may be overloaded; `python -c 'import torch'` shows how long torch takes to import.",
+        )
     if timed_out:
         raise ProblemError(
             f"Loading {shown_path(file)} timed out after {limits.timeout_s:g} s {during(stage)}.",
