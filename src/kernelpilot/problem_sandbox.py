@@ -63,7 +63,9 @@ _OUTPUT_TAIL = 4096  # bytes of the file's own printing kept, for the last line 
 # After the child ends, how long its pipes may take to drain: a process the file started outside the child's process
 # group may hold them open forever, and what the child itself wrote is in the pipe already.
 _DRAIN_S = 2.0
-_UNIT_FACTORS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_UNIT_FACTORS = {
+    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40
+}
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"}
 
 
@@ -153,7 +155,9 @@ def _parse_seconds(text: str) -> float:
     except ValueError:
         seconds = -1.0
     if seconds <= 0:
-        raise ProblemError(f"{ENV_TIMEOUT}={text!r} is not a positive number of seconds.", hint=f"e.g. {ENV_TIMEOUT}=300")
+        raise ProblemError(
+            f"{ENV_TIMEOUT}={text!r} is not a positive number of seconds.", hint=f"Write it as e.g. {ENV_TIMEOUT}=300."
+        )
     return seconds
 
 
@@ -198,7 +202,7 @@ def _run_child(file: Path, device: str | None, limits: ProblemLimits) -> dict[st
     if timed_out:
         raise ProblemError(
             f"Loading {shown_path(file)} timed out after {limits.timeout_s:g} s {during(stage)}.",
-            hint=f"Make the file's code finish (a loop that never ends?), or allow more time with {ENV_TIMEOUT}=SECONDS.",
+            hint=f"Make the file's code finish (a loop that never ends?), or allow more time: {ENV_TIMEOUT}=SECONDS.",
         )
     for message in messages:
         if "result" in message:
