@@ -116,8 +116,9 @@ def test_a_valid_problem_is_initialised(tmp_path):
         (with_body("get_init_inputs", "while True: pass"), "in get_init_inputs()"),
         (with_body("__init__", "while True: pass"), "in Model(*get_init_inputs())"),
         (with_body("get_inputs", "while True: pass"), "in get_inputs()"),
+        (VALID.replace("return x * 2", "while True: pass"), "in Model.forward() on meta tensors"),
     ],
-    ids=["top-level", "get_init_inputs", "Model", "get_inputs"],
+    ids=["top-level", "get_init_inputs", "Model", "get_inputs", "forward"],
 )
 def test_an_endless_loop_times_out_naming_the_stage(tmp_path, source, stage):
     started = time.monotonic()
@@ -152,6 +153,27 @@ def test_the_memory_limit_is_reported_with_the_limit(tmp_path):
 
 def test_a_four_tib_input_is_refused_with_the_numbers(tmp_path):
     refused(write(tmp_path, FOUR_TIB), "4.0 TiB of inputs", "4.0 TiB of outputs", "24.0 TiB")
+
+
+def test_eval_of_a_problem_file_is_checked_too(tmp_path):
+    """`eval FILE --candidate` makes a temporary workspace, through the same check."""
+    problem = write(tmp_path, FOUR_TIB)
+    candidate = write(tmp_path, "class ModelNew: pass\n", name="model_new.py")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
+    completed = subprocess.run(
+        [sys.executable, "-m", "kernelpilot", "eval", str(problem), "--candidate", str(candidate), "--device", "cpu"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert completed.returncode != 0
+    assert "Traceback" not in completed.stderr
+    assert [line for line in completed.stderr.splitlines() if line.startswith("error:")] == [
+        "error: bad.py needs 24.0 TiB of GPU memory to be judged (3 x (4.0 TiB of inputs + 4.0 TiB of outputs) "
+        "+ 2 x 0 B of parameters), more than any GPU has (268.2 GiB at most)."
+    ]
 
 
 def test_the_cpu_fallback_does_not_draw_a_16_gib_input(tmp_path):
