@@ -118,7 +118,7 @@ def test_exception_at_top_level(tmp_path):
 
 def test_exit_at_top_level(tmp_path):
     path = write(tmp_path, "import sys\nsys.exit(3)\n" + VALID)
-    load_error(path, "SystemExit", "top level")
+    load_error(path, "exited with code 3", "top level", "(line 2)")
 
 
 def test_main_guard_does_not_run(tmp_path):

@@ -28,3 +28,7 @@ class BuildError(KernelpilotError):
 
 class NoGPUError(KernelpilotError):
     """A GPU is needed and none is visible."""
+
+
+class ProblemMemoryError(ProblemError):
+    """Running the problem file ran out of memory (the loader's memory limit, or the machine's)."""

@@ -3,6 +3,9 @@
 A problem file runs in a fresh module namespace, so two problems loaded in one process never share classes, and
 it is validated on meta tensors, so a problem sized for an 80 GB GPU loads in milliseconds on any machine.
 Every way a file can be unusable ends in a `ProblemError`: one sentence naming the file, and a hint.
+
+This module runs the file's code in the calling process; `problem_sandbox` runs the same loading in a child
+process with a time and a memory limit, for files kernelpilot has not run before.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from kernelpilot.errors import ProblemError
+from kernelpilot.errors import ProblemError, ProblemMemoryError
+from kernelpilot.problem_size import format_bytes, host_memory_available
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +33,17 @@ FORMAT_HINT = (
     "see the files in examples/."
 )
 TRACEBACK_HINT = "Run `python {file}` to see the full traceback."
+EXIT_HINT = (
+    "A problem file must not end the process (sys.exit(), os._exit(), exit()); remove that call "
+    "(code under `if __name__ == '__main__':` does not run)."
+)
+MEMORY_HINT = "Make what the file builds on the host smaller (inputs are drawn on meta tensors when it can run there)."
+
+# The stages of loading, in order; the sandbox reports the one a file was in when it hung, exited or crashed.
+TOP_LEVEL = "its top level"
+GET_INIT_INPUTS = "get_init_inputs()"
+MODEL_INIT = "Model(*get_init_inputs())"
+GET_INPUTS = "get_inputs()"
 
 # Each execution gets its own module name, so no two loads can collide, whatever the files are called.
 _module_serial = itertools.count()
@@ -88,17 +103,42 @@ def problem_id_of(source: str) -> str:
     return hashlib.sha256(normalised.encode("utf-8")).hexdigest()[:16]
 
 
-def load_problem(path: str | Path, *, validate: bool = True) -> Problem:
+def load_problem(
+    path: str | Path,
+    *,
+    validate: bool = True,
+    on_stage: Callable[[str], None] | None = None,
+    host_memory_bytes: int | None = None,
+) -> Problem:
     """Load the problem file at `path`; raise `ProblemError` saying what is wrong if it cannot be used.
 
     Loading runs the file and checks that it defines `Model` (an nn.Module with a forward), `get_inputs` and
     `get_init_inputs`, and calls `get_init_inputs()`. With `validate`, it also builds `Model(*init_inputs)`
-    and calls `get_inputs()` on the meta device (shapes and types, no memory) and checks what they return.
+    and calls `get_inputs()` on the meta device (shapes and types, no memory) and checks what they return
+    (`validated_on_meta`). `on_stage` is told each stage (TOP_LEVEL, GET_INIT_INPUTS, ...) as it starts.
     """
     file = Path(path).expanduser().resolve()
     source = _read_source(file)
-    code = _compile(source, file)
+    problem = _load(file, source, _compile(source, file), on_stage or _no_stage)
+    if validate:
+        validated_on_meta(problem, on_stage=on_stage, host_memory_bytes=host_memory_bytes)
+    return problem
+
+
+def check_source(path: str | Path) -> Path:
+    """The resolved path of a readable Python file that compiles, without running any of it; else ProblemError."""
+    file = Path(path).expanduser().resolve()
+    _compile(_read_source(file), file)
+    return file
+
+
+def _no_stage(stage: str) -> None:
+    pass
+
+
+def _load(file: Path, source: str, code: types.CodeType, on_stage: Callable[[str], None]) -> Problem:
     with _importable_from(file.parent):
+        on_stage(TOP_LEVEL)
         module = _execute(code, file)
         model_cls = _model_class(module, file)
         get_inputs = _function(module, "get_inputs", file)
@@ -112,10 +152,10 @@ def load_problem(path: str | Path, *, validate: bool = True) -> Problem:
             model_cls=model_cls,
             get_inputs=get_inputs,
             get_init_inputs=get_init_inputs,
-            init_inputs=_as_list(_call(get_init_inputs, "get_init_inputs()", file), "get_init_inputs()", file),
+            init_inputs=[],
         )
-        if validate:
-            _validate_on_meta(problem)
+        on_stage(GET_INIT_INPUTS)
+        problem.init_inputs = _as_list(_call(get_init_inputs, GET_INIT_INPUTS, file), GET_INIT_INPUTS, file)
     return problem
 
 
@@ -124,27 +164,27 @@ def load_problem(path: str | Path, *, validate: bool = True) -> Problem:
 
 def _read_source(file: Path) -> str:
     if not file.exists():
-        raise ProblemError(f"Problem file {_shown(file)} does not exist.", hint="Check the path and try again.")
+        raise ProblemError(f"Problem file {shown_path(file)} does not exist.", hint="Check the path and try again.")
     if file.is_dir():
         raise ProblemError(
-            f"{_shown(file)} is a directory, not a problem file.",
+            f"{shown_path(file)} is a directory, not a problem file.",
             hint="Pass the .py file itself, e.g. examples/softmax_long_rows.py.",
         )
     if file.suffix != ".py":
-        raise ProblemError(f"{_shown(file)} is not a Python file (it does not end in .py).", hint=FORMAT_HINT)
+        raise ProblemError(f"{shown_path(file)} is not a Python file (it does not end in .py).", hint=FORMAT_HINT)
     try:
         data = file.read_bytes()
     except OSError as err:
         raise ProblemError(
-            f"Problem file {_shown(file)} cannot be read ({err.strerror}).", hint="Check its permissions."
+            f"Problem file {shown_path(file)} cannot be read ({err.strerror}).", hint="Check its permissions."
         ) from None
     if b"\x00" in data:
-        raise ProblemError(f"{_shown(file)} is a binary file, not Python source.", hint=FORMAT_HINT)
+        raise ProblemError(f"{shown_path(file)} is a binary file, not Python source.", hint=FORMAT_HINT)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise ProblemError(
-            f"{_shown(file)} is not UTF-8 text (byte {err.start} cannot be decoded).",
+            f"{shown_path(file)} is not UTF-8 text (byte {err.start} cannot be decoded).",
             hint="Save the file as UTF-8.",
         ) from None
 
@@ -155,8 +195,8 @@ def _compile(source: str, file: Path) -> types.CodeType:
         return compile(source, str(file), "exec", dont_inherit=True)
     except SyntaxError as err:
         raise ProblemError(
-            f"Syntax error at {_shown(file)}:{err.lineno}: {err.msg}.",
-            hint=f"Fix that line; `python -m py_compile {_shown(file)}` shows the same error.",
+            f"Syntax error at {shown_path(file)}:{err.lineno}: {err.msg}.",
+            hint=f"Fix that line; `python -m py_compile {shown_path(file)}` shows the same error.",
         ) from None
 
 
@@ -186,18 +226,22 @@ def _execute(code: types.CodeType, file: Path) -> types.ModuleType:
         exec(code, module.__dict__)
     except ModuleNotFoundError as err:
         raise ProblemError(
-            f"{_shown(file)} imports `{err.name}`, which cannot be found{_at_line(err, file)}.",
+            f"{shown_path(file)} imports `{err.name}`, which cannot be found{_at_line(err, file)}.",
             hint="Install that package or remove the import; a problem normally needs only torch.",
         ) from None
     except ImportError as err:
         raise ProblemError(
-            f"{_shown(file)} fails to import: {_brief(err)}{_at_line(err, file)}.",
-            hint=TRACEBACK_HINT.format(file=_shown(file)),
+            f"{shown_path(file)} fails to import: {_brief(err)}{_at_line(err, file)}.",
+            hint=TRACEBACK_HINT.format(file=shown_path(file)),
         ) from None
-    except (Exception, SystemExit) as err:
+    except SystemExit as err:
+        raise exit_error(file, exit_code_of(err), TOP_LEVEL, _at_line(err, file)) from None
+    except Exception as err:
+        if is_out_of_memory(err):
+            raise _memory_error(err, TOP_LEVEL, file) from None
         raise ProblemError(
-            f"{_shown(file)} raised {_brief(err)} while running its top level{_at_line(err, file)}.",
-            hint=TRACEBACK_HINT.format(file=_shown(file)),
+            f"{shown_path(file)} raised {_brief(err)} while running its top level{_at_line(err, file)}.",
+            hint=TRACEBACK_HINT.format(file=shown_path(file)),
         ) from None
     finally:
         del sys.modules[module.__name__]
@@ -233,23 +277,23 @@ def _model_class(module: types.ModuleType, file: Path) -> type:
     namespace = vars(module)
     if "Model" not in namespace:
         raise ProblemError(
-            f"{_shown(file)} has no class named Model.",
+            f"{shown_path(file)} has no class named Model.",
             hint="Define `class Model(nn.Module)` whose forward() is the computation to speed up.",
         )
     model_cls = namespace["Model"]
     if not isinstance(model_cls, type):
         raise ProblemError(
-            f"`Model` in {_shown(file)} is {_describe(model_cls)}, not a class.",
+            f"`Model` in {shown_path(file)} is {_describe(model_cls)}, not a class.",
             hint="Define `class Model(nn.Module)` whose forward() is the computation to speed up.",
         )
     if not issubclass(model_cls, torch.nn.Module):
         raise ProblemError(
-            f"`Model` in {_shown(file)} is not a subclass of torch.nn.Module.",
+            f"`Model` in {shown_path(file)} is not a subclass of torch.nn.Module.",
             hint="Declare it as `class Model(nn.Module)` and call `super().__init__()` in its __init__.",
         )
     if model_cls.forward is torch.nn.Module.forward:
         raise ProblemError(
-            f"`Model` in {_shown(file)} defines no forward() method.",
+            f"`Model` in {shown_path(file)} defines no forward() method.",
             hint="Add `def forward(self, ...)` computing the outputs from the tensors get_inputs() returns.",
         )
     return model_cls
@@ -258,11 +302,11 @@ def _model_class(module: types.ModuleType, file: Path) -> type:
 def _function(module: types.ModuleType, name: str, file: Path) -> Callable[[], Any]:
     namespace = vars(module)
     if name not in namespace:
-        raise ProblemError(f"{_shown(file)} has no function named {name}().", hint=FORMAT_HINT)
+        raise ProblemError(f"{shown_path(file)} has no function named {name}().", hint=FORMAT_HINT)
     function = namespace[name]
     if not callable(function):
         raise ProblemError(
-            f"`{name}` in {_shown(file)} is {_describe(function)}, not a function.",
+            f"`{name}` in {shown_path(file)} is {_describe(function)}, not a function.",
             hint=f"Define `def {name}():` returning a list.",
         )
     return function
@@ -271,65 +315,138 @@ def _function(module: types.ModuleType, name: str, file: Path) -> Callable[[], A
 def _call(function: Callable[[], Any], label: str, file: Path, hint: str | None = None) -> Any:
     try:
         return function()
-    except Exception as err:
-        raise ProblemError(
-            f"{label} in {_shown(file)} raised {_brief(err)}{_at_line(err, file)}.",
-            hint=hint or TRACEBACK_HINT.format(file=_shown(file)),
-        ) from None
+    except (Exception, SystemExit) as err:
+        raise _failure(err, label, file, hint) from None
 
 
-def _call_on_meta(function: Callable[[], Any], label: str, file: Path, hint: str | None = None) -> Any:
-    """Call `function` with tensors created on the meta device: shapes and dtypes only, no memory."""
+def _failure(err: BaseException, label: str, file: Path, hint: str | None) -> ProblemError:
+    """The ProblemError for `label` ending in `err`: an exit, running out of memory, or an exception."""
+    if isinstance(err, ProblemError):
+        return err
+    if isinstance(err, SystemExit):
+        return exit_error(file, exit_code_of(err), label, _at_line(err, file))
+    if is_out_of_memory(err):
+        return _memory_error(err, label, file)
+    return ProblemError(
+        f"{label} in {shown_path(file)} raised {_brief(err)}{_at_line(err, file)}.",
+        hint=hint or TRACEBACK_HINT.format(file=shown_path(file)),
+    )
+
+
+def _call_on_meta(
+    function: Callable[[], Any], label: str, file: Path, hint: str | None = None, *, host_memory_bytes: int | None
+) -> Any:
+    """Call `function` with tensors created on the meta device: shapes and dtypes only, no memory.
+
+    Some valid code cannot run on meta tensors (`.item()`, data-dependent shapes): only a failure on real
+    tensors is the problem's fault, so it is retried on the CPU, where every allocation is checked against
+    `host_memory_bytes` (default: the memory available now) before it is made.
+    """
     import torch
+
+    from kernelpilot.host_budget import HostBudget, HostBudgetExceeded
 
     try:
         with torch.device("meta"):
             return function()
-    except Exception:
-        # Some valid code cannot run on meta tensors (`.item()`, data-dependent shapes): only a failure on
-        # real tensors is the problem's fault, so retry on the CPU and report what happens there.
-        return _call(function, label, file, hint)
+    except SystemExit as err:
+        raise _failure(err, label, file, hint) from None
+    except Exception as meta_err:
+        budget_bytes = host_memory_available() if host_memory_bytes is None else host_memory_bytes
+        try:
+            with HostBudget(budget_bytes):
+                return function()
+        except HostBudgetExceeded as err:
+            raise ProblemError(
+                f"{label} in {shown_path(file)} cannot run on meta tensors ({_brief(meta_err, 80)}), and on the host "
+                f"it would allocate {format_bytes(err.needed_bytes)}, more than the {format_bytes(err.budget_bytes)} "
+                "it may use.",
+                hint=f"Make {label} run on meta tensors (no .item() or data-dependent shapes), or make it smaller.",
+            ) from None
+        except (Exception, SystemExit) as err:
+            raise _failure(err, label, file, hint) from None
 
 
 def _as_list(value: Any, label: str, file: Path) -> list:
     if isinstance(value, (list, tuple)):
         return list(value)
     raise ProblemError(
-        f"{label} in {_shown(file)} returned {_describe(value)}, not a list.",
+        f"{label} in {shown_path(file)} returned {_describe(value)}, not a list.",
         hint=f"Make {label} return a list, e.g. `return [x, y]`.",
     )
 
 
-def _validate_on_meta(problem: Problem) -> None:
-    """Build the model and draw the inputs as meta tensors, and check what get_inputs() returns."""
+def validated_on_meta(
+    problem: Problem, *, on_stage: Callable[[str], None] | None = None, host_memory_bytes: int | None = None
+) -> tuple[torch.nn.Module, list]:
+    """The model and the inputs, built as meta tensors where the file's code allows, after checking what
+    get_inputs() returns; ProblemError when either cannot be built or the inputs are not a list of arguments."""
     import torch
 
     file = problem.path
-    _call_on_meta(
+    on_stage = on_stage or _no_stage
+    on_stage(MODEL_INIT)
+    model = _call_on_meta(
         problem.make_model,
-        "Model(*get_init_inputs())",
+        MODEL_INIT,
         file,
         hint=f"Make get_init_inputs() return the arguments Model.__init__ takes: {problem.init_signature()}.",
+        host_memory_bytes=host_memory_bytes,
     )
-    inputs = _as_list(_call_on_meta(problem.get_inputs, "get_inputs()", file), "get_inputs()", file)
+    on_stage(GET_INPUTS)
+    drawn = _call_on_meta(problem.get_inputs, GET_INPUTS, file, host_memory_bytes=host_memory_bytes)
+    inputs = _as_list(drawn, GET_INPUTS, file)
     if not inputs:
         raise ProblemError(
-            f"get_inputs() in {_shown(file)} returned an empty list.",
+            f"get_inputs() in {shown_path(file)} returned an empty list.",
             hint="Return the tensors Model.forward() takes, e.g. `return [torch.randn(4096, 4096)]`.",
         )
     for position, item in enumerate(inputs):
         if item is not None and not isinstance(item, (torch.Tensor, numbers.Number)):
             raise ProblemError(
-                f"get_inputs() in {_shown(file)} returned {_describe(item)} at position {position}, "
+                f"get_inputs() in {shown_path(file)} returned {_describe(item)} at position {position}, "
                 "where a tensor, a number or None was expected.",
                 hint="Return the arguments of Model.forward() as a flat list of tensors and numbers.",
             )
+    return model, inputs
+
+
+def exit_code_of(err: SystemExit) -> int:
+    """The status a SystemExit ends the process with: 0 for None, 1 for a message, else the number."""
+    if err.code is None:
+        return 0
+    return err.code if isinstance(err.code, int) else 1
+
+
+def during(stage: str) -> str:
+    """'while running its top level', 'in get_inputs()': where in the loading a stage is, for a sentence."""
+    return f"while running {stage}" if stage == TOP_LEVEL else f"in {stage}"
+
+
+def exit_error(file: Path, code: int, stage: str, at_line: str = "") -> ProblemError:
+    """The file ended the process (sys.exit, os._exit) with `code` during `stage`."""
+    return ProblemError(f"{shown_path(file)} exited with code {code} {during(stage)}{at_line}.", hint=EXIT_HINT)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is an allocation refused by the memory limit (Python's MemoryError or torch's)."""
+    if isinstance(err, MemoryError):  # torch.OutOfMemoryError is a RuntimeError, and not always raised
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+
+
+def _memory_error(err: BaseException, stage: str, file: Path) -> ProblemMemoryError:
+    return ProblemMemoryError(
+        f"{shown_path(file)} ran out of memory {during(stage)}{_at_line(err, file)} ({_brief(err, 100)}).",
+        hint=MEMORY_HINT,
+    )
 
 
 # ------------------------------------------------------------------------------------------ wording
 
 
-def _shown(file: Path) -> str:
+def shown_path(file: Path) -> str:
     """The file as the user most likely wrote it: relative to the working directory when it is inside it."""
     try:
         return str(file.relative_to(Path.cwd()))

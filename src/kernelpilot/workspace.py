@@ -89,17 +89,21 @@ class Workspace:
         return load_problem(self.model_path)
 
 
-def init_workspace(problem_path: Path | str, dest: Path | None = None) -> tuple[Workspace, list[str]]:
+def init_workspace(
+    problem_path: Path | str, dest: Path | None = None, *, device: str | None = None
+) -> tuple[Workspace, list[str]]:
     """Create (or complete) the workspace for a problem; return it and the relative paths written.
 
+    The problem file is first loaded in a child process with a time and a memory limit, and must fit `device`
+    (None: the judge's default GPU), so a file that hangs, crashes or is too large leaves no workspace behind.
     An existing workspace of the same problem gets its missing protected files back; nothing the user may
     edit is overwritten. A workspace of another problem, or one whose protected files were changed, is
     refused with a WorkspaceError.
     """
-    from kernelpilot.problem import load_problem
+    from kernelpilot.problem_sandbox import load_checked_problem
 
     problem_path = Path(problem_path)
-    problem = load_problem(problem_path)
+    problem = load_checked_problem(problem_path, device=device)
     root = Path(dest) if dest is not None else Path.cwd() / f"kp-{problem_path.stem}"
     ws = Workspace(root.expanduser().resolve())
     is_new = _prepare_root(ws, problem.problem_id)

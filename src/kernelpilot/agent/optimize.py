@@ -117,8 +117,8 @@ def prepared_run(
     from kernelpilot.problem import load_problem
     from kernelpilot.workspace import init_workspace
 
-    problem = load_problem(problem_path)
-    ws, _ = init_workspace(problem_path, settings.workspace)
+    ws, _ = init_workspace(problem_path, settings.workspace, device=settings.device)  # checks it in a child first
+    problem = load_problem(problem_path, validate=False)
     model = resolve_model(settings.model, settings.api_base, settings.api_key)
     with Judge(settings.device) as judge:
         ctx = ToolContext(workspace=ws, judge=judge, state={"settings": settings})
