@@ -100,6 +100,9 @@ def test_aten_compute_fails_and_is_named(form):
         ("at::_ops::to_dtype::call(at::Tensor const&, c10::ScalarType, bool, bool, std::optional<c10::MemoryFormat>)", "to_dtype"),
         ("at::_ops::select_scatter::call(at::Tensor const&, at::Tensor const&, long, c10::SymInt)", "select_scatter"),
         ("dlsym@GLIBC_2.34", "dlsym"),
+        ("at::Tensor::relu_() const", "at::Tensor::relu_"),  # compute methods of at::Tensor compiled into torch
+        ("at::Tensor::index(c10::ArrayRef<at::indexing::TensorIndex>) const", "at::Tensor::index"),
+        ("_ZNK2at10TensorBase2toEN3c1013TensorOptionsEbbSt8optionalINS1_12MemoryFormatEE", "at::TensorBase::to"),
     ],
 )  # fmt: skip
 def test_other_ways_to_reach_torch_compute_fail(symbol, named):
@@ -111,6 +114,10 @@ def test_allocation_views_and_free_layout_ops_pass():
     allowed = ["empty_strided", "zeros", "fill__Scalar", "view", "as_strided", "permute", "select_int", "slice_Tensor",
                "transpose_int", "contiguous", "reshape", "unsqueeze", "expand", "narrow"]  # fmt: skip
     assert find_torch_compute_symbols([f"at::_ops::{op}::call()" for op in allowed]) is None
+    metadata = ["at::checkDim(char const*, at::TensorGeometryArg const&, long)", "at::TensorBase::toString() const",
+                "at::TensorBase::__dispatch_contiguous(c10::MemoryFormat) const", "at::Tensor::narrow(long, long, long) const",
+                "at::cuda::getCurrentCUDABlasLtHandle()", "torch::Library::_def(c10::FunctionSchema&&, ...)"]  # fmt: skip
+    assert find_torch_compute_symbols(metadata) is None
 
 
 def test_at_most_eight_ops_are_named():

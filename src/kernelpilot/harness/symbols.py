@@ -19,6 +19,7 @@ import shutil
 import struct
 import subprocess
 from collections.abc import Iterable
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from kernelpilot.errors import KernelpilotError
@@ -97,7 +98,8 @@ def _demangle(names: list[str]) -> dict[str, str]:
 # ---------------------------------------------------------------------------- qualified names, both forms
 
 _SPECIAL_PREFIXES = ("vtable for ", "typeinfo name for ", "typeinfo for ", "VTT for ", "guard variable for ",
-                     "construction vtable for ", "non-virtual thunk to ", "virtual thunk to ", "covariant return thunk to ",
+                     "construction vtable for ", "non-virtual thunk to ", "virtual thunk to ",
+                     "covariant return thunk to ",
                      "TLS init function for ", "TLS wrapper function for ")  # fmt: skip
 _OPERATOR = re.compile(
     r"operator\s*(?:\(\)|\[\]|->\*?|<<=|>>=|<=>|<<|>>|<=|>=|<|>|[-+*/%^&|~!=,]+|\s(?:new|delete)(?:\[\])?)"
@@ -232,34 +234,43 @@ def is_allowed_aten_op(op_struct: str) -> bool:
     )
 
 
-# Scopes of at:: and torch:: a binding may reference: tensor metadata, data pointers and the global context
-# (TF32 flags), handles for calling cuBLAS/cuDNN itself, allocation without the dispatcher, and the machinery of
-# pybind11 casters and custom-operator registration. Matched as path prefixes; everything else in at:: and
-# torch:: is compute (at::native, at::cuda's kernels and blas, torch::jit, torch::nn, ...).
-ALLOWED_TORCH_SCOPES: dict[tuple[str, ...], str] = {
-    ("at", "TensorBase"): "tensor metadata and data pointers",
-    ("at", "Tensor"): "tensor metadata (its compute methods are inline and call at::_ops)",
-    ("at", "Context"): "global settings (TF32, deterministic algorithms)",
-    ("at", "globalContext"): "global settings",
-    ("at", "detail", "empty_cuda"): "allocation",
-    ("at", "detail", "empty_strided_cuda"): "allocation",
-    ("at", "detail", "empty_generic"): "allocation",
-    ("at", "cuda", "getCurrentCUDAStream"): "streams",
-    ("at", "cuda", "getCurrentDeviceProperties"): "device properties",
-    ("at", "cuda", "getDeviceProperties"): "device properties",
-    ("at", "cuda", "warp_size"): "device properties",
-    ("at", "cuda", "getCurrentCUDABlasHandle"): "a cuBLAS handle for calling cuBLAS itself",
-    ("at", "cuda", "getCurrentCUDABlasLtHandle"): "a cuBLASLt handle for calling cuBLASLt itself",
-    ("at", "cuda", "getCUDABlasLtWorkspace"): "cuBLASLt scratch space",
-    ("at", "cuda", "getCUDABlasLtWorkspaceSize"): "cuBLASLt scratch space",
-    ("at", "cuda", "getChosenWorkspaceSize"): "cuBLAS scratch space",
-    ("at", "native", "getCudnnHandle"): "a cuDNN handle for calling cuDNN itself",
-    ("torch", "autograd", "AutogradMeta"): "tensor metadata (vtable referenced by torch/types.h)",
-    ("torch", "Library"): "custom operator registration (TORCH_LIBRARY)",
-    ("torch", "CppFunction"): "custom operator registration",
-    ("torch", "detail", "TorchLibraryInit"): "custom operator registration",
-    ("torch", "detail", "class_base"): "custom class registration",
-}
+# Functions and scopes of at:: and torch:: a binding may reference, as shell-style patterns over the scope path
+# (a pattern also covers the members of what it names): tensor metadata and data pointers, allocation, the
+# checks of ATen/TensorUtils.h, the global context (TF32 flags), handles for calling cuBLAS/cuDNN itself, and
+# the machinery of custom-operator registration. Everything else in at:: and torch:: is compute: at::native,
+# at::cuda's kernels and blas, the non-inline compute methods of at::Tensor (relu_, index, to, ...), torch::jit.
+ALLOWED_TORCH_FUNCTIONS: dict[str, str] = {
+    **dict.fromkeys(
+        [f"at::TensorBase::{method}" for method in (
+            "data_ptr", "const_data_ptr", "mutable_data_ptr", "data", "packed_accessor*", "generic_packed_accessor",
+            "is_complex", "is_floating_point", "is_view", "is_leaf", "name", "output_nr", "_version", "_base",
+            "enforce_invariants", "toString", "print", "grad_fn", "requires_grad_", "retains_grad", "tensor_data",
+            "variable_data", "quantizer")],
+        "tensor metadata and data pointers",
+    ),
+    "at::TensorBase::__dispatch_contiguous": "contiguous(): free when no copy is needed (see ALLOWED_ATEN_OPS)",
+    "at::TensorBase::fill_": "initialisation",
+    "at::TensorBase::zero_": "initialisation",
+    **dict.fromkeys(
+        [f"at::Tensor::{method}" for method in ("narrow", "select", "as_strided_symint", "expect_contiguous")], "views"
+    ),
+    **dict.fromkeys([f"at::Tensor::{method}" for method in ("new_empty", "new_full", "new_zeros", "new_zeros_symint")],
+                    "allocation"),
+    **dict.fromkeys(["at::detail::empty_cuda", "at::detail::empty_strided_cuda", "at::detail::empty_generic",
+                     "at::detail::empty_strided_generic"], "allocation without the dispatcher"),
+    **dict.fromkeys(["at::check*", "at::infer_size*", "at::has_internal_overlap", "at::assert_no_*overlap",
+                     "at::geometry_is_contiguous"], "argument checks"),
+    "at::Context": "global settings (TF32, deterministic algorithms)",
+    "at::globalContext": "global settings",
+    **dict.fromkeys(["at::cuda::getCurrentCUDAStream", "at::cuda::getCurrentDeviceProperties",
+                     "at::cuda::getDeviceProperties", "at::cuda::warp_size"], "streams and device properties"),
+    **dict.fromkeys(["at::cuda::getCurrentCUDABlasHandle", "at::cuda::getCurrentCUDABlasLtHandle",
+                     "at::cuda::getCUDABlasLtWorkspace*", "at::cuda::getChosenWorkspaceSize",
+                     "at::native::getCudnnHandle"], "handles and scratch space for calling cuBLAS/cuDNN itself"),
+    "torch::autograd::AutogradMeta": "tensor metadata (its vtable is referenced by torch/types.h)",
+    **dict.fromkeys(["torch::Library", "torch::CppFunction", "torch::detail::TorchLibraryInit",
+                     "torch::detail::class_base"], "custom operator and class registration (TORCH_LIBRARY)"),
+}  # fmt: skip
 
 # c10 is metadata, errors, devices and streams, except the ways to find and call an operator by its name.
 DENIED_C10_SCOPES = (
@@ -282,9 +293,8 @@ def torch_compute_symbol(symbol: str) -> str | None:
     if path[:2] == ("at", "_ops") and len(path) >= 3:
         return None if is_allowed_aten_op(path[2]) else path[2]
     if path[:1] in (("at",), ("torch",)):
-        if any(path[: len(scope)] == scope for scope in ALLOWED_TORCH_SCOPES):
-            return None
-        return "::".join(path)
+        name = "::".join(path)
+        return None if _is_allowed_torch_function(name) else name
     if any(path[: len(scope)] == scope for scope in DENIED_C10_SCOPES):
         return "::".join(path) + " (an operator looked up by name)"
     if len(path) == 1 and path[0] in RUNTIME_LOOKUP:
@@ -292,12 +302,19 @@ def torch_compute_symbol(symbol: str) -> str | None:
     return None
 
 
+def _is_allowed_torch_function(name: str) -> bool:
+    """True when `name` (at::TensorBase::data_ptr) is, or is a member of, a pattern of ALLOWED_TORCH_FUNCTIONS."""
+    return any(fnmatchcase(name, pattern) or fnmatchcase(name, f"{pattern}::*") for pattern in ALLOWED_TORCH_FUNCTIONS)
+
+
 def find_torch_compute_symbols(symbols: Iterable[str]) -> GuardFinding | None:
     """Fail when the extension references ATen/torch functions that compute; name up to 8 of them."""
     offending = sorted({found for symbol in symbols if (found := torch_compute_symbol(symbol)) is not None})
     if not offending:
         return None
-    listed = ", ".join(offending[:_MAX_LISTED]) + (f" and {len(offending) - _MAX_LISTED} more" if len(offending) > _MAX_LISTED else "")
+    listed = ", ".join(offending[:_MAX_LISTED])
+    if len(offending) > _MAX_LISTED:
+        listed += f" and {len(offending) - _MAX_LISTED} more"
     return GuardFinding(
         TORCH_SYMBOLS,
         "fail",
