@@ -162,9 +162,10 @@ def test_library_kernels_count_only_when_the_extension_calls_the_library():
     assert find_no_own_kernel(["void kp::scale_kernel<float>(float*)"], source, set()) is None
 
 
-def test_a_file_that_is_not_elf_is_refused(tmp_path):
+@pytest.mark.parametrize("content", [b"not a library", b"\x7fELF\x02\x01\x01" + bytes(20)], ids=["text", "truncated"])
+def test_a_file_that_is_no_readable_elf_is_refused(tmp_path, content):
     path = tmp_path / "kp_kernels.so"
-    path.write_text("not a library")
+    path.write_bytes(content)
     with pytest.raises(SymbolReadError):
         undefined_symbols(path)
 

@@ -57,7 +57,7 @@ def _undefined_dynamic_names(library: Path) -> list[str]:
     is_64, order = data[4] == 2, "<" if data[5] == 1 else ">"
     try:
         return _read_dynsym(data, is_64, order)
-    except struct.error as err:
+    except (struct.error, ValueError, IndexError) as err:
         raise SymbolReadError(f"{library} is a truncated or malformed ELF file ({err}).") from err
 
 
@@ -126,8 +126,9 @@ def qualified_name(symbol: str) -> tuple[str, ...]:
     return tuple(head[-1].rstrip("&*").split("::")) if head else ()
 
 
-_STD_ABBREVIATIONS = {"t": (), "a": ("allocator",), "b": ("basic_string",), "s": ("string",), "i": ("istream",),
-                      "o": ("ostream",), "d": ("iostream",)}  # fmt: skip
+# St is std::; the others name std classes, spelled as demanglers spell them inside nested names.
+_STD_ABBREVIATIONS = {"t": (), "a": ("allocator",), "b": ("basic_string",), "s": ("basic_string",),
+                      "i": ("basic_istream",), "o": ("basic_ostream",), "d": ("basic_iostream",)}  # fmt: skip
 
 
 def _mangled_path(symbol: str) -> tuple[str, ...]:
