@@ -120,6 +120,30 @@ def test_allocation_views_and_free_layout_ops_pass():
     assert find_torch_compute_symbols(metadata) is None
 
 
+# What a TORCH_LIBRARY registration of a custom op (m.def with a schema string, m.impl) references.
+CUSTOM_OP_REGISTRATION = [
+    "torch::CppFunction::~CppFunction()",
+    "torch::jit::parseSchema(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, bool)",
+    "torch::Library::Library(torch::Library::Kind, std::__cxx11::basic_string<char, std::char_traits<char>, "
+    "std::allocator<char> >, std::optional<c10::DispatchKey>, char const*, unsigned int)",
+    "torch::Library::_impl(char const*, torch::CppFunction&&, torch::_RegisterOrVerify) &",
+]
+
+
+def test_registering_a_custom_op_passes():
+    assert find_torch_compute_symbols(CUSTOM_OP_REGISTRATION) is None
+
+
+def test_an_operator_looked_up_by_name_fails_and_only_the_lookup_is_named():
+    # What `c10::Dispatcher::singleton().findSchemaOrThrow("aten::relu", "").typed<...>().call(x)` references.
+    finding = find_torch_compute_symbols([
+        "at::RecordFunction::RecordFunction(at::StepCallbacks&&)", "at::getStepCallbacksUnlessEmpty(at::RecordScope)",
+        "c10::Dispatcher::realSingleton()", "c10::Dispatcher::findSchemaOrThrow(char const*, char const*)",
+        "c10::impl::OperatorEntry::assertSignatureIsCorrect(c10::impl::CppSignature const&, bool) const",
+    ])  # fmt: skip
+    assert finding is not None and "findSchemaOrThrow" in finding.message and "RecordFunction" not in finding.message
+
+
 def test_at_most_eight_ops_are_named():
     ops = ["abs", "add_Tensor", "addmm", "bmm", "conv2d", "exp", "matmul", "mean", "mul_Tensor", "softmax_int"]
     finding = find_torch_compute_symbols([f"at::_ops::{op}::call()" for op in ops])

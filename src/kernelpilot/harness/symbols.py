@@ -270,7 +270,9 @@ ALLOWED_TORCH_FUNCTIONS: dict[str, str] = {
                      "at::native::getCudnnHandle"], "handles and scratch space for calling cuBLAS/cuDNN itself"),
     "torch::autograd::AutogradMeta": "tensor metadata (its vtable is referenced by torch/types.h)",
     **dict.fromkeys(["torch::Library", "torch::CppFunction", "torch::detail::TorchLibraryInit",
-                     "torch::detail::class_base"], "custom operator and class registration (TORCH_LIBRARY)"),
+                     "torch::detail::class_base", "torch::jit::parseSchema*"],
+                    "custom operator and class registration (TORCH_LIBRARY, m.def's schema string)"),
+    **dict.fromkeys(["at::RecordFunction", "at::getStepCallbacks*"], "profiler ranges around dispatcher calls"),
 }  # fmt: skip
 
 # c10 is metadata, errors, devices and streams, except the ways to find and call an operator by its name.
