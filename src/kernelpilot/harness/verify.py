@@ -30,6 +30,7 @@ from kernelpilot.harness.failures import describe_exception, failure_kind, is_de
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.harness.sandbox_client import Deadline
 from kernelpilot.harness.shared import SharedArena, share_tree
+from kernelpilot.harness.symbols import calls_library, find_no_own_kernel, find_torch_compute_symbols, undefined_symbols
 from kernelpilot.results import HARNESS_ERROR, GuardFinding, TrialResult, VerifyResult
 
 # Far apart, so that consecutive trials never draw overlapping random streams by accident.
@@ -63,16 +64,19 @@ def verify_candidate(
     atol: float = 1e-2,
     rtol: float = 1e-2,
     workspace: Path | None = None,
+    library: str | None = None,
     timeout: float = 600.0,
 ) -> VerifyResult:
     """Run `trials` correctness trials of the model a `sandbox_client.ModelProcess` serves against `problem`.
 
     `base_seed` None draws one at random; the model process must hold weights drawn under the same seed.
+    `library` is the candidate's built extension: its undefined symbols are checked for torch compute here, on the
+    trusted side, without loading it.
     """
     started = guards.perf_counter()
     base_seed = random_seed() if base_seed is None else base_seed
     verification = _Verification(problem, torch.device(device), model, atol=atol, rtol=rtol, workspace=workspace,
-                                 timeout=timeout)  # fmt: skip
+                                 library=library, timeout=timeout)  # fmt: skip
     try:
         verification.run(trials=max(trials, 1), base_seed=base_seed)
     except _Stopped as stop:
@@ -384,8 +388,10 @@ class _Verification:
     """State of one verify_candidate call: the reference, trial results, guard findings, the last trial's slots."""
 
     def __init__(self, problem: Any, device: torch.device, model: Any, *, atol: float, rtol: float,
-                 workspace: Path | None, timeout: float):  # fmt: skip
+                 workspace: Path | None, library: str | None, timeout: float):  # fmt: skip
         self.problem, self.device, self.model, self.atol, self.rtol = problem, device, model, atol, rtol
+        self.library = library
+        self.libraries_called: set[str] = set()
         self.workspace = Path(workspace) if workspace is not None else None
         self.cuda = device.type == "cuda"
         if self.cuda and device.index is None:
@@ -405,6 +411,10 @@ class _Verification:
             raise _Stopped(hello.get("error_kind") or "load", hello.get("message") or "the model could not be loaded")
         for finding in hello.get("import_findings", []):
             self._record_reported(finding)
+        if self.library:  # the extension's own references to torch compute, read from its symbol table
+            symbols = undefined_symbols(Path(self.library))
+            self._record(find_torch_compute_symbols(symbols))
+            self.libraries_called = calls_library(symbols)
         self.reference = self._build_reference(base_seed)
         try:
             with SharedArena(self.device) as arena:
@@ -521,7 +531,10 @@ class _Verification:
             synchronized=bool(reply.get("synchronized")),
         )
         source = guards.workspace_kernel_source(self.workspace) if self.workspace is not None else None
-        self._record(guards.find_no_custom_kernel(names, source))
+        if source is None:
+            self._record(guards.find_no_custom_kernel(names, None))
+        else:  # the libraries the extension really calls, from its symbols: a comment naming a call does not count
+            self._record(find_no_own_kernel(names, source, self.libraries_called))
         self._record(guards.find_torch_kernels(names))
         self._record(guards.find_unsynced_side_stream(profiled))
         return self._failed_guards()

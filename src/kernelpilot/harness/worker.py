@@ -534,6 +534,7 @@ def op_verify(state: WorkerState, args: dict) -> dict:
     sandbox = state.sandbox(ws, build, seed=seed, timeout=deadline.left())
     result = verify_candidate(problem, sandbox, device=state.device, trials=args.get("trials", 5), base_seed=seed,
                               atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2), workspace=ws.root,
+                              library=build.library if build is not None and build.ok else None,
                               timeout=deadline.left())  # fmt: skip
     if not result.ok:
         state.done_with_candidate()
