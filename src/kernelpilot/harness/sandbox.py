@@ -285,12 +285,12 @@ def serve(args: argparse.Namespace) -> None:
     """Ready (torch imported, CUDA up: a spare waits here), then a "load" request, then one reply per request."""
     from kernelpilot.harness.confine import harden
 
-    confinement = harden()
     device = torch.device(args.device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # before the confinement: the driver's start-up writes outside /dev
         torch.cuda.init()
         device = torch.device("cuda", torch.cuda.current_device())
         torch.empty(1, device=device)  # the context and the allocator, before any candidate is waiting
+    confinement = harden()
     with os.fdopen(args.requests_fd, "r", encoding="utf-8") as requests, os.fdopen(args.replies_fd, "w") as replies:
         _write(replies, {"ok": True, "ready": True, "pid": os.getpid(), "confinement": confinement})
         local = None
