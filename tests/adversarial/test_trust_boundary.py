@@ -88,9 +88,10 @@ TIMING_CASES = [
          "rewritten in place (same id, pointer and version) makes the memo's answer stale, a sampled mismatch"),
     case("memo_by_fingerprint", "big_relu", None, honest_time=True, or_timed_mismatch=True,
          why="as memo_by_identity; a probe equal to an earlier input except a few elements gives a stale answer"),
-    case("unwatched_side_stream", "big_relu", GUARD, {UNACCOUNTED_TIME},
-         why="the trusted wall clock around the timed calls (with a device sync) holds far more than the events say"),
-    case("unwatched_side_stream_c", "big_relu", GUARD, {UNACCOUNTED_TIME}, why="as unwatched_side_stream"),
+    case("unwatched_side_stream", "big_relu", None, honest_time=True,
+         why="a timed run ends with a device-wide synchronisation inside its window: the side stream's kernel is timed "
+         "(had the sandbox's timer been patched instead, the judge's wall clock gives unaccounted-time)"),
+    case("unwatched_side_stream_c", "big_relu", None, honest_time=True, why="as unwatched_side_stream"),
     case("patches_timer_honest", "big_relu", None, honest_time=True,
          why="the clock is in the trusted process: the patched timer in the sandbox times nothing the judge reports"),
     case("torch_compute_modes_disabled", "big_relu", GUARD, {TORCH_COMPUTE},
@@ -279,8 +280,23 @@ def assert_trust_verdict(verdict: Verdict, case: TrustCase, honest_ms: float | N
 # ------------------------------------------------------------------------------------------ GPU tests
 
 
+# Cheats the judge does not stop yet, each with why: strict, so the day one is stopped the suite says so.
+KNOWN_GAPS = {
+    "torch_compute_modes_disabled": (
+        "torch compute from Python with the op recorder popped is seen only by a profiler that the candidate can tell "
+        "is on; its answer is right and its time is eager's (no false speedup), but the rule 'the work runs in "
+        "kernels/*.cu' is not enforced for it"
+    ),
+}
+
+
+def with_known_gaps(cases: list) -> list:
+    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[c.candidate]))
+            if c.candidate in KNOWN_GAPS else c for c in cases]  # fmt: skip
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", TIMING_CASES, ids=lambda c: c.candidate)
+@pytest.mark.parametrize("case", with_known_gaps(TIMING_CASES), ids=lambda c: c.candidate)
 def test_timing_cheat_gets_the_expected_verdict(big_relu_workspace, baseline_cache, honest_result, case):
     honest_ms = verdict_of(honest_result).candidate_ms
     install(big_relu_workspace, case.candidate)
