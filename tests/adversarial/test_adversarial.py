@@ -30,6 +30,12 @@ class Case:
     message: str = ""  # a piece of the verdict's message
 
 
+def landlock_available() -> bool:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1) >= 1
+
+
 def case(candidate, problem, error_kind, guards=(), warnings=(), message=""):
     return Case(candidate, problem, error_kind, frozenset(guards), frozenset(warnings), message)
 
@@ -52,7 +58,10 @@ CHEATS = [
     case("patches_synchronize", "relu", "guard", {"monkeypatch"}, message="torch.cuda.synchronize"),
     case("patches_elapsed_time", "relu", "guard", {"monkeypatch"}, message="torch.cuda.Event.elapsed_time"),
     case("hides_event", "relu", "guard", {"monkeypatch"}, message="torch.cuda.Event"),
-    case("rewrites_model_py", "relu", "guard", {"protected-files"}, message="model.py"),
+    # Confined by Landlock, the sandbox cannot write model.py at all; unconfined, the rewrite is found afterwards.
+    case("rewrites_model_py", "relu", "load", message="PermissionError")
+    if landlock_available()
+    else case("rewrites_model_py", "relu", "guard", {"protected-files"}, message="model.py"),
     case("wrong_second_seed", "scale_shift", "mismatch", message="trial 2"),
     case("partial_write", "relu", "mismatch", message="NaN at 1000 positions"),
     case("raises_in_forward", "relu", "runtime", message="must be contiguous"),

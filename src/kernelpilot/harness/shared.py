@@ -36,6 +36,10 @@ DTYPES: dict[str, torch.dtype] = {
 }  # fmt: skip
 
 
+# Shared CUDA tensors by key, in the process that allocated them (a sandbox process never finds its keys here).
+_THIS_PROCESS: dict[str, torch.Tensor] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -48,6 +52,7 @@ class SharedArena:
         self._counter = itertools.count()
         self._folder: Path | None = None
         self._pool = None
+        self._keys: list[str] = []
         if self.device.type == "cuda":
             self._pool = torch.cuda.MemPool()
         else:
@@ -60,7 +65,10 @@ class SharedArena:
         if self._pool is not None:
             with torch.cuda.use_mem_pool(self._pool):
                 tensor = torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
-            return tensor, {"kind": "cuda", "pickle": _pickled(tensor)}
+            key = f"{os.getpid()}-{next(self._counter)}-{id(self)}"
+            _THIS_PROCESS[key] = tensor  # CUDA IPC cannot open a handle in the process that made it (tests in process)
+            self._keys.append(key)
+            return tensor, {"kind": "cuda", "key": key, "pickle": _pickled(tensor)}
         span = _storage_elements(shape, stride)
         path = self._folder / f"t{next(self._counter)}.bin"
         nbytes = max(span * dtype.itemsize, 1)
@@ -81,6 +89,9 @@ class SharedArena:
         return shared, reference
 
     def close(self) -> None:
+        for key in self._keys:
+            _THIS_PROCESS.pop(key, None)
+        self._keys.clear()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -121,6 +132,9 @@ def share_tree(arena: SharedArena, tree: Any) -> tuple[Any, Any]:
 def open_reference(reference: dict) -> torch.Tensor:
     """The tensor a reference names, mapped in this (the sandbox's) process."""
     if reference["kind"] == "cuda":
+        local = _THIS_PROCESS.get(str(reference.get("key")))
+        if local is not None:
+            return local
         import importlib
         import pickle
 
