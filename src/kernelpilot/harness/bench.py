@@ -281,7 +281,8 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
     torch.manual_seed(seed)
     reference = problem.make_model("cpu").to(dev)
     inputs = problem.make_inputs(dev, seed)
-    expected_like = reference(*inputs)
+    # The slots' layout is all the timing needs of one output: keep it as meta tensors, not device memory.
+    expected_like = _as_meta(reference(*inputs))
     key = baseline_key(problem, device=str(dev), dtype=dominant_dtype(inputs), graph=False)
     del inputs
     gpu = device_name(str(dev))
@@ -360,6 +361,18 @@ def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, 
     except OSError as err:
         note = "; ".join(filter(None, [note, f"baselines not cached ({err.strerror or err}): the next turn measures them again"]))
     return baselines, note
+
+
+def _as_meta(tree: Any) -> Any:
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return torch.empty_strided(tree.shape, tree.stride(), dtype=tree.dtype, device="meta")
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_as_meta(item) for item in tree)
+    if isinstance(tree, dict):
+        return {key: _as_meta(item) for key, item in tree.items()}
+    return tree
 
 
 def _roofline_or_note(problem, device, cache_dir, ceilings) -> tuple[Roofline | None, str]:

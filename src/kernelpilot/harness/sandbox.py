@@ -37,6 +37,8 @@ _perf_counter = time.perf_counter
 # The GPU sleeps this long before each timed call, so the call's CPU dispatch overlaps it and is not timed.
 DISPATCH_COVER_S = 100e-6
 MODES = ("candidate", "eager", "compile")
+# Above this many bytes of outputs the self-checks that copy them (unsynced writes, reuse) are skipped.
+SELF_CHECK_MAX_BYTES = 1 << 30
 _LEFT_MAPPED: list = []  # shared tensors never unmapped: the process exits right after a CUDA error
 
 
@@ -67,6 +69,8 @@ class LocalModel:
         except Exception as exc:  # noqa: BLE001 - every failure of the model becomes a report
             return _failed(exc, f"ModelNew.forward (seed {seed})")
         outputs = tensor_leaves(actual, "out")
+        if sum(t.nbytes for _, t in outputs) > SELF_CHECK_MAX_BYTES:  # no copies of multi-GB outputs for advice
+            read_at_return, self.previous = None, None
         findings = [
             guards.find_torch_compute(recorder.counts),
             guards.find_output_aliasing(outputs, tensor_leaves(inputs, "inputs"), [],
@@ -79,11 +83,12 @@ class LocalModel:
             findings.append(guards.find_unsynced_output(tensor_leaves(read_at_return, "out"), outputs))
         if self.previous is not None:
             findings.append(guards.find_reused_output(outputs, self.previous))
-        self.previous = PreviousCall(
-            outputs=[(f"previous {name}", t) for name, t in outputs],
-            values=[(f"previous {name}", t.clone()) for name, t in outputs],
-            reference_values=[],
-        )
+        if sum(t.nbytes for _, t in outputs) <= SELF_CHECK_MAX_BYTES:
+            self.previous = PreviousCall(
+                outputs=[(f"previous {name}", t) for name, t in outputs],
+                values=[(f"previous {name}", t.clone()) for name, t in outputs],
+                reference_values=[],
+            )
         structure = copy_into_slots(actual, slots)
         if self.cuda:
             _synchronize(self.device)
@@ -111,7 +116,7 @@ class LocalModel:
 
     def bind(self, slots: list[torch.Tensor], *, flush_l2: bool) -> dict:
         """The slots every timed run copies its outputs into, until the next bind."""
-        self.timing_slots = slots
+        self.timing_slots, self.previous = slots, None
         if self.cuda and flush_l2 and self._flush is None:
             l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
             self._flush = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=self.device)

@@ -307,6 +307,31 @@ def trial_from(seed: int, leaves: list[LeafComparison]) -> TrialResult:
     return trial
 
 
+# ---------------------------------------------------------------------------------- fingerprints
+
+_FINGERPRINT_SALT = secrets.randbits(62) | 1
+_INTEGER_VIEWS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def fingerprint(tensor: torch.Tensor) -> int:
+    """A hash of a tensor's bytes (NaN payloads included) under a salt drawn per process: equal values give equal
+    fingerprints, different ones almost surely not. Computed in chunks, so a multi-GB output needs no copy."""
+    if tensor.numel() == 0:
+        return 0
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    words = flat.view(_INTEGER_VIEWS[flat.element_size()])
+    total = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    for start in range(0, words.numel(), COMPARE_CHUNK):
+        chunk = words[start : start + COMPARE_CHUNK].to(torch.int64)
+        index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=tensor.device)
+        total += (chunk * (index * 2654435761 + _FINGERPRINT_SALT)).sum()  # wraps modulo 2**64
+    return int(total) ^ hash((tuple(tensor.shape), str(tensor.dtype)))
+
+
 # ---------------------------------------------------------------------------------- outputs from slots
 
 
@@ -400,7 +425,7 @@ class _Verification:
         self.trials: list[TrialResult] = []
         self.findings: list[GuardFinding] = []
         self.notes: list[str] = []
-        self.previous: tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]] | None = None
+        self.previous: list[tuple[str, int, int]] | None = None  # per output: name, fingerprints of slot and reference
         self.stopped: _Stopped | None = None
 
     # ---------------------------------------------------------------- driving
@@ -509,13 +534,15 @@ class _Verification:
                 mutable=reference.mutated_inputs,
             )  # fmt: skip
         )
-        outputs = [(name, slot) for (name, _), slot in zip(expected, slots)]
+        now = [(name, fingerprint(slot), fingerprint(ref)) for (name, ref), slot in zip(expected, slots)]
         if self.previous is not None:
-            earlier_values, earlier_reference = self.previous
-            previous = guards.PreviousCall(outputs=[], values=[(f"previous {n}", v) for (n, _), v in
-                                           zip(expected, earlier_values)], reference_values=earlier_reference)  # fmt: skip
-            self._record(guards.find_repeated_values(outputs, expected, previous))
-        self.previous = ([slot.clone() for slot in slots], [(f"previous {n}", t) for n, t in expected])
+            repeated = [name for (name, out, ref), (_, out_before, ref_before) in zip(now, self.previous)
+                        if out == out_before and ref != ref_before]  # fmt: skip
+            if repeated:
+                self._record(GuardFinding(guards.CACHED_OUTPUT, "fail",
+                    f"new inputs gave exactly the previous call's values ({', '.join(repeated)}) while the reference's "
+                    "changed: the result was computed before the call."))  # fmt: skip
+        self.previous = now
 
     def _check_profiled_call(self, arena: SharedArena, inputs_before: list, seed: int) -> list[str]:
         """One more forward under the sandbox's profiler: its own kernels, torch's kernels, side streams."""
@@ -553,8 +580,9 @@ class _Verification:
         size = sum(t.nbytes for _, t in tensor_leaves(inputs, "in")) + sum(
             t.nbytes for t in self.reference.state_dict().values()
         )
+        size += 2 * sum(t.nbytes for _, t in tensor_leaves(expected, "out"))  # the float64 outputs
         if size > PRECISION_CHECK_MAX_BYTES:
-            self.notes.append(f"precision check skipped: inputs and weights are {size / 1024**3:.1f} GB")
+            self.notes.append(f"precision check skipped: its float64 inputs, weights and outputs are {size / 1024**3:.1f} GB")
             return
         try:
             reference64 = copy.deepcopy(self.reference).double()

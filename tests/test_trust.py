@@ -1,0 +1,166 @@
+"""The trust boundary's CPU-testable parts: shared tensors, the scale check, fingerprints, the signed cache, seeds,
+the trusted clock's guard. The processes themselves are exercised in test_worker.py and test_judge.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+from kernelpilot.harness import cache
+from kernelpilot.harness.sandbox_client import InProcessModel
+from kernelpilot.harness.shared import SharedArena, open_reference, open_tree, share_tree
+from kernelpilot.harness.timing import UNACCOUNTED_TIME, find_unaccounted_time
+from kernelpilot.harness.verify import compare_tensors, fingerprint, verify_candidate
+from kernelpilot.problem import load_problem
+from kernelpilot.results import Timing
+
+# ------------------------------------------------------------------------------------------ shared tensors
+
+
+def test_a_shared_tensor_is_the_same_memory_on_both_sides_with_its_strides():
+    with SharedArena("cpu") as arena:
+        source = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous: strides (1, 4)
+        shared, reference = arena.copy_of(source)
+        json.dumps(reference)  # a reference is plain JSON
+        opened = open_reference(reference)
+        assert opened.stride() == source.stride() and torch.equal(opened, source)
+        opened.fill_(7.0)  # the sandbox writes its slot...
+        assert torch.equal(shared, torch.full_like(source, 7.0))  # ...and the trusted side sees it
+
+
+def test_inputs_cross_as_a_tree_of_shared_tensors_and_plain_values():
+    with SharedArena("cpu") as arena:
+        tree = [torch.ones(2), 3, {"scale": 0.5, "mask": torch.zeros(2, dtype=torch.bool)}, None, torch.float16]
+        _, description = share_tree(arena, tree)
+        opened = open_tree(json.loads(json.dumps(description)))
+        assert torch.equal(opened[0], tree[0]) and opened[1] == 3 and opened[2]["scale"] == 0.5
+        assert opened[2]["mask"].dtype == torch.bool and opened[3] is None and opened[4] is torch.float16
+        with pytest.raises(TypeError, match="cannot cross to the sandbox"):
+            share_tree(arena, [object()])
+
+
+def test_closing_the_arena_removes_its_files():
+    arena = SharedArena("cpu")
+    _, reference = arena.copy_of(torch.ones(4))
+    assert os.path.exists(reference["path"])
+    arena.close()
+    assert not os.path.exists(reference["path"])
+
+
+# ------------------------------------------------------------------------------------------ the scale check
+
+def softmax_rows(columns: int = 32768) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.softmax(torch.randn(8, columns), dim=-1)
+
+
+def test_noise_under_atol_fails_the_scale_check_and_an_honest_answer_passes():
+    expected = softmax_rows()
+    assert float(expected.max()) < 1e-2, "every output is below atol: the element test alone passes anything"
+    constant = torch.full_like(expected, 1 / expected.shape[-1])
+    noise = torch.rand_like(expected) * 1e-3
+    honest = torch.softmax(torch.log(expected.double()), dim=-1).float()  # the same answer, computed another way
+    for wrong in (constant, noise):
+        verdict = compare_tensors("out", wrong, expected, atol=1e-2, rtol=1e-2)
+        assert not verdict.ok and "scale" in verdict.message and "no better than a constant" in verdict.message
+    assert compare_tensors("out", honest, expected, atol=1e-2, rtol=1e-2).ok
+
+
+def test_the_scale_check_leaves_outputs_the_tolerance_resolves_and_low_precision_outputs_alone():
+    torch.manual_seed(0)
+    expected = torch.randn(64, 64)  # spread 1, far wider than atol: the element test decides
+    assert compare_tensors("out", expected + 5e-3, expected, atol=1e-2, rtol=1e-2).ok
+    small = softmax_rows().bfloat16()  # bf16 rounding stays far below the outputs' spread
+    assert compare_tensors("out", small.float().bfloat16(), small, atol=1e-2, rtol=1e-2).ok
+
+
+# ------------------------------------------------------------------------------------------ fingerprints
+
+
+def test_fingerprints_tell_equal_values_from_different_ones():
+    torch.manual_seed(0)
+    x = torch.randn(1000)
+    y = x.clone()
+    assert fingerprint(x) == fingerprint(y)
+    y[517] = torch.nextafter(y[517], torch.tensor(float("inf")))  # one ulp at one place
+    assert fingerprint(x) != fingerprint(y)
+    nan = torch.tensor([float("nan"), 1.0])
+    assert fingerprint(nan) == fingerprint(nan.clone())
+    assert fingerprint(torch.zeros(4)) != fingerprint(torch.zeros(2, 2))
+
+
+# ------------------------------------------------------------------------------------------ the signed cache
+
+
+def test_a_cache_entry_without_the_judges_signature_is_ignored(tmp_path):
+    key = {"problem_id": "p", "gpu": "H100"}
+    path = cache.store_entry("baselines", key, {"eager": 1.0}, tmp_path)
+    assert cache.load_entry("baselines", key, tmp_path) == {"eager": 1.0}
+    key_file = tmp_path / cache.KEY_FILE
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+    forged = json.loads(path.read_text())
+    forged["value"] = {"eager": 25.0}  # a slower baseline, keeping the old signature
+    path.write_text(json.dumps(forged))
+    assert cache.load_entry("baselines", key, tmp_path) is None
+    del forged["hmac"]  # no signature at all, as a candidate without the key writes it
+    path.write_text(json.dumps(forged))
+    assert cache.load_entry("baselines", key, tmp_path) is None
+
+
+# ------------------------------------------------------------------------------------------ seeds
+
+RELU = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(16, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+class PlainRelu(torch.nn.Module):
+    def forward(self, x):
+        return x.clamp(min=0)
+
+
+def test_seeds_nobody_chose_are_drawn_per_run_and_recorded(tmp_path):
+    (tmp_path / "relu.py").write_text(RELU)
+    problem = load_problem(tmp_path / "relu.py")
+    seeds = []
+    for _ in range(2):
+        model = InProcessModel.from_class(problem, PlainRelu, device="cpu", seed=0)
+        result = verify_candidate(problem, model, device="cpu", trials=2)
+        seeds.append(result.base_seed)
+        assert [trial.seed for trial in result.trials][:1] == [result.base_seed]
+    assert seeds[0] != seeds[1]
+
+
+# ------------------------------------------------------------------------------------------ the clock
+
+
+def timing(median_ms: float, unaccounted_ms: float) -> Timing:
+    return Timing(median_ms, median_ms, median_ms, median_ms, 20, unaccounted_ms=unaccounted_ms)
+
+
+def test_time_the_sandbox_did_not_report_fails_beyond_the_protocols_own_cost():
+    assert find_unaccounted_time(timing(1.0, 0.30), clean_unaccounted_ms=0.28) is None
+    hidden = find_unaccounted_time(timing(0.001, 1.30), clean_unaccounted_ms=0.28)
+    assert hidden is not None and hidden.guard == UNACCOUNTED_TIME and hidden.severity == "fail"
+    assert "1.020 ms longer on the judge's clock" in hidden.message
+    # A long call may take a share of its own time more (noise scales with the call).
+    assert find_unaccounted_time(timing(10.0, 2.2), clean_unaccounted_ms=0.3) is None
