@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelpilot.errors import KernelpilotError
 from kernelpilot.problem import problem_id_of
 
 if TYPE_CHECKING:
@@ -662,6 +663,8 @@ def synthesize(
     """
     from kernelpilot.train.filter_worker import check_tasks
 
+    if scale not in SIZES:
+        raise KernelpilotError(f"Unknown --scale {scale}.", hint=f"Use one of: {', '.join(SIZES)}.")
     started = time.monotonic()
     crawl = crawl_operators()
     composition = _compose(crawl.operators, count, seed=seed, scale=scale, model=model)
