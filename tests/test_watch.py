@@ -17,7 +17,8 @@ from rich.console import Console
 
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, VerifyResult
-from kernelpilot.watch import TerminalView, WatchEvent, WorkspaceWatcher, diff_results
+from kernelpilot.cli.render_watch import TerminalView
+from kernelpilot.watch import WatchEvent, WorkspaceWatcher, diff_results
 from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
 from kp_testing import scale_mul_binding, scale_mul_candidate, scale_problem, write_problem
 
