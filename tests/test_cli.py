@@ -162,6 +162,13 @@ def test_sessions_of_a_missing_folder_is_an_error_not_an_empty_list(folder):
     assert "No sessions found" not in result.stdout
 
 
+def test_check_of_a_missing_path_is_an_error_not_a_skip(folder):
+    result = kernelpilot(folder, "check", "no-such-file.cu")
+
+    assert_refused(result, f"{folder.resolve() / 'no-such-file.cu'} does not exist.", "Pass files or folders")
+    assert "skipped" not in result.stdout
+
+
 # ------------------------------------------------------------------------------------------------- train
 
 

@@ -103,6 +103,9 @@ def find_lock_files(paths: Sequence[Path]) -> list[Path]:
             enclosing = _enclosing_lock_file(path)
             if enclosing is not None:
                 found.add(enclosing)
+            elif not path.exists():  # a deleted file inside a workspace still leads to its lock file, above
+                raise KernelpilotError(f"{path} does not exist.", hint="Pass files or folders of accepted workspaces, "
+                                       "or nothing to check every lock file under the current folder.")  # fmt: skip
     return sorted(found)
 
 
