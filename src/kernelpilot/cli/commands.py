@@ -114,18 +114,19 @@ def eval_(
 ) -> None:
     """Judge a candidate (or every workspace under a folder): build, verify, time against eager and torch.compile, reward."""
     from kernelpilot.cli.render_eval import render_eval
-    from kernelpilot.harness.batch import is_folder_of_workspaces
+    from kernelpilot.harness.batch import find_workspaces, is_folder_of_workspaces
     from kernelpilot.harness.judge import evaluate_path
     from kernelpilot.results import to_dict
 
     if not target.exists():
         raise KernelpilotError(f"{target} does not exist.", hint="Pass a workspace made by `kernelpilot init PROBLEM.py`, "
                                "a folder of workspaces, or a problem file with --candidate.")  # fmt: skip
-    _check_buildable(device)
     if candidate is None and is_folder_of_workspaces(target):
-        _eval_folder(target, device=device, workers=workers, trials=trials, atol=atol, rtol=rtol, bench=not no_bench,
-                     as_json=as_json)
+        _eval_folder(find_workspaces(target), target, device=device, workers=workers, trials=trials, atol=atol,
+                     rtol=rtol, bench=not no_bench, as_json=as_json)  # fmt: skip
         return
+    if (candidate is None) == target.is_dir():  # a workspace, or a problem file and its candidate: judged as given
+        _check_buildable(device)
     result = evaluate_path(target, candidate, device=device, trials=trials, atol=atol, rtol=rtol, bench=not no_bench)
     if as_json:
         print_json(to_dict(result))
@@ -135,13 +136,14 @@ def eval_(
         raise typer.Exit(1)
 
 
-def _eval_folder(folder: Path, *, device: Optional[str], workers: Optional[int], as_json: bool, **judging) -> None:
-    """`eval` over every workspace under FOLDER, spread over the devices; exit 1 unless all are correct."""
+def _eval_folder(workspaces: list[Path], folder: Path, *, device: Optional[str], workers: Optional[int],
+                 as_json: bool, **judging) -> None:  # fmt: skip
+    """`eval` over the workspaces under FOLDER, spread over the devices; exit 1 unless all are correct."""
     from kernelpilot.cli.render_eval import eval_progress, render_batch
-    from kernelpilot.harness.batch import evaluate_workspaces, find_workspaces, lane_devices
+    from kernelpilot.harness.batch import evaluate_workspaces, lane_devices
     from kernelpilot.results import to_dict
 
-    workspaces = find_workspaces(folder)
+    _check_buildable(device)
     with eval_progress(err_console, len(workspaces), enabled=not as_json) as on_done:
         results = evaluate_workspaces(workspaces, lane_devices(device, workers), on_done=on_done, **judging)
     if as_json:
