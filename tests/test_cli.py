@@ -29,8 +29,8 @@ ALT_SCREEN = "\x1b[?1049h"  # what a full-screen (Textual) app writes first
 
 def kernelpilot(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the CLI in `folder` with no GPU visible and a wide terminal (no wrapped sentences)."""
-    run_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "200", "PYTHONPATH": str(SRC), **(env or {})}
-    run_env.pop("TORCH_CUDA_ARCH_LIST", None)
+    run_env = {name: value for name, value in os.environ.items() if name != "TORCH_CUDA_ARCH_LIST"}
+    run_env.update({"CUDA_VISIBLE_DEVICES": "", "COLUMNS": "200", "PYTHONPATH": str(SRC), **(env or {})})
     return subprocess.run([sys.executable, "-m", "kernelpilot", *args], cwd=folder, env=run_env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
 
@@ -64,6 +64,15 @@ def test_optimize_without_a_gpu_says_so_before_making_a_workspace_or_printing_th
     assert_refused(result, "no CUDA GPU is visible", "Run it on a machine with an NVIDIA GPU")
     assert "No model configured" not in result.stderr
     assert entries(folder) == {"double.py"}
+
+
+def test_the_built_in_policy_banner_shows_once_the_run_proceeds(folder):
+    result = kernelpilot(folder, "optimize", "double.py", "--device", "cpu", "--max-turns", "1",
+                         env={"TORCH_CUDA_ARCH_LIST": "9.0"})  # fmt: skip
+
+    assert "No model configured: using the built-in policy" in result.stderr, result.stderr
+    assert "error:" not in result.stderr
+    assert (folder / "kp-double" / ".kernelpilot" / "sessions").is_dir()
 
 
 def test_tui_without_a_gpu_says_so_before_opening_the_app(folder):
