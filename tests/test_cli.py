@@ -188,6 +188,22 @@ def test_train_synth_with_an_unknown_scale_names_the_scales(folder):
     assert entries(folder) == {"double.py"}
 
 
+def test_train_synth_filtering_on_a_gpu_that_is_not_there_is_refused_before_composing(folder):
+    result = kernelpilot(folder, "train", "synth", "--count", "1")
+
+    assert_refused(result, "--devices names a GPU, and no CUDA GPU is visible.", "--devices cpu --scale small")
+    assert entries(folder) == {"double.py"}
+
+
+def test_train_ppo_writes_no_verl_config_for_a_dataset_that_is_not_there(folder):
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed (the verl config is written as parquet)")
+
+    result = kernelpilot(folder, "train", "ppo", "no-tasks", "--model", "m", "--engine", "verl")
+
+    assert_refused(result, "No task dataset at no-tasks", "kernelpilot train synth --out DIR")
+    assert entries(folder) == {"double.py"}
+
+
 def test_train_ppo_with_an_unknown_engine_is_refused_before_anything_runs(folder):
     result = kernelpilot(folder, "train", "ppo", "tasks", "--model", "m", "--engine", "nope")
 
