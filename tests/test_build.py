@@ -24,11 +24,11 @@ from kernelpilot.build import (
     parse_diagnostics,
     parse_ptxas,
     prune_versions,
-    render_build,
     resolve_arch,
     resolve_cuda_home,
 )
 from kernelpilot.cli import app
+from kernelpilot.cli.render_build import render_build
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.results import BuildResult, from_dict
 

@@ -15,8 +15,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from kernelpilot.check import CheckReport, compare, find_lock_files, render_check, run_check
+from kernelpilot.check import CheckReport, compare, find_lock_files, run_check
 from kernelpilot.cli import app
+from kernelpilot.cli.render_git import render_check
 from kernelpilot.lockfile import LOCK_NAME, lock_from_eval, read_lock, write_lock
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 from kp_testing import (

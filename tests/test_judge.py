@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from kernelpilot.cli import app
 from kernelpilot.errors import KernelpilotError, NoGPUError
-from kernelpilot.harness.judge import Judge, candidate_workspace, render_eval
+from kernelpilot.cli.render_eval import render_eval
+from kernelpilot.harness.judge import Judge, candidate_workspace
 from kernelpilot.results import (
     BenchResult,
     BuildResult,

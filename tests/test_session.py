@@ -18,12 +18,11 @@ from kernelpilot.agent.session import (
     is_improvement,
     list_sessions,
     read_records,
-    render_session_list,
-    render_transcript,
     restore_best,
     save_best,
     target_met,
 )
+from kernelpilot.cli.render_agent import render_session_list, render_transcript
 from kernelpilot.results import BenchResult, EvalResult, Timing, VerifyResult
 from kernelpilot.workspace import Workspace
 

@@ -42,6 +42,8 @@ from kernelpilot.workspace import EXTENSION_NAME, Workspace
 NINJA_STATUS = "[kp %f/%t] "  # a prefix no compiler prints, so each edge's log block can be found
 
 _ARCH_HINT = "say which GPU to build for, e.g. --arch 9.0 (H100) or TORCH_CUDA_ARCH_LIST=9.0"
+# For callers with no --arch option (eval, watch, accept, check: the judge builds for them).
+_ARCH_ENV_HINT = "Say which GPU to build for, e.g. export TORCH_CUDA_ARCH_LIST=9.0 (H100)."
 
 BUILD_LOCK_NAME = "build.lock"
 LOCK_TIMEOUT_S = 600.0  # generous: a cold build of a few bindings takes about a minute on two cores
@@ -92,8 +94,11 @@ def _toolkit_of(nvcc: Path) -> Path:
     return Path(found.group(1).strip()).parent
 
 
-def resolve_arch(arch: str | None) -> str:
-    """The compute capability to build for as "major.minor" (suffix kept: "9.0a"), from --arch, the env, or the GPU."""
+def resolve_arch(arch: str | None, *, arch_option: bool = True) -> str:
+    """The compute capability to build for as "major.minor" (suffix kept: "9.0a"), from --arch, the env, or the GPU.
+
+    `arch_option=False` words the error for a caller that has no --arch option to suggest.
+    """
     if arch:
         return _normalize_arch(arch, origin="--arch")
     listed = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
@@ -101,6 +106,9 @@ def resolve_arch(arch: str | None) -> str:
         return _normalize_arch(listed[0].removesuffix("+PTX"), origin="TORCH_CUDA_ARCH_LIST")
     capability = _visible_gpu_capability()
     if capability is None:
+        if not arch_option:
+            raise BuildError("No GPU is visible and TORCH_CUDA_ARCH_LIST is not set, so there is no CUDA architecture "
+                             "to build for.", hint=_ARCH_ENV_HINT)  # fmt: skip
         raise BuildError("No GPU visible and no --arch or TORCH_CUDA_ARCH_LIST given.", hint=_ARCH_HINT)
     return f"{capability[0]}.{capability[1]}"
 
@@ -363,6 +371,10 @@ def _link_flags(toolchain: _Toolchain, torch_flags: _TorchFlags) -> list[str]:
 
 def _kernel_sources(ws: Workspace) -> list[Path]:
     """What to compile; any folder with kernels/ will do (no manifest needed), so tests and scripts can build."""
+    if not ws.root.is_dir():
+        raise WorkspaceError(
+            f"{ws.root} does not exist.", hint="Pass the folder `kernelpilot init PROBLEM.py` made (see its --dir)."
+        )
     if not ws.kernels_dir.is_dir():
         raise WorkspaceError(
             f"{ws.root} has no kernels/ folder, so it is not a kernelpilot workspace.",
@@ -842,81 +854,3 @@ def _demangler() -> str | None:
         if toolkit_filter.is_file():
             return str(toolkit_filter)
     return shutil.which("cu++filt") or shutil.which("c++filt")
-
-
-# ---------------------------------------------------------------------------------------- display
-
-
-def render_build(console, result: BuildResult) -> None:
-    """Print a build: status line, what recompiled, diagnostics table, per-kernel resources (spills highlighted)."""
-    from rich.table import Table
-
-    console.print(_status_line(result), highlight=False)
-    diagnostics = _worth_showing(result.diagnostics)
-    if diagnostics:
-        table = Table(title="diagnostics", title_justify="left", show_edge=False)
-        for column in ("location", "severity", "message"):
-            table.add_column(column, overflow="fold")
-        for d in diagnostics:
-            style = {"error": "red", "warning": "yellow"}.get(d.severity, "dim")
-            table.add_row(_location(d), f"[{style}]{d.severity}[/]", d.message)
-        console.print(table)
-    elif not result.ok:
-        console.print("\n".join(result.log.splitlines()[-30:]), highlight=False, markup=False)
-    if result.resources:
-        console.print(_resources_table(result.resources))
-
-
-def _worth_showing(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
-    """ninja's "FAILED: x.o" only repeats what a compiler message says better; keep it when it is all there is."""
-    from_compilers = [d for d in diagnostics if d.tool != "ninja"]
-    has_compiler_error = any(d.severity == "error" for d in from_compilers)
-    return from_compilers if has_compiler_error else diagnostics
-
-
-def _status_line(result: BuildResult) -> str:
-    if result.ok:
-        head = f"[bold green]built[/] {result.extension_name} for sm_{result.arch.replace('.', '')}"
-    else:
-        head = f"[bold red]build failed:[/] {result.error}"
-    recompiled = ", ".join(result.compiled) if result.compiled else "nothing"
-    linked = "; linked" if result.linked else ""
-    return f"{head}  [dim]recompiled {recompiled}{linked} in {result.seconds:.1f} s[/]"
-
-
-def _location(d: Diagnostic) -> str:
-    if not d.file:
-        return d.tool
-    return f"{d.file}:{d.line}" if d.line else d.file
-
-
-def _resources_table(resources: list[KernelResources]):
-    from rich.table import Table
-
-    table = Table(title="kernel resources (ptxas; bytes except regs)", title_justify="left", show_edge=False)
-    table.add_column("kernel", overflow="fold")
-    table.add_column("source", overflow="fold")
-    for numeric in ("regs", "smem", "stack", "spill st/ld", "cmem"):
-        table.add_column(numeric, justify="right", no_wrap=True)
-    for k in resources:
-        spills = f"{k.spill_stores}/{k.spill_loads}"
-        if k.spill_stores or k.spill_loads:
-            spills = f"[bold red]{spills}[/]"
-        table.add_row(
-            _short_kernel_name(k.kernel), Path(k.source).name if k.source else "", str(k.registers),
-            str(k.shared_bytes), str(k.stack_bytes), spills, str(k.constant_bytes),
-        )
-    return table
-
-
-def _short_kernel_name(kernel: str) -> str:
-    """"void kp::tile<4>(float*)" -> "kp::tile<4>": the table has no room for parameter lists."""
-    name = kernel.replace("(anonymous namespace)::", "").removeprefix("void ")
-    if not name.endswith(")"):
-        return name
-    depth = 0
-    for index in range(len(name) - 1, -1, -1):
-        depth += {")": 1, "(": -1}.get(name[index], 0)
-        if depth == 0:
-            return name[:index]
-    return name

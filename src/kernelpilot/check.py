@@ -19,8 +19,6 @@ from kernelpilot.lockfile import LOCK_NAME, Lock, changed_files, read_lock
 from kernelpilot.results import EvalResult
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from kernelpilot.harness.judge import Judge
 
 DEFAULT_TOLERANCE = 0.05
@@ -105,6 +103,9 @@ def find_lock_files(paths: Sequence[Path]) -> list[Path]:
             enclosing = _enclosing_lock_file(path)
             if enclosing is not None:
                 found.add(enclosing)
+            elif not path.exists():  # a deleted file inside a workspace still leads to its lock file, above
+                raise KernelpilotError(f"{path} does not exist.", hint="Pass files or folders of accepted workspaces, "
+                                       "or nothing to check every lock file under the current folder.")  # fmt: skip
     return sorted(found)
 
 
@@ -159,62 +160,6 @@ def compare(lock: Lock, result: EvalResult, tolerance: float) -> CheckOutcome:
             return outcome
     outcome.passed = True
     return outcome
-
-
-# ------------------------------------------------------------------------------------------ rendering
-
-
-def render_check(console: Console, report: CheckReport) -> None:
-    """A table of the verdicts (or the reason nothing was checked) and the reasons for failures."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    if report.skipped:
-        console.print(
-            f"[yellow]kernelpilot check: skipped:[/] {escape(report.skipped)}", highlight=False, soft_wrap=True
-        )
-        return
-    title = f"kernelpilot check on {escape(report.device)}" if report.device else "kernelpilot check"
-    table = Table(title=title, title_justify="left")
-    for column, justify in (("workspace", "left"), ("verdict", "left"), ("correct", "left"), ("recorded ms", "right"),
-                            ("now ms", "right"), ("change", "right"), ("timing", "left")):  # fmt: skip
-        table.add_column(column, justify=justify, overflow="fold")
-    for outcome in report.outcomes:
-        table.add_row(*_row(outcome))
-    console.print(table)
-    for outcome in report.outcomes:
-        for line in _notes(outcome):
-            console.print(f"  {escape(outcome.workspace)}: {escape(line)}", highlight=False, soft_wrap=True)
-    failed = sum(1 for outcome in report.outcomes if not outcome.passed)
-    verdict = f"[bold red]{failed} failed[/]" if failed else "[bold green]all passed[/]"
-    console.print(f"{len(report.outcomes)} checked, {verdict}", highlight=False)
-
-
-def _row(outcome: CheckOutcome) -> list[str]:
-    from rich.markup import escape
-
-    verdict = "[green]pass[/]" if outcome.passed else "[bold red]FAIL[/]"
-    correct = {True: "[green]yes[/]", False: "[red]no[/]", None: "–"}[outcome.correct]
-    change = "–"
-    if outcome.slowdown is not None:
-        colour = "red" if outcome.slowdown > 0 else "green"
-        change = f"[{colour}]{outcome.slowdown:+.1%}[/]"
-    return [escape(outcome.workspace), verdict, correct, _ms(outcome.recorded_ms), _ms(outcome.current_ms), change,
-            outcome.timing]  # fmt: skip
-
-
-def _notes(outcome: CheckOutcome) -> Iterator[str]:
-    if outcome.reason:
-        yield outcome.reason
-    if outcome.gpu_note:
-        yield outcome.gpu_note
-    if outcome.changed:
-        changed = ", ".join(outcome.changed)
-        yield f"changed since the lock was written: {changed} (run `kernelpilot accept` to record it)"
-
-
-def _ms(value: float | None) -> str:
-    return f"{value:.4g}" if value is not None else "–"
 
 
 # ------------------------------------------------------------------------------------------ finding

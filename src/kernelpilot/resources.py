@@ -20,6 +20,14 @@ def data_dir(name: str) -> Path:
     return Path(str(resources.files(f"kernelpilot._data.{name}")))
 
 
+def install_hint(extra: str) -> str:
+    """How to install one of kernelpilot's extras here: editable from a source checkout, else from the index."""
+    if not (_REPO_ROOT / "pyproject.toml").is_file():
+        return f"pip install 'kernelpilot[{extra}]'"
+    where = "." if Path.cwd().resolve() == _REPO_ROOT else str(_REPO_ROOT)
+    return f"pip install -e '{where}[{extra}]'"
+
+
 def template_environment(name: str) -> jinja2.Environment:
     """Jinja2 over the data folder `name`: a variable a template uses but was not given is an error, and block
     tags leave no blank lines behind, so a rendered file reads as its template is laid out."""

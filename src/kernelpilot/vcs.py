@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import git
 
@@ -27,9 +26,6 @@ from kernelpilot.lockfile import (
 )
 from kernelpilot.results import EvalResult
 from kernelpilot.workspace import GITIGNORE_PATH, MANIFEST_PATH, PROTECTED_FILES, Workspace, open_workspace
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 GIT_ERRORS = (git.GitError, OSError, ValueError)
 # Marker files git leaves in its folder while an operation waits for the user to finish it.
@@ -159,15 +155,6 @@ def commit_message(name: str, lock: Lock, *, subject: str | None = None) -> str:
         f"on         {env.gpu or 'no timing device'}, torch {env.torch}, CUDA {env.cuda or 'none'}",
     ]
     return "\n".join([subject or f"kernelpilot: accept {name}: {numbers}", "", *body]) + "\n"
-
-
-def render_commit(console: Console, info: CommitInfo) -> None:
-    """Print the short hash and subject of an accept commit, and the files it changed."""
-    from rich.markup import escape
-
-    console.print(f"[bold green]committed[/] [yellow]{info.short_sha}[/] {escape(info.subject)}", highlight=False)
-    for name in info.files:
-        console.print(f"  {escape(name)}", highlight=False)
 
 
 # ------------------------------------------------------------------------------------------- helpers

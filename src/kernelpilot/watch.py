@@ -2,7 +2,7 @@
 
 watchdog reports file events; a burst of them (one editor save is several events, a save-all many more) is
 debounced into one evaluation, and evaluations run one at a time on one thread. Every step is published as a
-WatchEvent to the subscribed listeners: the plain terminal view here, the TUI later. A failing evaluation is an
+WatchEvent to the subscribed listeners: the CLI's terminal view (`cli/render_watch.py`) or the TUI. A failing evaluation is an
 event, never a crash.
 """
 
@@ -13,9 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -23,10 +21,6 @@ from watchdog.observers import Observer
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.lockfile import KERNEL_SUFFIXES
 from kernelpilot.results import EvalResult
-
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
 
 DEBOUNCE_SECONDS = 0.5
 # Events that mean a file's content may have changed; reads (opened, closed without writing) are ignored, or the
@@ -260,89 +254,38 @@ def _kernel_ms(result: EvalResult | None) -> dict[str, float]:
     return {kernel.name: kernel.total_ms for kernel in result.bench.kernels}
 
 
-# ----------------------------------------------------------------------------------- terminal view
-
-
-class TerminalView:
-    """Prints watch events as plain terminal output: what was saved, diagnostics or the result and its diff."""
-
-    def __init__(self, console: Console):
-        self.console = console
-
-    def __call__(self, event: WatchEvent) -> None:
-        from rich.markup import escape
-
-        stamp = f"[dim]{datetime.now():%H:%M:%S}[/]"
-        if event.kind == "evaluating":
-            what = ", ".join(event.changed) if event.changed else "the workspace"
-            self.console.print(f"{stamp} {escape(what)}: building, verifying, timing ...", highlight=False)
-        elif event.kind == "error":
-            self.console.print(f"{stamp} [bold red]could not evaluate:[/] {escape(event.message)}", highlight=False)
-        elif event.result is not None:
-            self._show_result(event.result, event.previous)
-
-    def _show_result(self, result: EvalResult, previous: EvalResult | None) -> None:
-        from rich.markup import escape
-
-        if result.build is not None and not result.build.ok:
-            from kernelpilot.build import render_build
-
-            render_build(self.console, result.build)
-            return
-        self.console.print(_verdict(result), highlight=False)
-        if result.verify is not None and result.verify.ok:
-            self.console.print(_diff_table(diff_results(previous, result)))
-        for finding in result.verify.guards if result.verify is not None else []:
-            self.console.print(
-                f"  guard {finding.guard} ({finding.severity}): {escape(finding.message)}", highlight=False
-            )
-
-
 def watch_workspace(
-    root: Path, console: Console, *, device: str | None = None, trials: int = 5, bench: bool = True
+    root: Path,
+    listener: WatchListener,
+    *,
+    device: str | None = None,
+    trials: int = 5,
+    bench: bool = True,
+    on_ready: Callable[[Path], None] | None = None,
 ) -> None:
-    """`kernelpilot watch`: evaluate now and after every save until Ctrl-C, printing each result and its diff."""
+    """`kernelpilot watch`: evaluate now and after every save until Ctrl-C, each step published to `listener`.
+
+    `on_ready` gets the workspace's folder once the judge is up and the watcher runs; Ctrl-C returns normally.
+    """
     from kernelpilot.harness.judge import Judge
     from kernelpilot.workspace import open_workspace
 
     ws = open_workspace(root)
     with Judge(device) as judge:
         watcher = WorkspaceWatcher(ws.root, lambda path: judge.evaluate(path, trials=trials, bench=bench))
-        watcher.subscribe(TerminalView(console))
+        watcher.subscribe(listener)
         watcher.start()
         try:
-            console.print(f"watching {ws.root} (model_new.py and kernels/); Ctrl-C stops", highlight=False)
+            if on_ready is not None:
+                on_ready(ws.root)
             watcher.request()
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
-            console.print("stopped watching", highlight=False)
+            return
         finally:
             # No long wait for an evaluation under way: closing the judge right after stops its worker.
             watcher.stop(timeout=1.0)
-
-
-def _verdict(result: EvalResult) -> str:
-    from rich.markup import escape
-
-    if result.verify is not None and result.verify.ok:
-        return f"[bold green]correct[/] · reward {result.reward}" + (
-            f" · {escape(result.message)}" if result.message else ""
-        )
-    return f"[bold red]{escape(result.error_kind or 'failed')}:[/] {escape(result.message)}"
-
-
-def _diff_table(changes: list[Change]) -> Table:
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(show_edge=False, box=None, padding=(0, 2))
-    for column, justify in (("", "left"), ("before", "right"), ("now", "right"), ("change", "right")):
-        table.add_column(column, justify=justify)
-    for change in changes:
-        table.add_row(escape(change.metric), format_value(change.before, change.unit),
-                      format_value(change.after, change.unit), _change_text(change))  # fmt: skip
-    return table
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -356,10 +299,3 @@ def format_value(value: float | None, unit: str) -> str:
     if unit == "ms":
         return f"{value:.4g}"
     return f"{value:g}"
-
-
-def _change_text(change: Change) -> str:
-    if change.improved is None:
-        return ""
-    colour = "green" if change.improved else "red"
-    return f"[{colour}]{change.label}[/]"

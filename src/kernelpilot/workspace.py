@@ -21,8 +21,6 @@ from kernelpilot.errors import WorkspaceError
 from kernelpilot.resources import data_dir, template_environment
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from kernelpilot.problem import Problem
 
 EXTENSION_NAME = "kp_kernels"
@@ -104,8 +102,7 @@ def init_workspace(
 
     problem_path = Path(problem_path)
     problem = load_checked_problem(problem_path, device=device)
-    root = Path(dest) if dest is not None else Path.cwd() / f"kp-{problem_path.stem}"
-    ws = Workspace(root.expanduser().resolve())
+    ws = Workspace(workspace_root(problem_path, dest))
     is_new = _prepare_root(ws, problem.problem_id)
     # Rendered before anything is written, so a problem it cannot handle leaves no half-made workspace.
     model_new_source = render_model_new(problem)
@@ -115,6 +112,12 @@ def init_workspace(
         raise WorkspaceError(
             f"Cannot write the workspace {ws.root}: {err.strerror or err}.", hint="Pass a writable folder with --dir."
         ) from None
+
+
+def workspace_root(problem_path: Path | str, dest: Path | None = None) -> Path:
+    """The folder `init_workspace` uses for a problem: `dest`, else ./kp-<problem file's stem>, resolved."""
+    root = Path(dest) if dest is not None else Path.cwd() / f"kp-{Path(problem_path).stem}"
+    return root.expanduser().resolve()
 
 
 def open_workspace(root: Path | str) -> Workspace:
@@ -145,23 +148,6 @@ def check_protected(ws: Workspace) -> None:
             hint="Restore them (a deleted one comes back with `kernelpilot init PROBLEM.py --dir "
             f"{ws.root}`); put your code in kernels/ and model_new.py instead.",
         )
-
-
-def render_init_summary(console: Console, ws: Workspace, created: list[str]) -> None:
-    """Print what `init` wrote and the next step."""
-    where = display_path(ws.root)
-    if created:
-        console.print(f"[bold green]Workspace ready:[/] {where}", highlight=False)
-        for name in created:
-            tag = "  [dim](protected)[/]" if name in PROTECTED_FILES else ""
-            console.print(f"  [green]+[/] {name}{tag}", highlight=False)
-    else:
-        console.print(f"[bold green]Workspace up to date:[/] {where} (nothing to create)", highlight=False)
-    console.print(
-        "Next: write kernels in kernels/ and ModelNew.forward in model_new.py (see SKILL.md), "
-        f"then run [bold]kernelpilot build {where}[/]",
-        highlight=False,
-    )
 
 
 def render_model_new(problem: Problem, forward_body: str | None = None) -> str:

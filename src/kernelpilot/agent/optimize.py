@@ -1,8 +1,10 @@
 """`kernelpilot optimize`: a problem file in, the best verified candidate out, through the workspace, judge and loop.
 
 It wires the pieces (workspace, judge, model, tools, session, prompts) around `run_agent`, then writes the best
-verified candidate back into the workspace and beside the problem (model_new.py and its kernels/), and renders
-the outcome. Nothing verified means nothing is written beside the problem, and the report says so.
+verified candidate back into the workspace and beside the problem (model_new.py and its kernels/). Everything a
+run can check (problem, model, git, GPU) is checked before the workspace is made (`checked_run`), so a run that
+cannot start leaves nothing behind. Nothing verified means nothing is written beside the problem, and the result
+says so; the CLI renders it (`cli/render_agent.py`).
 
 With `commit`, the best candidate is committed from the workspace, as `kernelpilot accept` would: the lock file
 lives there and `kernelpilot check` rebuilds from there. Git's refusal after a run is kept on the result, so the
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,9 +28,9 @@ from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import to_dict
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from kernelpilot.agent import Model, Tool, ToolContext
+    from kernelpilot.harness.judge import Judge
+    from kernelpilot.problem import Problem
     from kernelpilot.vcs import CommitInfo
     from kernelpilot.workspace import Workspace
 
@@ -87,17 +89,18 @@ def optimize(
     session_id: str | None = None,
     on_turn: Callable[[RunState, str], None] | None = None,
     commit: bool = False,
+    checked: CheckedRun | None = None,
 ) -> OptimizeResult:
     """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate.
 
     With `commit`, git must be ready to commit in the workspace before the run starts (VcsError otherwise), and
-    the best verified candidate is committed afterwards (`commit_best`).
+    the best verified candidate is committed afterwards (`commit_best`). `checked` is what `checked_run` gave a
+    caller that checked first (with the same `commit`); without it, the checks run here.
     """
     from kernelpilot.agent.loop import run_agent
 
-    with prepared_run(problem_path, settings, resume=resume, session_id=session_id) as run:
-        if commit:
-            require_committable(run.workspace)  # before the run's minutes, not after
+    with prepared_run(problem_path, settings, resume=resume, session_id=session_id, commit=commit,
+                      checked=checked) as run:  # fmt: skip
         summary = run_agent(run.messages, run.model, run.tools, run.ctx, settings, run.session, on_turn)
     result = finish_run(run, summary)
     if commit:
@@ -105,29 +108,79 @@ def optimize(
     return result
 
 
+@dataclass
+class CheckedRun:
+    """What a run needs, checked before it writes any file: the problem, the model, a judge on a usable device,
+    and the workspace folder it will use (made later, by `prepared_run`)."""
+
+    problem: Problem
+    model: Model
+    judge: Judge
+    workspace_root: Path
+
+
+@contextmanager
+def checked_run(
+    problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None,
+    commit: bool = False,
+) -> Iterator[CheckedRun]:  # fmt: skip
+    """Every check a run can make before it creates anything: the problem file, the session to resume, the model,
+    git (for `commit`) and the device (no GPU is an error here); the judge's worker closes on exit."""
+    from kernelpilot.agent.model import resolve_model
+    from kernelpilot.agent.session import find_session
+    from kernelpilot.harness.judge import Judge
+    from kernelpilot.problem_sandbox import load_checked_problem
+    from kernelpilot.workspace import workspace_root
+
+    problem = load_checked_problem(problem_path, device=settings.device)  # in a child process first
+    root = workspace_root(problem_path, settings.workspace)
+    if (resume or session_id) and not root.is_dir():
+        raise KernelpilotError(f"There is no run to resume: the workspace {root} does not exist.",
+                               hint="Drop --resume to start a run, or pass the --dir of the run to resume.")  # fmt: skip
+    if resume or session_id:
+        find_session(root, session_id)  # SessionError when there is nothing to resume
+    model = resolve_model(settings.model, settings.api_base, settings.api_key)
+    if commit:
+        require_committable(root)  # before the run's minutes, not after
+    with Judge(settings.device) as judge:
+        yield CheckedRun(problem, model, judge, root)
+
+
 @contextmanager
 def prepared_run(
-    problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None
+    problem_path: Path,
+    settings: Settings,
+    *,
+    resume: bool = False,
+    session_id: str | None = None,
+    commit: bool = False,
+    checked: CheckedRun | None = None,
 ) -> Iterator[AgentRun]:
-    """Assemble a run (new, or resuming a session of the workspace); the judge's worker closes on exit."""
+    """Assemble a run (new, or resuming a session of the workspace) once `checked_run`'s checks passed; the judge's
+    worker closes on exit. A workspace this call made is removed again if assembling the run fails."""
     from kernelpilot.agent import ToolContext
-    from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.tools import default_tools
-    from kernelpilot.harness.judge import Judge
-    from kernelpilot.problem import load_problem
     from kernelpilot.workspace import init_workspace
 
-    ws, _ = init_workspace(problem_path, settings.workspace, device=settings.device)  # checks it in a child first
-    problem = load_problem(problem_path, validate=False)
-    model = resolve_model(settings.model, settings.api_base, settings.api_key)
-    with Judge(settings.device) as judge:
-        ctx = ToolContext(workspace=ws, judge=judge, state={"settings": settings})
-        if resume or session_id:
-            session = Session.resume(ws.root, session_id)
-            messages = session.messages
-        else:
-            session, messages = _new_session(problem, ws, settings, model.name, judge)
-        yield AgentRun(Path(problem_path), ws, model, default_tools(), ctx, settings, session, messages)
+    opened = nullcontext(checked) if checked is not None else checked_run(
+        problem_path, settings, resume=resume, session_id=session_id, commit=commit
+    )  # fmt: skip
+    with opened as checked_now:
+        made_here = not checked_now.workspace_root.exists()
+        try:
+            ws, _ = init_workspace(problem_path, checked_now.workspace_root, device=settings.device)
+            ctx = ToolContext(workspace=ws, judge=checked_now.judge, state={"settings": settings})
+            if resume or session_id:
+                session = Session.resume(ws.root, session_id)
+                messages = session.messages
+            else:
+                session, messages = _new_session(checked_now.problem, ws, settings, checked_now.model.name,
+                                                 checked_now.judge)  # fmt: skip
+        except BaseException:
+            if made_here:
+                shutil.rmtree(checked_now.workspace_root, ignore_errors=True)
+            raise
+        yield AgentRun(Path(problem_path), ws, checked_now.model, default_tools(), ctx, settings, session, messages)
 
 
 def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
@@ -137,12 +190,14 @@ def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
     return OptimizeResult(run.problem_path, run.workspace.root, run.model.name, summary, written)
 
 
-def require_committable(ws: Workspace) -> None:
-    """VcsError, with a hint for `optimize --commit`, unless git can commit in the workspace's repository now."""
+def require_committable(root: Path) -> None:
+    """VcsError, with a hint for `optimize --commit`, unless git can commit in the repository that holds (or will
+    hold) the workspace folder `root`, which need not exist yet."""
     from kernelpilot.vcs import VcsError, check_ready_to_commit
 
+    existing = next(folder for folder in (root, *root.parents) if folder.exists())
     try:
-        check_ready_to_commit(ws.root)
+        check_ready_to_commit(existing)
     except VcsError as err:
         raise VcsError(err.message, hint="Fix that first, or run optimize without --commit.") from None
 
@@ -194,83 +249,3 @@ def write_outputs(ws: Workspace, problem_path: Path, output: Path | None) -> lis
             shutil.copyfile(ws.root / relative, target.parent / relative)
             written.append(target.parent / relative)
     return written
-
-
-# ------------------------------------------------------------------------------------------- rendering
-
-
-@contextmanager
-def live_progress(console: Console, max_turns: int, enabled: bool = True) -> Iterator[Callable[[RunState, str], None] | None]:
-    """A one-line live status (turn, last action, best speedup so far); yields the loop's per-turn callback."""
-    if not enabled:
-        yield None
-        return
-    with console.status(f"turn 0/{max_turns}: asking the model…") as status:
-
-        def on_turn(state: RunState, last_action: str) -> None:
-            status.update(f"turn {state.turn}/{max_turns} · last: {last_action} · best: {_best_text(state)}")
-
-        yield on_turn
-
-
-def _best_text(state: RunState) -> str:
-    bench = state.best.bench if state.best is not None else None
-    if state.best is None:
-        return "nothing verified yet"
-    if bench is None or bench.speedup_vs_compile is None:
-        return "correct, not timed"
-    return f"{bench.speedup_vs_compile:.2f}x vs torch.compile"
-
-
-def render_result(console: Console, result: OptimizeResult) -> None:
-    """The summary table at the end of a run, and what was written where."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"kernelpilot optimize · {escape(str(result.problem))}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    for label, value in summary_rows(result.summary):
-        table.add_row(label, escape(value))
-    table.add_row("model", escape(result.model))
-    table.add_row("workspace", escape(str(result.workspace)))
-    console.print(table)
-    if result.summary.status == "interrupted":
-        console.print(f"Interrupted; resume with [bold]--resume --session {result.summary.session_id}[/].")
-    elif result.written:
-        console.print("Wrote " + ", ".join(escape(str(path)) for path in result.written), highlight=False)
-    else:
-        console.print("No candidate was verified correct, so nothing was written beside the problem.")
-    if result.commit is not None:
-        from kernelpilot.vcs import render_commit
-
-        render_commit(console, result.commit)
-
-
-def summary_rows(summary: RunSummary) -> Iterator[tuple[str, str]]:
-    """Label/value pairs for a run: status, turns, tokens, cost, and the best result's times and speedups."""
-    yield "status", summary.status
-    yield "turns", str(summary.turns)
-    yield "tokens", f"{summary.prompt_tokens} prompt + {summary.completion_tokens} completion"
-    yield "cost", f"${summary.cost_usd:.4f}" if summary.cost_usd is not None else "unknown (no price for this model)"
-    best = summary.best
-    if best is None:
-        yield "best", "nothing verified correct"
-        return
-    bench = best.bench if best.bench is not None and best.bench.ok else None
-    for label, timing in (("eager", bench and bench.eager), ("torch.compile", bench and bench.compiled),
-                          ("best candidate", bench and bench.candidate)):
-        if timing:
-            yield f"{label} ms", f"{timing.median_ms:.4g}"
-    if bench is not None:
-        yield "speedup vs eager", ratio_text(bench.speedup_vs_eager)
-        yield "speedup vs compile", ratio_text(bench.speedup_vs_compile)
-        yield "% SOL", f"{bench.sol_candidate * 100:.1f}%" if bench.sol_candidate is not None else "–"
-    else:
-        yield "best candidate", "correct, not timed"
-    yield "reward", str(best.reward)
-
-
-def ratio_text(ratio: float | None) -> str:
-    """A speedup as the summary tables show it: "1.23x", or "–" when there is none."""
-    return f"{ratio:.2f}x" if ratio is not None else "–"

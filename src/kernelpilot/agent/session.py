@@ -23,8 +23,6 @@ from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict, to_dict
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from kernelpilot.agent import Usage
     from kernelpilot.workspace import Workspace
 
@@ -200,6 +198,10 @@ class SessionInfo:
 
 def list_sessions(root: Path) -> list[SessionInfo]:
     """Sessions of the workspace at `root` and of workspaces directly inside it, oldest first."""
+    if not Path(root).is_dir():
+        raise KernelpilotError(
+            f"{root} does not exist or is not a folder.", hint="Pass a workspace, or a folder of workspaces."
+        )
     paths = [*Path(root).glob(f"{SESSIONS_DIR}/*.jsonl"), *Path(root).glob(f"*/{SESSIONS_DIR}/*.jsonl")]
     infos = []
     for path in paths:
@@ -224,26 +226,6 @@ def _session_info(path: Path, records: list[dict[str, Any]]) -> SessionInfo:
         best_speedup_vs_compile=best.bench.speedup_vs_compile if best and best.bench else None,
         reward=best.reward if best else None,
     )
-
-
-def render_session_list(console: Console, infos: list[SessionInfo]) -> None:
-    """A table of sessions: id, problem, model, start, status, turns, best speedup, reward."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    if not infos:
-        console.print("No sessions found (they live in <workspace>/.kernelpilot/sessions/).")
-        return
-    table = Table(title="kernelpilot sessions", title_justify="left")
-    for column in ("id", "problem", "model", "started", "status", "turns", "best vs compile", "reward"):
-        table.add_column(column, justify="right" if column in ("turns", "best vs compile", "reward") else "left",
-                         no_wrap=column in ("id", "started"))
-    for info in infos:
-        speedup = f"{info.best_speedup_vs_compile:.2f}x" if info.best_speedup_vs_compile is not None else "–"
-        table.add_row(info.id, escape(Path(info.problem).name), escape(info.model),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(info.started)), info.status, str(info.turns),
-                      speedup, str(info.reward) if info.reward is not None else "–")
-    console.print(table)
 
 
 # ------------------------------------------------------------------------------------- best candidate
@@ -316,42 +298,7 @@ def copy_candidate(source_root: Path, dest_root: Path) -> list[Path]:
     return written
 
 
-# --------------------------------------------------------------------------------------------- replay
-
-
-def render_transcript(console: Console, path: Path) -> None:
-    """Print a transcript turn by turn: the model's text, its tool calls, what they returned, judge results."""
-    from rich.markup import escape
-    from rich.panel import Panel
-
-    records = read_records(path)
-    start = records[0]
-    console.print(f"[bold]session {path.stem}[/] · {escape(start.get('problem', ''))} · model {escape(start.get('model') or '?')}")
-    turn = 0
-    for record in records[1:]:
-        if record.get("turn", turn) != turn and record["type"] in ("message", "tool"):
-            turn = record["turn"]
-            console.rule(f"turn {turn}")
-        if record["type"] == "message" and record["message"]["role"] == "assistant" and record["message"].get("content"):
-            console.print(Panel(escape(record["message"]["content"]), title="assistant", title_align="left"))
-        for line in _replay_lines(record):
-            console.print(line, highlight=False, soft_wrap=True)
-
-
-def _replay_lines(record: dict[str, Any]) -> Iterator[str]:
-    from rich.markup import escape
-
-    kind = record["type"]
-    if kind == "message":
-        for call in record["message"].get("tool_calls") or []:
-            arguments = _shorten(call["function"]["arguments"], 300)
-            yield f"[cyan]→ {escape(call['function']['name'])}[/] {escape(arguments)}"
-    elif kind == "tool":
-        yield f"[dim]← {escape(record.get('name', ''))} ({record.get('seconds', 0):.1f} s):[/] {escape(_shorten(record['message']['content'], 600))}"
-    elif kind == "eval":
-        yield f"[bold]{'★ new best' if record.get('improved') else 'judged'}:[/] {escape(describe_eval(from_dict(EvalResult, record['eval'])))}"
-    elif kind in ("resume", "end"):
-        yield f"[bold magenta]{kind}[/] {escape(record.get('status', ''))} {escape(record.get('message', ''))}"
+# ------------------------------------------------------------------------------------------- describing
 
 
 def describe_eval(result: EvalResult) -> str:
@@ -364,8 +311,3 @@ def describe_eval(result: EvalResult) -> str:
     compile_text = f"{bench.speedup_vs_compile:.2f}x vs compile" if bench.speedup_vs_compile is not None else "no compile baseline"
     eager_text = f"{bench.speedup_vs_eager:.2f}x vs eager" if bench.speedup_vs_eager is not None else "no eager baseline"
     return f"correct, {bench.candidate.median_ms:.4g} ms, {eager_text}, {compile_text}, reward {result.reward}"
-
-
-def _shorten(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -17,14 +17,11 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernelpilot.agent.session import SESSIONS_DIR
 from kernelpilot.config import Settings
 from kernelpilot.errors import KernelpilotError, ProblemError, WorkspaceError
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 FAST_P_THRESHOLDS = (1.0, 1.05)
 RESULTS_DIR = "results"
@@ -190,30 +187,3 @@ def geometric_mean(values: list[float | None]) -> float | None:
     if not measured:
         return None
     return math.exp(sum(math.log(value) for value in measured) / len(measured))
-
-
-def render_report(console: Console, report: SuiteReport) -> None:
-    """One row per problem, then the metrics."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from kernelpilot.agent.optimize import ratio_text
-
-    table = Table(title="kernelpilot suite", title_justify="left")
-    for column in ("problem", "status", "correct", "vs eager", "vs compile", "reward"):
-        table.add_column(column, justify="left" if column in ("problem", "status") else "right")
-    for o in report.outcomes:
-        table.add_row(escape(o.problem), escape(o.status), "yes" if o.correct else "no", ratio_text(o.speedup_vs_eager),
-                      ratio_text(o.speedup_vs_compile), str(o.reward))
-    console.print(table)
-    metrics = Table(show_header=False, title="metrics", title_justify="left")
-    metrics.add_column(style="bold")
-    metrics.add_column()
-    metrics.add_row("pass rate", f"{report.pass_rate:.1%}")
-    for p in report.fast_p_vs_eager:
-        metrics.add_row(f"fast_{p} vs eager / compile", f"{report.fast_p_vs_eager[p]:.1%} / {report.fast_p_vs_compile[p]:.1%}")
-    geomeans = ratio_text(report.geomean_speedup_vs_eager), ratio_text(report.geomean_speedup_vs_compile)
-    metrics.add_row("geomean speedup vs eager / compile", " / ".join(geomeans))
-    metrics.add_row("mean reward", f"{report.mean_reward:.2f}")
-    metrics.add_row("cost", f"${report.cost_usd:.4f}" if report.cost_usd is not None else "unknown")
-    console.print(metrics)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -17,8 +16,6 @@ from kernelpilot.errors import WorkspaceError
 from kernelpilot.results import EvalResult
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from kernelpilot.harness.judge import Judge
 
 Item = TypeVar("Item")
@@ -134,65 +131,3 @@ def evaluate_workspaces(
     finally:
         for judge in judges.values():
             judge.close()
-
-
-@contextmanager
-def eval_progress(console: Console, total: int, enabled: bool = True) -> Iterator[Callable[[Path, EvalResult], None] | None]:
-    """A progress bar over `total` workspaces; yields the per-workspace callback that advances it."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("", total=total)
-        lock = threading.Lock()  # lanes finish concurrently
-
-        def advance(workspace: Path, result: EvalResult) -> None:
-            with lock:
-                progress.update(task, advance=1, description=f"last: {workspace.name} (reward {result.reward})")
-
-        yield advance
-
-
-def render_batch(console: Console, folder: Path, results: Sequence[EvalResult]) -> None:
-    """One row per workspace: correct, candidate time, speedups and reward; the errors underneath."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"kernelpilot eval · {folder}", title_justify="left")
-    for column in ("workspace", "correct", "candidate ms", "vs eager", "vs compile", "reward"):
-        table.add_column(column, justify="left" if column == "workspace" else "right")
-    for result in results:
-        bench = result.bench if result.bench is not None and result.bench.ok else None
-        correct = result.verify is not None and result.verify.ok
-        table.add_row(
-            escape(_relative(folder, result.workspace)),
-            "[green]yes[/]" if correct else "[red]no[/]",
-            f"{bench.candidate.median_ms:.4g}" if bench is not None and bench.candidate is not None else "–",
-            _ratio(bench.speedup_vs_eager if bench is not None else None),
-            _ratio(bench.speedup_vs_compile if bench is not None else None),
-            str(result.reward),
-        )
-    console.print(table)
-    for result in results:
-        if result.error_kind:
-            line = f"{_relative(folder, result.workspace)}: {result.error_kind}: {_first_line(result.message)}"
-            console.print(f"[red]{escape(line)}[/]", highlight=False, soft_wrap=True)
-
-
-def _relative(folder: Path, workspace: str) -> str:
-    try:
-        return str(Path(workspace).relative_to(folder.resolve()))
-    except ValueError:
-        return workspace
-
-
-def _ratio(speedup: float | None) -> str:
-    return "–" if speedup is None else f"{speedup:.2f}x"
-
-
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else ""
-

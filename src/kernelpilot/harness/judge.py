@@ -15,14 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernelpilot.errors import KernelpilotError, NoGPUError
 from kernelpilot.harness.worker import Reply, Worker
-from kernelpilot.results import BenchResult, BuildResult, EvalResult, Timing, VerifyResult, from_dict
-
-if TYPE_CHECKING:
-    from rich.console import Console
+from kernelpilot.results import BenchResult, BuildResult, EvalResult, VerifyResult, from_dict
 
 # A candidate that dies, raises, answers wrong or hides work while being timed fails although it passed the trials.
 _BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime", "mismatch", "guard")
@@ -261,103 +258,3 @@ def _checked_device(device: str) -> str:
     if re.fullmatch(r"cpu|cuda(:\d+)?", device):
         return device
     raise KernelpilotError(f"Unknown device {device!r}.", hint="Use cuda, cuda:N (the N-th visible GPU) or cpu.")
-
-
-# ------------------------------------------------------------------------------------------- rendering
-
-
-def render_eval(console: Console, result: EvalResult) -> None:
-    """Print an EvalResult for a person: verdict, errors, times, speedups, % SOL, reward, guard findings, and the
-    traceback of a verifier failure (kernelpilot's bug, which its message asks to report)."""
-    from rich.table import Table
-
-    table = Table(title=f"kernelpilot eval · {result.workspace}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    for label, value in _summary_rows(result):
-        table.add_row(label, value)
-    console.print(table)
-    if result.bench is not None and result.bench.kernels:
-        console.print(_kernel_table(result.bench))
-    if result.verify is not None and result.verify.traceback:
-        console.print("The verifier's traceback:", style="bold red")
-        console.print(result.verify.traceback, markup=False, highlight=False)
-
-
-def _summary_rows(result: EvalResult) -> Iterator[tuple[str, str]]:
-    yield "problem", result.problem_id
-    if result.build is not None:
-        built = "[green]ok[/]" if result.build.ok else "[red]failed[/]"
-        yield "build", f"{built} ({len(result.build.compiled)} recompiled, {result.build.seconds:.1f} s)"
-    yield from _verify_rows(result.verify)
-    yield from _bench_rows(result.bench)
-    colour = "green" if result.reward >= 1 else "red"
-    yield "reward", f"[bold {colour}]{result.reward}[/]"
-    if result.error_kind:
-        yield "error", f"[red]{result.error_kind}[/]: {_escape(result.message)}"
-
-
-def _verify_rows(verify: VerifyResult | None) -> Iterator[tuple[str, str]]:
-    if verify is None:
-        return
-    passed = sum(1 for trial in verify.trials if trial.ok)
-    verdict = "[green]yes[/]" if verify.ok else "[red]no[/]"
-    yield "correct", f"{verdict} ({passed}/{len(verify.trials)} trials, atol {verify.atol:g}, rtol {verify.rtol:g})"
-    if verify.max_abs_error is not None:
-        yield "max abs / rel error", f"{verify.max_abs_error:.3g} / {verify.max_rel_error:.3g}"
-    for finding in verify.guards:
-        colour = "red" if finding.severity == "fail" else "yellow"
-        yield f"guard {finding.guard}", f"[{colour}]{finding.severity}[/]: {_escape(finding.message)}"
-
-
-def _bench_rows(bench: BenchResult | None) -> Iterator[tuple[str, str]]:
-    if bench is None or not bench.ok:
-        return
-    if bench.gpu:
-        yield "gpu", bench.gpu
-    for label, timing, sol in (
-        ("eager", bench.eager, bench.sol_eager),
-        ("torch.compile", bench.compiled, bench.sol_compile),
-        ("candidate", bench.candidate, bench.sol_candidate),
-    ):
-        if timing is not None:
-            yield f"{label} ms", _timing_text(timing, sol)
-    yield "speedup vs eager", _speedup_text(bench.speedup_vs_eager)
-    yield "speedup vs compile", _speedup_text(bench.speedup_vs_compile)
-    if bench.roofline is not None:
-        roofline = bench.roofline
-        yield "speed-of-light", f"{roofline.floor_ms:.4g} ms ({roofline.bound}-bound)"
-    if bench.message:
-        yield "note", _escape(bench.message)
-
-
-def _timing_text(timing: Timing, sol: float | None) -> str:
-    text = f"{timing.median_ms:.4g}  (p10–p90 {timing.p10_ms:.4g}–{timing.p90_ms:.4g}, spread {timing.spread:.1%})"
-    if sol is not None:
-        text += f"  {sol * 100:.1f}% SOL"
-    return text
-
-
-def _speedup_text(speedup: float | None) -> str:
-    if speedup is None:
-        return "–"
-    colour = "green" if speedup > 1 else "red"
-    return f"[{colour}]{speedup:.2f}x[/]"
-
-
-def _kernel_table(bench: BenchResult) -> Any:
-    from rich.table import Table
-
-    table = Table(title="candidate kernels", title_justify="left")
-    table.add_column("kernel", overflow="fold")
-    table.add_column("total ms", justify="right")
-    table.add_column("calls", justify="right")
-    for kernel in bench.kernels:
-        table.add_row(_escape(kernel.name), f"{kernel.total_ms:.4g}", str(kernel.calls))
-    return table
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

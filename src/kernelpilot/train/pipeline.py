@@ -55,7 +55,7 @@ def load_config(path: Path) -> dict[str, Any]:
     try:
         config = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
-        raise PipelineConfigError(f"Cannot read {path} ({err.strerror}).", hint="Pass --config train.toml.") from None
+        raise PipelineConfigError(f"Cannot read {path} ({err.strerror}).", hint="Write a pipeline config (docs/TRAINING.md shows one), or pass --config PATH to yours.") from None
     except tomllib.TOMLDecodeError as err:
         raise PipelineConfigError(f"{path} is not valid TOML ({err}).", hint="See docs/TRAINING.md.") from None
     unknown = [key for key, value in config.items() if isinstance(value, dict) and key not in STAGE_ORDER]

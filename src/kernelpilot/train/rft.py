@@ -18,7 +18,6 @@ from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import HARNESS_ERROR
 
 RFT_FILTERS = ("verifier-failed", "no-positive-outcome", "invalid-tool-call", "repeated-action", "over-long")
-TRAIN_HINT = "Install the training extras: pip install 'kernelpilot[train]'."
 
 
 class MissingTrainingDependency(KernelpilotError):
@@ -172,6 +171,31 @@ def find_transcripts(root: Path) -> list[Path]:
     return sorted(Path(root).rglob(f"{SESSIONS_DIR}/*.jsonl"))
 
 
+def require_transcripts(root: Path) -> list[Path]:
+    """`find_transcripts`, or one sentence when `root` is missing or holds none (nothing to learn from)."""
+    hint = "Pass the --out folder of `kernelpilot train rollout`, or a workspace with .kernelpilot/sessions/."
+    if not Path(root).is_dir():
+        raise KernelpilotError(f"{root} does not exist or is not a folder.", hint=hint)
+    found = find_transcripts(root)
+    if not found:
+        raise KernelpilotError(f"{root} holds no agent session transcripts (.kernelpilot/sessions/*.jsonl).", hint=hint)
+    return found
+
+
+def sft_data_from(root: Path, output: Path) -> RftDataReport:
+    """`build_sft_dataset` over the transcripts under `root`; one sentence, and no file written, when none is kept."""
+    paths = require_transcripts(root)
+    kept, dropped = filter_trajectories((load_trajectory(path) for path in paths), FilterLimits())
+    if not kept:
+        reasons = ", ".join(f"{name} {count}" for name, count in dropped.items() if count)
+        raise KernelpilotError(
+            f"None of the {len(paths)} trajectories under {root} passed the filters ({reasons}), so there is "
+            "nothing to train on.",
+            hint="Keep the trajectories whose candidates the judge verified: run more rollouts, or a stronger policy.",
+        )
+    return build_sft_dataset(paths, output)
+
+
 # ------------------------------------------------------------------------------------------------- train
 
 
@@ -200,10 +224,15 @@ def require_training_engine(*modules: str) -> None:
     """Raise one sentence and a hint when a training engine is not installed."""
     import importlib.util
 
+    from kernelpilot.resources import install_hint
+
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
+        names = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} and {missing[-1]}"
+        verb = "is" if len(missing) == 1 else "are"
         raise MissingTrainingDependency(
-            f"Training needs {', '.join(missing)}, which is not installed.", hint=TRAIN_HINT
+            f"Training needs {names}, which {verb} not installed.",
+            hint=f"Install the training extras: {install_hint('train')}",
         )
 
 

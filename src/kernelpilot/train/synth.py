@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelpilot.errors import KernelpilotError
 from kernelpilot.problem import problem_id_of
 
 if TYPE_CHECKING:
@@ -641,6 +642,23 @@ class SynthReport:
     model_error: ModelError | None = None  # ended an LLM composer's run early: callers raise it after writing
 
 
+def require_filter_devices(devices: Sequence[str]) -> None:
+    """One sentence, before anything is composed, for a --devices entry that is not a device or a GPU not visible."""
+    import re
+
+    unknown = [device for device in devices if not re.fullmatch(r"cpu|cuda(:\d+)?", device)]
+    if unknown:
+        raise KernelpilotError(f"Unknown device {unknown[0]!r} in --devices.", hint="Use cpu, cuda or cuda:N, comma-separated.")
+    if any(device.startswith("cuda") for device in devices):
+        import torch
+
+        if not torch.cuda.is_available():  # the filter workers are spawned, so asking here costs them nothing
+            raise KernelpilotError(
+                "--devices names a GPU, and no CUDA GPU is visible.",
+                hint="Filter on the CPU with --devices cpu --scale small, or run it on a GPU machine.",
+            )
+
+
 def synthesize(
     count: int,
     *,
@@ -662,6 +680,9 @@ def synthesize(
     """
     from kernelpilot.train.filter_worker import check_tasks
 
+    if scale not in SIZES:
+        raise KernelpilotError(f"Unknown --scale {scale}.", hint=f"Use one of: {', '.join(SIZES)}.")
+    require_filter_devices(devices)
     started = time.monotonic()
     crawl = crawl_operators()
     composition = _compose(crawl.operators, count, seed=seed, scale=scale, model=model)

@@ -124,10 +124,11 @@ def write_verl_config(settings: VerlSettings) -> dict[str, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    rows = verl_data_rows(settings.tasks, settings.multi_turn)  # a missing dataset is refused before out/ is made
     out = Path(settings.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"data": out / "train.parquet", "config": out / "verl.yaml"}
-    pq.write_table(pa.Table.from_pylist(verl_data_rows(settings.tasks, settings.multi_turn)), paths["data"])
+    pq.write_table(pa.Table.from_pylist(rows), paths["data"])
     if settings.multi_turn:
         paths["tools"] = out / "tools.yaml"
         paths["tools"].write_text(yaml.safe_dump(tool_config(), sort_keys=False), encoding="utf-8")

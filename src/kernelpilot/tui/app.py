@@ -41,7 +41,7 @@ from kernelpilot.tui.watching import WatchBridge, WatchUpdate, diagnostics_text,
 from kernelpilot.watch import DEBOUNCE_SECONDS, Evaluate, WatchEvent
 
 if TYPE_CHECKING:
-    from kernelpilot.agent.optimize import AgentRun, OptimizeResult
+    from kernelpilot.agent.optimize import AgentRun, CheckedRun, OptimizeResult
     from kernelpilot.config import Settings
     from kernelpilot.vcs import CommitInfo
     from kernelpilot.workspace import Workspace
@@ -390,15 +390,23 @@ def _outcome_text(outcome: OptimizeResult | None) -> str:
 
 
 def run_tui(
-    problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None
+    problem_path: Path,
+    settings: Settings,
+    *,
+    resume: bool = False,
+    session_id: str | None = None,
+    checked: CheckedRun | None = None,
 ) -> OptimizeResult | None:
     """Run (or resume) the agent on a problem inside the TUI; the outcome, or None if it closed before a turn ran.
 
-    A KernelpilotError that stopped the run (a bad problem file, no model) is raised once the app has closed.
+    The CLI passes `checked` (from `checked_run`), so a bad problem file or no GPU is reported before the app
+    opens; a KernelpilotError that stopped the run later is raised once the app has closed.
     """
     from kernelpilot.agent.optimize import prepared_run
 
-    app = KernelpilotApp(partial(prepared_run, problem_path, settings, resume=resume, session_id=session_id))
+    app = KernelpilotApp(
+        partial(prepared_run, problem_path, settings, resume=resume, session_id=session_id, checked=checked)
+    )
     app.run()
     if app.error is not None:
         raise app.error
