@@ -14,7 +14,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +41,12 @@ from kernelpilot.policy.codegen import (
     render_kernel,
     row_layout,
 )
-from kernelpilot.policy.policy import PolicyError, candidate_ms
+from kernelpilot.agent import VerifyOutcome
+from kernelpilot.agent.observations import render
+from kernelpilot.policy.policy import candidate_ms
+from kernelpilot.results import (
+    HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
+)  # fmt: skip
 from kernelpilot.problem import load_problem
 
 from conftest import EXAMPLES, REPO_ROOT
@@ -1195,44 +1202,67 @@ def test_matmul_zoo_workspace_builds_and_links_cublaslt(tmp_path):
 SCHEMAS = tool_schemas(default_tools())
 
 
-def profile_text(ms: float) -> str:
-    return (
-        "Profile: reward 3 (-1 broken or wrong, 1 correct, 2 faster than eager, 3 faster than eager and torch.compile).\n"
-        "Verify PASSED: 5/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.\n"
-        "Times on NVIDIA H100 (median; p10-p90; spread):\n"
-        f"  candidate     {ms:.4g} ms; {ms:.4g}-{ms:.4g} ms; 1.0% (20 runs)\n"
-        "  eager         9 ms; 9-9 ms; 1.0% (20 runs)\n"
-        f"Speedup: {9 / ms:.2f}x vs eager, 1.10x vs torch.compile."
-    )
+def timing(ms: float) -> Timing:
+    return Timing(median_ms=ms, p10_ms=ms, p90_ms=ms, mean_ms=ms, runs=20)
+
+
+def built(ok: bool = True) -> BuildResult:
+    if ok:
+        return BuildResult(ok=True, workspace="/w", extension_name="kp_kernels", arch="9.0", seconds=1.2,
+                           compiled=["kernels/policy_g0.cu"])  # fmt: skip
+    error = Diagnostic("error", "expected ';'", file="kernels/policy_g0.cu", line=10)
+    return BuildResult(ok=False, workspace="/w", extension_name="kp_kernels", arch="9.0", diagnostics=[error],
+                       error="the compiler reported 1 error")  # fmt: skip
+
+
+def verified(error_kind: str | None = None, message: str = "") -> VerifyResult:
+    trials = [TrialResult(seed=seed, ok=error_kind is None) for seed in range(5)]
+    return VerifyResult(ok=error_kind is None, trials=trials, error_kind=error_kind, message=message)
+
+
+def profiled(ms: float) -> EvalResult:
+    bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(ms), eager=timing(9.0),
+                        speedup_vs_eager=9 / ms, speedup_vs_compile=1.10)  # fmt: skip
+    return EvalResult("problem", "/w", build=built(), verify=verified(), bench=bench, reward=3)
 
 
 class ScriptedTools:
-    """Answers tool calls the way the real tools word them, with chosen outcomes."""
+    """Answers tool calls with the judge's typed results, chosen outcomes; the text is what the real tools render."""
 
     def __init__(self, build_ok: bool = True, verify_ok: bool = True, times_ms: tuple[float, ...] = (3.0,),
-                 verify_failures: tuple[str, ...] = ()):  # fmt: skip
+                 verify_failures: tuple[VerifyResult, ...] = ()):  # fmt: skip
         self.build_ok, self.verify_ok, self.times = build_ok, verify_ok, list(times_ms)
         self.verify_failures = list(verify_failures)  # what the first Verify calls answer, one each
         self.calls: list = []
+        self.results: dict = {}  # call id -> typed result, as the loop keeps them in ctx.judged.by_call
 
     def __call__(self, call) -> str:
         self.calls.append(call)
-        if call.name == "Compile":
-            return "Build ok for sm_90 in 1.2 s; recompiled: kernels/policy_g0.cu." if self.build_ok else (
-                "Build FAILED: kernels/policy_g0.cu:10: error: expected ';'"
-            )
-        if call.name == "Verify":
+        result = self._result(call.name)
+        if result is None:
+            return "ok"
+        self.results[call.id] = result
+        return render(result)
+
+    def _result(self, name: str):
+        if name == "Compile":
+            return built(self.build_ok)
+        if name == "Verify":
             if self.verify_failures:
-                return self.verify_failures.pop(0)
-            return "Verify PASSED: 5/5 trials." if self.verify_ok else "Verify FAILED (mismatch): 0/5 trials."
-        if call.name == "Profile":
-            return profile_text(self.times.pop(0) if len(self.times) > 1 else self.times[0])
-        return "ok"
+                return VerifyOutcome(built(), self.verify_failures.pop(0))
+            return VerifyOutcome(built(), verified(None if self.verify_ok else "mismatch"))
+        if name == "Profile":
+            return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+        return None
 
 
-def converse(policy: BuiltinPolicy, workspace: Path, tools: ScriptedTools, turns: int = 30) -> list[dict]:
+def policy_for(workspace: Path, tools: ScriptedTools) -> BuiltinPolicy:
+    return BuiltinPolicy(workspace / "model.py", tools.results)
+
+
+def converse(policy: BuiltinPolicy, tools: Callable[[Any], str], turns: int = 30) -> list[dict]:
     """Drive the policy as the loop does; return the conversation."""
-    messages = [{"role": "system", "content": "..."}, {"role": "user", "content": f"Optimise it.\n\nWorkspace: {workspace}\n"}]
+    messages = [{"role": "system", "content": "..."}, {"role": "user", "content": "Optimise it."}]
     for _ in range(turns):
         reply = policy.query(messages, SCHEMAS)
         messages.append(assistant_message(reply))
@@ -1269,7 +1299,7 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     candidates = launch_candidates(group)
     # The second candidate is the fastest.
     tools = ScriptedTools(times_ms=(3.0, 2.0) + (2.5,) * (len(candidates) - 2))
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
     tries = [["Write", "Profile"]] * (len(candidates) - 1)
     assert actions(messages) == [
         ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
@@ -1280,18 +1310,18 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     assert "Verified correct" in summary and "2 ms" in summary and candidates[1].label in summary
 
 
-def test_policy_reads_the_workspace_from_the_task_and_resumes_from_the_conversation(layernorm_workspace):
+def test_policy_resumes_from_the_conversation_and_the_judges_results(layernorm_workspace):
     tools = ScriptedTools()
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools, turns=30)
+    messages = converse(policy_for(layernorm_workspace, tools), tools, turns=30)
     # A fresh policy handed the conversation up to the Verify result continues with Profile.
     cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and "Verify PASSED" in m["content"])
-    reply = BuiltinPolicy().query(messages[: cut + 1], SCHEMAS)
+    reply = policy_for(layernorm_workspace, tools).query(messages[: cut + 1], SCHEMAS)
     assert [c.name for c in reply.tool_calls] == ["Profile"]
 
 
 def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
     tools = ScriptedTools(build_ok=False)
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Compile"], ["Finish"]]
     summary = tools.calls[-1].arguments["summary"]
     assert "did not compile" in summary and "expected ';'" in summary and "no verified candidate" in summary
@@ -1299,17 +1329,17 @@ def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
 
 def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
     tools = ScriptedTools(verify_ok=False)
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
 
 # As the H100 answered the LoRA example's fused first answer (BENCHMARKS.md, 2026-11-23 and 2026-11-26).
-LORA_MISMATCH = (
-    "Verify FAILED (mismatch): 4/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.\n"
-    "Max abs error 0.0156, max rel error 0.0435.\n"
-    "  trial seed 1: FAILED; max abs 0.0156, max rel 0.0435; worst at index (3, 1021, 77); 1 of 33554432 outside"
-)
+LORA_MISMATCH = VerifyResult(
+    ok=False, error_kind="mismatch", message="trial 1 (seed 1): 1 of 33554432 outside tolerance",
+    trials=[TrialResult(seed=0, ok=True), TrialResult(seed=1, ok=False, max_abs_error=0.0156, max_rel_error=0.0435,
+                                                      worst_index=[3, 1021, 77])],
+)  # fmt: skip
 FAITHFUL_SENTENCE = "The fused epilogue rounded differently from eager; the product is now written in bf16 first."
 
 
@@ -1323,7 +1353,7 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
     problem = load_problem(lora_workspace / "model.py")
     fused, faithful = analyze(problem), analyze(problem, faithful=True)
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     tries = sum(len(launch_candidates(g)) - 1 for g in faithful.generated_groups)  # the faithful plan's search
     files = len(render_all(problem, fused)), len(render_all(problem, faithful))
     assert files[1] == files[0] + 2  # one more kernel and its binding
@@ -1343,17 +1373,17 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
 
 def test_policy_resumes_a_fallback_on_the_faithful_kernels(lora_workspace):
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     # A fresh policy handed the conversation up to the Profile result times the faithful plan's third group.
     cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and m["content"].startswith("Profile:"))
-    tool_calls = BuiltinPolicy().query(messages[: cut + 1], SCHEMAS).tool_calls
+    tool_calls = policy_for(lora_workspace, tools).query(messages[: cut + 1], SCHEMAS).tool_calls
     assert [c.name for c in tool_calls] == ["Write"] * 3 + ["Profile"]
     assert [c.arguments["path"] for c in tool_calls[:3]] == [f"kernels/policy_g{i}.cu" for i in range(3)]
 
 
 def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lora_workspace):
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH, LORA_MISMATCH))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     files = len(render_all(load_problem(lora_workspace / "model.py"), analysed(lora_workspace / "model.py", faithful=True)))
     assert actions(messages)[-5:] == [["Verify"], ["Write"] * files, ["Compile"], ["Verify"], ["Finish"]]
     summary = tools.calls[-1].arguments["summary"]
@@ -1362,16 +1392,13 @@ def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lo
 
 @pytest.mark.parametrize(
     "failure",
-    [
-        "Verify FAILED (guard): 5/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.",
-        "Verify FAILED (crash): 0/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.",
-        "Verify did not judge the candidate: kernelpilot's verifier failed, not your kernel (0 trials passed before it did).",
-    ],
+    [verified("guard", "torch-compute: forward computes with torch"), verified("crash", "illegal memory access"),
+     verified(HARNESS_ERROR, "kernelpilot's verifier failed: KeyError: 'out'")],
     ids=["guard", "crash", "harness"],
 )
 def test_policy_falls_back_only_after_a_mismatch(lora_workspace, failure):
     tools = ScriptedTools(verify_failures=(failure,))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
@@ -1475,7 +1502,7 @@ def test_bench_policy_markdown_names_a_missing_file_in_one_sentence(tmp_path):
 def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     unsupported_problem(tmp_path)
     tools = ScriptedTools()
-    messages = converse(BuiltinPolicy(), tmp_path, tools)
+    messages = converse(policy_for(tmp_path, tools), tools)
     assert actions(messages) == [["TodoWrite"], ["Finish"]]
     todos = tools.calls[0].arguments["todos"]
     assert any("aten.cumsum" in todo["content"] for todo in todos)
@@ -1483,21 +1510,37 @@ def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     assert summary.startswith("No kernels written") and "aten.cumsum" in summary
 
 
-def test_policy_accepts_a_problem_path():
-    policy = BuiltinPolicy(problem_path=EXAMPLES / "silu_scale_shift.py")
-    reply = policy.query([{"role": "user", "content": "Optimise it."}], SCHEMAS)
+def test_policy_works_on_the_problem_it_is_given_whatever_the_task_says():
+    policy = BuiltinPolicy(EXAMPLES / "silu_scale_shift.py")
+    reply = policy.query([{"role": "user", "content": f"Optimise it.\n\nWorkspace: {EXAMPLES / 'layernorm'}"}], SCHEMAS)
     assert [c.name for c in reply.tool_calls] == ["TodoWrite"]
     assert "silu_scale_shift" in reply.content
 
 
-def test_policy_without_a_workspace_line_says_how_to_start_it():
-    with pytest.raises(PolicyError, match="Workspace: <path>"):
-        BuiltinPolicy().query([{"role": "user", "content": "Optimise it."}], SCHEMAS)
+def test_the_built_in_policy_is_resolved_only_with_its_problem():
+    from kernelpilot.agent.model import ModelError, resolve_model
+
+    results = {}
+    policy = resolve_model(None, None, None, problem_path=EXAMPLES / "layernorm.py", judge_results=results)
+    assert isinstance(policy, BuiltinPolicy) and policy.judge_results is results
+    with pytest.raises(ModelError, match="needs the problem"):
+        resolve_model(None, None, None)
 
 
 def test_candidate_time_counts_only_when_verified():
-    assert candidate_ms(profile_text(1.25)) == 1.25
-    assert candidate_ms("Profile: reward -1.\nVerify FAILED (mismatch): 0/5 trials.") is None
+    assert candidate_ms(profiled(1.25)) == 1.25
+    wrong = EvalResult("problem", "/w", build=built(), verify=verified("mismatch"), reward=-1, error_kind="mismatch")
+    assert candidate_ms(wrong) is None
+    assert candidate_ms(VerifyOutcome(built(), verified())) is None  # a Verify times nothing
+
+
+def test_policy_decisions_do_not_depend_on_the_wording_of_the_tools_text(layernorm_workspace):
+    # The text the model would read is replaced: the policy reads only the typed results, so its run is unchanged.
+    tools, reworded = ScriptedTools(times_ms=(3.0, 2.0, 2.5)), ScriptedTools(times_ms=(3.0, 2.0, 2.5))
+    expected = converse(policy_for(layernorm_workspace, tools), tools)
+    messages = converse(policy_for(layernorm_workspace, reworded), lambda call: reworded(call) and "(reworded)")
+    assert [m for m in messages if m["role"] == "assistant"] == [m for m in expected if m["role"] == "assistant"]
+
 
 
 # --------------------------------------------------------------------------------------------------- GPU

@@ -20,16 +20,15 @@ from kernelpilot.agent.tools import (
     PRISTINE_DIR,
     ProcessRun,
     WriteGuard,
-    build_text,
     default_tools,
     driver_environment,
-    eval_text,
     find_tool,
     ncu_text,
     parse_ncu_csv,
     run_process,
     tool_schemas,
 )
+from kernelpilot.agent.observations import build_text, eval_text
 from kernelpilot.config import Settings
 from kernelpilot.results import (
     BenchResult,
@@ -602,11 +601,11 @@ def judged_on_cpu(tmp_path_factory):
     for example in EXAMPLE_KERNELS:
         (root / example).unlink()
     ctx.workspace.model_new_path.write_text(TORCH_CANDIDATE)
-    ctx.state["settings"] = RUN_SETTINGS
+    ctx.settings = RUN_SETTINGS
     with Judge("cpu", arch="9.0", cache_dir=tmp_path_factory.mktemp("cache")) as judge:
         ctx.judge = judge
         outputs = {name: call(ctx, name) for name in ("Compile", "Verify", "Profile")}
-        good_build = ctx.state["build"]
+        good_build = ctx.judged.build
         (root / "kernels" / "broken.cpp").write_text("int broken() {\n  return undefined_name;\n}\n")
         outputs["broken Compile"] = call(ctx, "Compile")
         outputs["broken Verify"] = call(ctx, "Verify", trials=2)
@@ -629,7 +628,7 @@ def test_compile_errors_come_back_as_file_line_messages(judged_on_cpu):
     assert text.startswith("Build FAILED: ")
     assert "Recompiled: kernels/broken.cpp." in text
     assert "kernels/broken.cpp:2:" in text and "undefined_name" in text
-    assert not ctx.state["build"].ok, "the latest build is the one remembered"
+    assert not ctx.judged.build.ok, "the latest build is the one remembered"
     assert outputs["broken Verify"].text.startswith("Verify skipped: the build failed.\nBuild FAILED")
 
 
@@ -648,8 +647,8 @@ def test_profile_records_the_evaluation_for_the_loop(judged_on_cpu):
     profiled = outputs["Profile"]
     assert profiled.text.startswith("Profile: reward -1 ")
     assert "guard torch-compute [fail]" in profiled.text
-    assert isinstance(ctx.state["last_eval"], EvalResult) and ctx.state["evals"] == [ctx.state["last_eval"]]
-    assert profiled.data["reward"] == -1
+    assert isinstance(profiled.result, EvalResult) and ctx.judged.evals == [profiled.result]
+    assert profiled.data["reward"] == -1 and profiled.text == eval_text(profiled.result)
 
 
 @pytest.mark.cuda_build
@@ -699,7 +698,7 @@ def test_gpu_compile_verify_profile_the_example_kernel(gpu_ctx):
     assert profiled.data["reward"] >= 1, profiled.text
     assert "Speedup: " in profiled.text and "% of speed-of-light" in profiled.text
     assert "Top kernels of the candidate" in profiled.text and "scale_shift" in profiled.text
-    assert gpu_ctx.state["evals"][-1].reward == profiled.data["reward"]
+    assert gpu_ctx.judged.evals[-1].reward == profiled.data["reward"]
 
 
 @pytest.mark.gpu

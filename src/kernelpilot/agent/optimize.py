@@ -110,7 +110,7 @@ def prepared_run(
     problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None
 ) -> Iterator[AgentRun]:
     """Assemble a run (new, or resuming a session of the workspace); the judge's worker closes on exit."""
-    from kernelpilot.agent import ToolContext
+    from kernelpilot.agent import JudgeRecord, ToolContext
     from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.tools import default_tools
     from kernelpilot.harness.judge import Judge
@@ -119,9 +119,12 @@ def prepared_run(
 
     problem = load_problem(problem_path)
     ws, _ = init_workspace(problem_path, settings.workspace)
-    model = resolve_model(settings.model, settings.api_base, settings.api_key)
+    judged = JudgeRecord()
+    # The built-in policy, when no model is named, works on this problem and reads the judge's typed results.
+    model = resolve_model(settings.model, settings.api_base, settings.api_key, problem_path=ws.model_path,
+                          judge_results=judged.by_call)  # fmt: skip
     with Judge(settings.device) as judge:
-        ctx = ToolContext(workspace=ws, judge=judge, state={"settings": settings})
+        ctx = ToolContext(workspace=ws, judge=judge, settings=settings, judged=judged)
         if resume or session_id:
             session = Session.resume(ws.root, session_id)
             messages = session.messages

@@ -5,9 +5,9 @@ without dependencies, before it runs) and `run(args, ctx) -> ToolOutput`: text f
 the transcript and the TUI. Anything the model can fix (a bad argument, a missing file, a refused command) is a
 RecoverableError whose message becomes its next observation.
 
-The harness tools leave what the judge said in `ctx.state`: "build" (the latest BuildResult), "verify" (the
-latest VerifyResult), "last_eval" and "evals" (every EvalResult of Profile, in order). Only those count; the
-model's own claims (Finish's summary) never do.
+The judge tools return typed results (`ToolOutput.result`: a BuildResult, a VerifyOutcome or an EvalResult),
+rendered for the model by `agent/observations.py`, and note them in `ctx.judged` (a JudgeRecord). Only those
+count; the model's own claims (Finish's summary) never do.
 
 Bash's checks (writes and `cd` outside the workspace refused before running, by shell_guard.py; protected files
 restored after) are guard rails for an honest model that slips, not a security sandbox: a program can still write
@@ -32,20 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.agent import RecoverableError, Tool, ToolContext, ToolOutput
+from kernelpilot.agent import JudgeResult, RecoverableError, Tool, ToolContext, ToolOutput, VerifyOutcome
+from kernelpilot.agent.observations import build_text, render
 from kernelpilot.agent.shell_guard import BOOKKEEPING_DIR, SCRATCH_DIR, WriteGuard
-from kernelpilot.config import Settings
-from kernelpilot.results import (
-    HARNESS_ERROR,
-    BenchResult,
-    BuildResult,
-    Diagnostic,
-    EvalResult,
-    Timing,
-    TrialResult,
-    VerifyResult,
-    to_dict,
-)
+from kernelpilot.results import BuildResult, to_dict
 from kernelpilot.workspace import PROTECTED_FILES, tampered_files
 
 if TYPE_CHECKING:
@@ -59,9 +49,8 @@ READ_DEFAULT_LINES = 2000
 READ_LINE_LIMIT = 2000  # characters shown of one line
 READ_OUTPUT_LIMIT = 60_000
 MAX_TRIALS = 20
-MAX_ERRORS_SHOWN = 20
+MAX_LAUNCHES_SHOWN = 20
 NCU_TIMEOUT_S = 300
-TOP_KERNELS_SHOWN = 10
 
 PRISTINE_DIR = ".kernelpilot/pristine"  # known-good copies of the protected files
 EDITABLE_KERNEL_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
@@ -633,16 +622,20 @@ def _judge(ctx: ToolContext, tool_name: str) -> Any:
 
 
 def judging_settings(ctx: ToolContext) -> dict[str, Any]:
-    """The run's trials and tolerances (`ctx.state["settings"]`, put there by the loop's caller), else the defaults."""
-    settings = ctx.state.get("settings") or Settings()
-    return {"trials": settings.trials, "atol": settings.atol, "rtol": settings.rtol}
+    """The run's trials and tolerances (`ctx.settings`, set by the loop's caller)."""
+    return {"trials": ctx.settings.trials, "atol": ctx.settings.atol, "rtol": ctx.settings.rtol}
 
 
 def _build(ctx: ToolContext, tool_name: str) -> BuildResult:
     """Build the workspace (incremental: only changed sources recompile) and remember the result."""
     build = _judge(ctx, tool_name).build(ctx.workspace.root)
-    ctx.state["build"] = build
+    ctx.judged.note(build)
     return build
+
+
+def judged_output(result: JudgeResult) -> ToolOutput:
+    """A judge tool's answer: its typed result, rendered for the model, and as plain data for the transcript."""
+    return ToolOutput(text=render(result), data=to_dict(result), result=result)
 
 
 class CompileTool(_CheckedTool):
@@ -655,8 +648,7 @@ class CompileTool(_CheckedTool):
     parameters = _object_schema({})
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        build = _build(ctx, self.name)
-        return ToolOutput(text=build_text(build), data=to_dict(build))
+        return judged_output(_build(ctx, self.name))
 
 
 class VerifyTool(_CheckedTool):
@@ -673,13 +665,12 @@ class VerifyTool(_CheckedTool):
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         build = _build(ctx, self.name)
         if not build.ok:
-            text = "Verify skipped: the build failed.\n" + build_text(build)
-            return ToolOutput(text=text, data={"build": to_dict(build), "verify": None})
+            return judged_output(VerifyOutcome(build))
         judging = judging_settings(ctx)
         judging["trials"] = args.get("trials", judging["trials"])  # the model may ask for more or fewer
-        verify = ctx.judge.verify(ctx.workspace.root, build, **judging)
-        ctx.state["verify"] = verify
-        return ToolOutput(text=verify_text(verify), data={"build": to_dict(build), "verify": to_dict(verify)})
+        outcome = VerifyOutcome(build, ctx.judge.verify(ctx.workspace.root, build, **judging))
+        ctx.judged.note(outcome)
+        return judged_output(outcome)
 
 
 class ProfileTool(_CheckedTool):
@@ -694,143 +685,8 @@ class ProfileTool(_CheckedTool):
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         result = _judge(ctx, self.name).evaluate(ctx.workspace.root, **judging_settings(ctx))
-        ctx.state["last_eval"] = result
-        ctx.state.setdefault("evals", []).append(result)
-        if result.build is not None:
-            ctx.state["build"] = result.build
-        if result.verify is not None:
-            ctx.state["verify"] = result.verify
-        return ToolOutput(text=eval_text(result), data=to_dict(result))
-
-
-# ---------------------------------------------------------------------------------- result as text
-
-
-def build_text(build: BuildResult) -> str:
-    """A build for the model: verdict, what recompiled, errors (file:line: message), per-kernel resources."""
-    recompiled = ", ".join(build.compiled) or "nothing (up to date)"
-    if build.ok:
-        lines = [f"Build ok for sm_{build.arch.replace('.', '')} in {build.seconds:.1f} s; recompiled: {recompiled}."]
-    else:
-        lines = [f"Build FAILED: {build.error or 'see the errors below'}", f"Recompiled: {recompiled}."]
-    errors = _compiler_first([d for d in build.diagnostics if d.severity == "error"])
-    if errors:
-        lines.append(f"Errors ({len(errors)}):")
-        lines += [f"  {_location(d)}: {d.message}" for d in errors[:MAX_ERRORS_SHOWN]]
-        if len(errors) > MAX_ERRORS_SHOWN:
-            lines.append(f"  ({len(errors) - MAX_ERRORS_SHOWN} more errors not shown; fix these first)")
-    elif not build.ok and build.log:
-        lines += ["Last lines of the build log:", *build.log.splitlines()[-30:]]
-    warnings = [d for d in build.diagnostics if d.severity == "warning"]
-    if warnings:
-        lines.append(f"Warnings ({len(warnings)}), first: {_location(warnings[0])}: {warnings[0].message}")
-    if build.resources:
-        lines.append("Kernels (ptxas): registers, shared memory, stack, spill stores/loads")
-        for kernel in build.resources:
-            spilling = " (SPILLING)" if kernel.spill_stores or kernel.spill_loads else ""
-            spills = f"spills {kernel.spill_stores}/{kernel.spill_loads}{spilling}"
-            lines.append(f"  {kernel.kernel}: {kernel.registers} regs, {kernel.shared_bytes} B smem, "
-                         f"{kernel.stack_bytes} B stack, {spills}")  # fmt: skip
-    return "\n".join(lines)
-
-
-def _compiler_first(errors: list[Diagnostic]) -> list[Diagnostic]:
-    """ninja's "FAILED: x.o" only repeats a compiler's message; keep it when it is all there is."""
-    from_compilers = [d for d in errors if d.tool != "ninja"]
-    return from_compilers or errors
-
-
-def _location(diagnostic: Diagnostic) -> str:
-    if not diagnostic.file:
-        return diagnostic.tool
-    place = diagnostic.file
-    if diagnostic.line:
-        place += f":{diagnostic.line}" + (f":{diagnostic.column}" if diagnostic.column else "")
-    return place
-
-
-def verify_text(verify: VerifyResult) -> str:
-    """A verification for the model: verdict, each trial's errors and worst element, guard findings."""
-    passed = sum(1 for trial in verify.trials if trial.ok)
-    if verify.error_kind == HARNESS_ERROR:  # no verdict on the kernel: the model must not "fix" it for this
-        lines = [f"Verify did not judge the candidate: kernelpilot's verifier failed, not your kernel "
-                 f"({passed} trials passed before it did)."]  # fmt: skip
-    else:
-        verdict = "PASSED" if verify.ok else f"FAILED ({verify.error_kind or 'mismatch'})"
-        lines = [f"Verify {verdict}: {passed}/{len(verify.trials)} trials within |actual - expected| <= "
-                 f"{verify.atol:g} + {verify.rtol:g} * |expected|."]  # fmt: skip
-    if not verify.ok and verify.message and not any(finding.message in verify.message for finding in verify.guards):
-        lines.append(verify.message)
-    if verify.max_abs_error is not None:
-        lines.append(f"Max abs error {verify.max_abs_error:.3g}, max rel error {verify.max_rel_error:.3g}.")
-    for trial in verify.trials:
-        lines.append(f"  trial seed {trial.seed}: {_trial_text(trial)}")
-    for finding in verify.guards:
-        lines.append(f"  guard {finding.guard} [{finding.severity}]: {finding.message}")
-    return "\n".join(lines)
-
-
-def _trial_text(trial: TrialResult) -> str:
-    parts = ["ok" if trial.ok else "FAILED"]
-    if trial.max_abs_error is not None:
-        parts.append(f"max abs {trial.max_abs_error:.3g}, max rel {trial.max_rel_error:.3g}")
-    if trial.worst_index is not None:
-        output = f" of output {trial.output}" if trial.output else ""
-        parts.append(f"worst at index {trial.worst_index}{output}")
-    if trial.message:
-        parts.append(trial.message)
-    return "; ".join(parts)
-
-
-def eval_text(result: EvalResult) -> str:
-    """A whole judgement for the model: reward, what failed, and the timings when there are some."""
-    lines = [f"Profile: reward {result.reward} (-1 broken or wrong, 1 correct, 2 faster than eager, "
-             "3 faster than eager and torch.compile)."]  # fmt: skip
-    build_failed = result.build is not None and not result.build.ok
-    verify_failed = result.verify is not None and not result.verify.ok
-    if result.error_kind and not (build_failed or verify_failed):  # those two explain themselves below
-        lines.append(f"{result.error_kind}: {result.message}")
-    if build_failed:
-        lines.append(build_text(result.build))
-    if result.verify is not None:
-        lines.append(verify_text(result.verify) if verify_failed else verify_text(result.verify).splitlines()[0])
-    if result.bench is not None and result.bench.ok:
-        lines.append(bench_text(result.bench))
-    return "\n".join(lines)
-
-
-def bench_text(bench: BenchResult) -> str:
-    """Times against eager and torch.compile, speedups, % of speed-of-light and the candidate's top kernels."""
-    lines = [f"Times on {bench.gpu or 'this device'} (median; p10-p90; spread):"]
-    rows = (("candidate", bench.candidate, bench.sol_candidate), ("eager", bench.eager, bench.sol_eager),
-            ("torch.compile", bench.compiled, bench.sol_compile))  # fmt: skip
-    for label, timing, sol in rows:
-        if timing is not None:
-            of_light = f"; {sol * 100:.1f}% of speed-of-light" if sol is not None else ""
-            lines.append(f"  {label:<14}{_timing_text(timing)}{of_light}")
-    vs_eager, vs_compile = _speedup(bench.speedup_vs_eager), _speedup(bench.speedup_vs_compile)
-    lines.append(f"Speedup: {vs_eager} vs eager, {vs_compile} vs torch.compile.")
-    if bench.roofline is not None:
-        floor = bench.roofline
-        lines.append(f"Speed-of-light floor: {floor.floor_ms:.4g} ms ({floor.bound}-bound: {floor.bytes / 1e9:.3g} GB, "
-                     f"{floor.flops / 1e9:.3g} GFLOP).")  # fmt: skip
-    if bench.kernels:
-        total = sum(kernel.total_ms for kernel in bench.kernels) or 1.0
-        lines.append("Top kernels of the candidate (total ms, calls, share):")
-        for kernel in sorted(bench.kernels, key=lambda k: -k.total_ms)[:TOP_KERNELS_SHOWN]:
-            lines.append(f"  {kernel.total_ms:.4g} ms  x{kernel.calls}  {kernel.total_ms / total:.0%}  {kernel.name}")
-    if bench.message:
-        lines.append(f"Note: {bench.message}")
-    return "\n".join(lines)
-
-
-def _timing_text(timing: Timing) -> str:
-    return (f"{timing.median_ms:.4g} ms; {timing.p10_ms:.4g}-{timing.p90_ms:.4g} ms; "
-            f"{timing.spread:.1%} ({timing.runs} runs)")  # fmt: skip
-
-
-def _speedup(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
+        ctx.judged.note(result)
+        return judged_output(result)
 
 
 # --------------------------------------------------------------------------------------------- Ncu
@@ -968,9 +824,9 @@ def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None
         tail = "\n".join(run.output.strip().splitlines()[-30:])
         return f"ncu profiled no kernel ({reason}).\n{tail}".rstrip()
     lines = [f"ncu: {len(launches)} kernel launch(es) in one forward call:"]
-    lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_ERRORS_SHOWN]]
-    if len(launches) > MAX_ERRORS_SHOWN:
-        lines.append(f"  ({len(launches) - MAX_ERRORS_SHOWN} more launches not shown; narrow them with `kernel`)")
+    lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_LAUNCHES_SHOWN]]
+    if len(launches) > MAX_LAUNCHES_SHOWN:
+        lines.append(f"  ({len(launches) - MAX_LAUNCHES_SHOWN} more launches not shown; narrow them with `kernel`)")
     return "\n".join(lines)
 
 
