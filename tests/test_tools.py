@@ -13,21 +13,11 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.agent import RecoverableError, Tool, ToolContext
-from kernelpilot.agent.tools import (
-    BASH_OUTPUT_LIMIT,
-    GLOB_LIMIT,
-    NCU_DRIVER,
-    PRISTINE_DIR,
-    ProcessRun,
-    WriteGuard,
-    default_tools,
-    driver_environment,
-    find_tool,
-    ncu_text,
-    parse_ncu_csv,
-    run_process,
-    tool_schemas,
-)
+from kernelpilot.agent.shell_guard import WriteGuard
+from kernelpilot.agent.tools import default_tools, find_tool, tool_schemas
+from kernelpilot.agent.tools.files import GLOB_LIMIT
+from kernelpilot.agent.tools.ncu import NCU_DRIVER, driver_environment, ncu_text, parse_ncu_csv
+from kernelpilot.agent.tools.shell import BASH_OUTPUT_LIMIT, PRISTINE_DIR, ProcessRun, run_process
 from kernelpilot.agent.observations import build_text, eval_text
 from kernelpilot.config import Settings
 from kernelpilot.results import (
