@@ -25,9 +25,8 @@ import torch.nn.functional as F
 from kernelpilot.agent.loop import assistant_message
 from kernelpilot.agent.tools import default_tools, tool_schemas
 from kernelpilot.policy import BuiltinPolicy
-from kernelpilot.policy.analysis import (
-    Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack, analyze, walk,
-)  # fmt: skip
+from kernelpilot.policy.analysis import analyze
+from kernelpilot.policy.ir import Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack, walk
 from kernelpilot.policy.codegen import (
     ITEM_SIZES,
     LaunchConfig,

@@ -20,7 +20,7 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Gather
+from kernelpilot.policy.ir import Gather
 from kernelpilot.policy.codegen import launch_candidates, render_kernel
 
 # 64 rows of 50 classes; about a fifth of the targets are the ignored index.

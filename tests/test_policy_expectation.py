@@ -23,7 +23,7 @@ from test_policy import (
     only_group,
 )
 
-from kernelpilot.policy.analysis import Field, Load, walk
+from kernelpilot.policy.ir import Field, Load, walk
 from kernelpilot.policy.codegen import _RowProgram, launch_candidates, render_kernel, row_layout
 from kernelpilot.problem import load_problem
 

@@ -27,7 +27,7 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Field, Gather, Stack, walk
+from kernelpilot.policy.ir import Field, Gather, Stack, walk
 from kernelpilot.policy.codegen import launch_candidates, render_kernel, render_model_new
 from kernelpilot.problem import load_problem
 

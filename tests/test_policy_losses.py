@@ -27,7 +27,7 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Field, Gather, Stack, walk
+from kernelpilot.policy.ir import Field, Gather, Stack, walk
 from kernelpilot.policy.codegen import launch_candidates, render_kernel
 
 # kl_div's reduction='mean' (a variant below) warns that it differs from 'batchmean'; that is the point of it.

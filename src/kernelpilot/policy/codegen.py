@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.analysis import (
-    C_OPS,
+from kernelpilot.policy.analysis import C_OPS, MATMUL_ALIGNMENT, matrix_strides
+from kernelpilot.policy.ir import (
     STAT_FIELDS,
     Analysis,
     Call,
@@ -26,7 +26,6 @@ from kernelpilot.policy.analysis import (
     Expr,
     Field,
     EPILOGUE_ACTIVATIONS,
-    MATMUL_ALIGNMENT,
     Gather,
     Group,
     Leaf,
@@ -34,7 +33,6 @@ from kernelpilot.policy.analysis import (
     Reduce,
     Source,
     Stack,
-    matrix_strides,
     walk,
 )
 from kernelpilot.resources import template_environment

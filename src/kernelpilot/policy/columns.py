@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kernelpilot.policy.analysis import STAT_FIELDS, Field, Group, walk
+from kernelpilot.policy.ir import STAT_FIELDS, Field, Group, walk
 from kernelpilot.policy.codegen import (
     CTYPES,
     MAX_CLUSTER_BLOCKS,

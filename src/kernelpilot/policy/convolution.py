@@ -27,21 +27,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.analysis import (
-    MATMUL_DTYPES,
-    Call,
-    Conv,
-    Leaf,
-    Load,
-    Value,
-    _contiguous_strides,
-    _dtype_name,
-    _NotFusible,
-)
+from kernelpilot.policy.analysis import MATMUL_DTYPES, _dtype_name, _NotFusible
+from kernelpilot.policy.ir import Call, Conv, Leaf, Load, Value, contiguous_strides
 from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, ConvConfig, launcher_name
 
 if TYPE_CHECKING:
-    from kernelpilot.policy.analysis import Group, _GroupBuilder
+    from kernelpilot.policy.analysis import _GroupBuilder
+    from kernelpilot.policy.ir import Group
 
 # Operand dtypes cuDNN convolves here, as cuBLASLt multiplies (float32 accumulation in every case).
 CONV_DTYPES = MATMUL_DTYPES
@@ -91,7 +83,7 @@ def _operand(builder: _GroupBuilder, item: Any, dtype: str) -> Leaf:
 
 def _readable_in_place(leaf: Leaf) -> bool:
     aligned = (leaf.offset * ITEM_SIZES[leaf.source.dtype]) % CONV_ALIGNMENT == 0
-    return aligned and leaf.strides == _contiguous_strides(leaf.shape)
+    return aligned and leaf.strides == contiguous_strides(leaf.shape)
 
 
 def fold_into_conv(node: Any, name: str, args: list) -> PendingConv | None:
@@ -118,27 +110,6 @@ def settle_conv(builder: _GroupBuilder, pending: PendingConv, epilogue_follows: 
         output = builder.library_call("conv", plain, [plain.input, plain.weight, plain.bias], conv=plain)
         return Value(Call("relu", (Load(output, output.shape),)), conv.shape, conv.dtype, ("aten.relu",))
     return builder.library_call("conv", conv, [conv.input, conv.weight, conv.bias], conv=conv)
-
-
-def describe_conv(conv: Conv) -> str:
-    """E.g. "one cuDNN convolution, 32x64x128x128 * 128x64x3x3 (padding 1) with a fused bias, ReLU epilogue"."""
-    settings = [f"{name} {_sizes(values)}" for name, values, plain in
-                (("stride", conv.stride, 1), ("padding", conv.padding, 0), ("dilation", conv.dilation, 1))
-                if any(v != plain for v in values)]  # fmt: skip
-    settings += [f"{conv.groups} groups"] if conv.groups > 1 else []
-    shown = f" ({', '.join(settings)})" if settings else ""
-    epilogue = conv.epilogue()
-    fused = f" with a fused {epilogue} epilogue" if epilogue else ""
-    shapes = f"{_shape(conv.input.shape)} * {_shape(conv.weight.shape)}"
-    return f"one cuDNN convolution, {shapes}{shown}{fused} ({conv.dtype})"
-
-
-def _sizes(values: tuple[int, ...]) -> str:
-    return str(values[0]) if len(set(values)) == 1 else "x".join(map(str, values))
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape))
 
 
 # ---------------------------------------------------------------------------------------- generation

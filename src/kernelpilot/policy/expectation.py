@@ -29,20 +29,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kernelpilot.policy.analysis import (
-    Call,
-    Const,
-    Expr,
-    Field,
-    Gather,
-    Group,
-    Load,
-    Reduce,
-    _resolve_accesses,
-    _strides_in,
-    rebuilt,
-    walk,
-)
+from kernelpilot.policy.analysis import _resolve_accesses, _strides_in
+from kernelpilot.policy.ir import Call, Const, Expr, Field, Gather, Group, Load, Reduce, rebuilt, walk
 
 # Statistics whose max and sum of exp(value - max) a softmax weight may read.
 _SOFTMAX_KINDS = ("online_softmax", "softmax_weighted")

@@ -13,16 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernelpilot.policy.analysis import (
-    Expr,
-    Group,
-    Leaf,
-    Load,
-    Source,
-    Stack,
-    _resolve_accesses,
-    rebuilt,
-)
+from kernelpilot.policy.analysis import _resolve_accesses
+from kernelpilot.policy.ir import Expr, Group, Leaf, Load, Source, Stack, rebuilt
 
 # Kinds of group whose reads are Loads in an expression, which `_relocate` can point at the stacked output.
 _EXPRESSION_KINDS = ("elementwise", "row", "column")

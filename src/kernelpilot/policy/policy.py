@@ -27,7 +27,7 @@ from kernelpilot.agent.observations import build_text, speedup_text, verify_text
 from kernelpilot.results import BuildResult, EvalResult
 
 if TYPE_CHECKING:
-    from kernelpilot.policy.analysis import Analysis, Group
+    from kernelpilot.policy.ir import Analysis, Group
     from kernelpilot.policy.codegen import GeneratedFile, KernelConfig
     from kernelpilot.problem import Problem
 
