@@ -43,6 +43,7 @@ from kernelpilot.policy.codegen import (
 from kernelpilot.agent import VerifyOutcome
 from kernelpilot.agent.observations import render
 from kernelpilot.policy.policy import candidate_ms
+from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.results import (
     HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
 )  # fmt: skip
@@ -1524,6 +1525,19 @@ def test_the_built_in_policy_is_resolved_only_with_its_problem():
     assert isinstance(policy, BuiltinPolicy) and policy.judge_results is results
     with pytest.raises(ModelError, match="needs the problem"):
         resolve_model(None, None, None)
+
+
+def test_launch_search_tries_one_group_at_a_time_with_the_others_at_their_best():
+    search = LaunchSearch({"g0": 3, "g1": 2}, first_ms=3.0)
+    assert search.tries == [("g0", 1), ("g0", 2), ("g1", 1)]
+    assert search.choice(*search.next_try()) == {"g0": 1, "g1": 0}
+    assert search.record(2.0)  # faster: kept
+    assert not search.record(None)  # broken or wrong: no time, nothing changes
+    assert search.choice(*search.next_try()) == {"g0": 1, "g1": 1}
+    assert not search.record(2.5)
+    assert search.next_try() is None and (search.best, search.best_ms) == ({"g0": 1, "g1": 0}, 2.0)
+    untimed = LaunchSearch({"g0": 2}, first_ms=None)  # the first configuration got no time: any time is kept
+    assert untimed.record(9.0) and untimed.best == {"g0": 1}
 
 
 def test_candidate_time_counts_only_when_verified():

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import JudgeResult, ModelReply, ToolCall, VerifyOutcome
 from kernelpilot.agent.observations import build_text, speedup_text, verify_text
+from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.results import BuildResult, EvalResult
 
 if TYPE_CHECKING:
@@ -59,9 +60,9 @@ class _Plan:
     def groups(self) -> list[Group]:
         return self.analysis.generated_groups
 
-    def tries(self) -> list[tuple[str, int]]:
-        """(group, candidate index) for every launch configuration beyond each group's first, in order."""
-        return [(g.name, i) for g in self.groups for i in range(1, len(self.candidates[g.name]))]
+    def search(self, first_ms: float | None) -> LaunchSearch:
+        """A launch search over this plan's candidates, its first configuration timed at `first_ms`."""
+        return LaunchSearch({g.name: len(self.candidates[g.name]) for g in self.groups}, first_ms)
 
 
 class BuiltinPolicy:
@@ -220,7 +221,7 @@ class _Run:
         if analysis.supported:
             todos += [
                 {"content": "Write the kernels, bindings and model_new.py; compile; verify", "status": "pending"},
-                {"content": f"Time {1 + len(self.plan.tries())} launch configuration(s); keep the fastest", "status": "pending"},
+                {"content": f"Time {1 + len(self.plan.search(None).tries)} launch configuration(s); keep the fastest", "status": "pending"},
             ]
         else:
             todos.append({"content": analysis.blockers(), "status": "pending"})
@@ -254,32 +255,30 @@ class _Run:
 
     # ---------------------------------------------------------------------------------- the search
 
+    def _search(self) -> tuple[LaunchSearch, str]:
+        """The launch search replayed from the Profile results so far, and the stage of its fastest time."""
+        profile = self.by_stage.get("profile")
+        search = self.plan.search(candidate_ms(profile.results.get("Profile")) if profile else None)
+        best_stage = "profile"
+        while (next_try := search.next_try()) is not None and (step := self.by_stage.get(_try_stage(*next_try))):
+            if search.record(candidate_ms(step.results.get("Profile"))):
+                best_stage = step.stage
+        return search, best_stage
+
     def _timings(self) -> tuple[dict[str, int], float | None, str]:
         """The fastest configuration per group so far, its time (None when nothing was timed) and its stage."""
-        best = {group.name: 0 for group in self.plan.groups}
-        profile = self.by_stage.get("profile")
-        best_ms, best_stage = (candidate_ms(profile.results.get("Profile")) if profile else None), "profile"
-        for group_name, index in self.plan.tries():
-            stage = _try_stage(group_name, index)
-            step = self.by_stage.get(stage)
-            if step is None:
-                break
-            ms = candidate_ms(step.results.get("Profile"))
-            if ms is not None and (best_ms is None or ms < best_ms):
-                best[group_name], best_ms, best_stage = index, ms, stage
-        return best, best_ms, best_stage
+        search, best_stage = self._search()
+        return search.best, search.best_ms, best_stage
 
     def _next_try_or_final(self) -> ModelReply:
-        best, _, _ = self._timings()
-        if "Profile" in self.tools:
-            for group_name, index in self.plan.tries():
-                stage = _try_stage(group_name, index)
-                if stage not in self.by_stage:
-                    choice = {**best, group_name: index}
-                    config = self.plan.candidates[group_name][index]
-                    # Profile builds, verifies and times: a configuration that breaks the kernel gets no time.
-                    calls = [("Write", _write_args(f)) for f in self._kernels(choice)] + [("Profile", {})]
-                    return self._reply(stage, f"Time {group_name} with {config.label}.", calls)
+        search, _ = self._search()
+        next_try = search.next_try()
+        if "Profile" in self.tools and next_try is not None:
+            group_name, index = next_try
+            config = self.plan.candidates[group_name][index]
+            # Profile builds, verifies and times: a configuration that breaks the kernel gets no time.
+            calls = [("Write", _write_args(f)) for f in self._kernels(search.choice(*next_try))] + [("Profile", {})]
+            return self._reply(_try_stage(*next_try), f"Time {group_name} with {config.label}.", calls)
         return self._final(0)
 
     def _final_choices(self) -> list[dict[str, int]]:
