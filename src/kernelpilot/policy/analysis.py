@@ -40,9 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
 from kernelpilot.policy.ir import (
     Access, Analysis, Call, Conv, Const, Expr, Field, Gather, Group, Leaf, Load, Matmul, Reduce, Source, Unsupported,
-    Value, contiguous_strides, walk, walk_reduces,
+    Value, MATMUL_ALIGNMENT, contiguous_strides, matrix_strides, walk, walk_reduces,
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -59,50 +60,12 @@ LIBRARY_OPS = frozenset({"baddbmm", "addbmm", "matmul", "linear", "_convolution"
 # Matrix products run by cuBLASLt, on these operand dtypes (all computed in plain float32: no TF32, as torch).
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
 MATMUL_DTYPES = ("float32", "float16", "bfloat16")
-# Byte alignment the generated matmuls ask cuBLASLt's algorithms for; an operand view off it is copied first.
-MATMUL_ALIGNMENT = 16
 # Output dtypes whose product eager rounds before the next op reads it, off by up to half an ulp (about 0.2% in
 # bf16): folding that op into the epilogue, which rounds once, differs by that much (`analyze(faithful=True)`).
 HALF_DTYPES = ("float16", "bfloat16")
-# Activations cuBLASLt's epilogue computes exactly as torch does (its GELU is the tanh approximation).
 VIEW_OPS = frozenset(
     {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose",
      "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten"}
-)  # fmt: skip
-# op -> C expression over its arguments {0}, {1}, ... (all float). Ops with scalar settings are built by
-# `_elementwise` as these plus constant arguments.
-C_OPS = {
-    "neg": "-{0}", "exp": "expf({0})", "exp2": "exp2f({0})", "log": "logf({0})", "log2": "log2f({0})",
-    "log1p": "log1pf({0})", "expm1": "expm1f({0})", "sqrt": "sqrtf({0})", "rsqrt": "rsqrtf({0})",
-    "abs": "fabsf({0})", "sigmoid": "1.0f / (1.0f + expf(-{0}))", "tanh": "tanhf({0})",
-    "relu": "fmaxf({0}, 0.0f)", "silu": "{0} / (1.0f + expf(-{0}))", "erf": "erff({0})", "sin": "sinf({0})",
-    "cos": "cosf({0})", "reciprocal": "1.0f / {0}", "square": "{0} * {0}", "floor": "floorf({0})",
-    "ceil": "ceilf({0})", "identity": "{0}", "logical_not": "({0} == 0.0f ? 1.0f : 0.0f)",
-    "gelu": "0.5f * {0} * (1.0f + erff({0} * 0.70710678118654752f))",
-    "gelu_tanh": "0.5f * {0} * (1.0f + tanhf(0.79788456080286536f * ({0} + 0.044715f * {0} * {0} * {0})))",
-    "hardsigmoid": "fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
-    "hardswish": "{0} * fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
-    "to_bfloat16": "__bfloat162float(__float2bfloat16({0}))", "to_float16": "__half2float(__float2half({0}))",
-    "to_bool": "({0} != 0.0f ? 1.0f : 0.0f)",
-    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
-    "maximum": "fmaxf({0}, {1})", "minimum": "fminf({0}, {1})", "pow": "powf({0}, {1})",
-    "gt": "({0} > {1} ? 1.0f : 0.0f)", "lt": "({0} < {1} ? 1.0f : 0.0f)", "ge": "({0} >= {1} ? 1.0f : 0.0f)",
-    "le": "({0} <= {1} ? 1.0f : 0.0f)", "eq": "({0} == {1} ? 1.0f : 0.0f)", "ne": "({0} != {1} ? 1.0f : 0.0f)",
-    "logical_and": "({0} != 0.0f && {1} != 0.0f ? 1.0f : 0.0f)",
-    "logical_or": "({0} != 0.0f || {1} != 0.0f ? 1.0f : 0.0f)",
-    "leaky_relu": "({0} > 0.0f ? {0} : {0} * {1})",
-    "softplus": "({0} * {1} > {2} ? {0} : log1pf(expf({0} * {1})) / {1})",
-    "where": "({0} != 0.0f ? {1} : {2})", "clamp": "fminf(fmaxf({0}, {1}), {2})",
-    "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}",
-    "xlogy": "({0} == 0.0f && !isnan({1}) ? 0.0f : {0} * logf({1}))",
-    # Row statistics: softmax-style outputs use the fast exponential, as every tuned softmax does.
-    "exp_fast": "__expf({0})",
-    "logsumexp_finish": "({0} == -INFINITY ? {0} : {0} + logf({1}))",
-}  # fmt: skip
-# Entries of C_OPS that are no aten op of the same name: built from other ops, or used by reductions.
-_INTERNAL_OPS = frozenset(
-    {"identity", "gelu_tanh", "to_bfloat16", "to_float16", "to_bool", "clamp", "add_scaled", "sub_scaled",
-     "exp_fast", "logsumexp_finish"}
 )  # fmt: skip
 # In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
 _IN_PLACE = {"masked_fill_": "masked_fill"}
@@ -132,7 +95,7 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     except Exception as err:  # noqa: BLE001 - any failure to trace means the policy cannot handle the forward
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
         return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", f"cannot be traced on meta tensors: {reason[:160]}")])
-    builder = _GroupBuilder(faithful)
+    builder = GroupBuilder(faithful)
     env: dict[Any, Any] = {}
     for node in graph.nodes:
         if node.op == "placeholder":
@@ -173,8 +136,8 @@ def _trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any,
     graph_module = make_fx(forward)(state, *tensors)
     graph_module.graph.eliminate_dead_code()
     names = _forward_names(problem)
-    sources = [Source("parameter", name, tuple(t.shape), _dtype_name(t.dtype)) for name, t in state.items()]
-    sources += [Source("input", names[i], tuple(inputs[i].shape), _dtype_name(inputs[i].dtype)) for i in tensor_positions]
+    sources = [Source("parameter", name, tuple(t.shape), dtype_name(t.dtype)) for name, t in state.items()]
+    sources += [Source("input", names[i], tuple(inputs[i].shape), dtype_name(inputs[i].dtype)) for i in tensor_positions]
     return graph_module.graph, sources, "tensor" if isinstance(returned, torch.Tensor) else type(returned).__name__
 
 
@@ -188,7 +151,7 @@ def _forward_names(problem: Problem) -> list[str]:
     return list(problem.forward_signature().parameters)
 
 
-class _GroupBuilder:
+class GroupBuilder:
     """Walks aten nodes, folding fusible ops into Values and materialising Groups where memory is needed."""
 
     def __init__(self, faithful: bool = False) -> None:
@@ -229,7 +192,7 @@ class _GroupBuilder:
             if built is not None:
                 return built
             return self.unsupported(node, "no template for this op", args)
-        except _NotFusible as err:
+        except NotFusible as err:
             return self.unsupported(node, str(err), args)
 
     def unsupported(self, node: Any, reason: str, args: list = ()) -> Any:
@@ -249,7 +212,7 @@ class _GroupBuilder:
 
         if not isinstance(value, torch.Tensor):
             return None
-        return Leaf.whole(Source("unsupported", f"{node.name}[{index}]", tuple(value.shape), _dtype_name(value.dtype)))
+        return Leaf.whole(Source("unsupported", f"{node.name}[{index}]", tuple(value.shape), dtype_name(value.dtype)))
 
     def _view(self, node: Any, args: list, kwargs: dict) -> Any:
         target, value = node.target, args[0]
@@ -274,7 +237,7 @@ class _GroupBuilder:
         tensors = [self.materialise(arg) if isinstance(arg, Value) else arg for arg in args]
         leaves = [arg for arg in tensors if isinstance(arg, Leaf)]
         value = node.meta["val"]
-        output = Source("group", f"g{len(self.groups)}", tuple(value.shape), _dtype_name(value.dtype))
+        output = Source("group", f"g{len(self.groups)}", tuple(value.shape), dtype_name(value.dtype))
         self.groups.append(Group(output.name, "library", [f"aten.{name}"], _unique(leaf.source for leaf in leaves), output))
         return Leaf.whole(output)
 
@@ -283,27 +246,27 @@ class _GroupBuilder:
     def _matmul(self, node: Any, name: str, args: list, kwargs: dict) -> _PendingMatmul:
         """mm(a, b), bmm(a, b) or addmm(input, a, b) as a pending cuBLASLt call (see `_fold_into_matmul`)."""
         value = node.meta["val"]
-        dtype = _dtype_name(value.dtype)
+        dtype = dtype_name(value.dtype)
         if dtype not in MATMUL_DTYPES:
-            raise _NotFusible(f"multiplies {dtype} matrices; generated matmuls take float32, float16 or bfloat16")
+            raise NotFusible(f"multiplies {dtype} matrices; generated matmuls take float32, float16 or bfloat16")
         a, b = (self._matrix_operand(arg) for arg in (args[-2:] if name == "addmm" else args[:2]))
         if 0 in a.shape or 0 in b.shape:
-            raise _NotFusible("multiplies an empty matrix")
+            raise NotFusible("multiplies an empty matrix")
         matmul = Matmul(a, b, tuple(value.shape), dtype, (f"aten.{name}",))
         if name == "addmm":
             if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
-                raise _NotFusible("addmm with beta or alpha other than 1; only their default of 1 is generated")
+                raise NotFusible("addmm with beta or alpha other than 1; only their default of 1 is generated")
             addend = self.materialise(args[0]) if isinstance(args[0], Value) else args[0]
             matmul = _with_addend(matmul, addend)
             if matmul is None:
-                raise _NotFusible(f"adds a {list(args[0].shape)} tensor that is neither a bias along the last dim "
+                raise NotFusible(f"adds a {list(args[0].shape)} tensor that is neither a bias along the last dim "
                                   "nor a whole output-shaped tensor, the two forms cuBLASLt's epilogue adds")  # fmt: skip
         return _PendingMatmul(matmul, len(node.users))
 
     def _matrix_operand(self, item: Any) -> Leaf:
         """A matrix operand cuBLASLt can read in place; a computed value or an unusual view is copied first."""
         if isinstance(item, Leaf) and item.source.dtype not in MATMUL_DTYPES:
-            raise _NotFusible(f"multiplies {item.source.dtype} matrices; generated matmuls take float32, float16 or bfloat16")
+            raise NotFusible(f"multiplies {item.source.dtype} matrices; generated matmuls take float32, float16 or bfloat16")
         return self.library_operand(item, _readable_in_place, "multiplies")
 
     def library_operand(self, item: Any, readable: Callable[[Leaf], bool], verb: str) -> Leaf:
@@ -314,7 +277,7 @@ class _GroupBuilder:
         if isinstance(item, Leaf):
             item = Value(Load(item, item.shape), item.shape, item.source.dtype, ("copy",))
         if not isinstance(item, Value):
-            raise _NotFusible(f"{verb} the result of an unsupported op")
+            raise NotFusible(f"{verb} the result of an unsupported op")
         return self.materialise(item)
 
     def settle(self, item: Any, reader: str | None = None) -> Any:
@@ -360,7 +323,7 @@ class _GroupBuilder:
             return self._materialised[value]
         try:
             group = self._group_of(value)
-        except _NotFusible as err:
+        except NotFusible as err:
             self.unsupported_ops.append(Unsupported(value.ops[-1] if value.ops else "forward", str(err)))
             return Leaf.whole(Source("unsupported", f"value{len(self._materialised)}", value.shape, value.dtype))
         self.groups.append(group)
@@ -370,14 +333,14 @@ class _GroupBuilder:
 
     def _group_of(self, value: Value) -> Group:
         if value.dtype not in KERNEL_DTYPES:
-            raise _NotFusible(f"writes {value.dtype} values")
+            raise NotFusible(f"writes {value.dtype} values")
         row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
         if len({node.space for node in row_nodes}) > 1:
-            raise _NotFusible("reductions over rows of different shapes in one expression")
+            raise NotFusible("reductions over rows of different shapes in one expression")
         row_dims, inner_dims = 1, 0
         if row_nodes:
             if not _fits_rows(value.shape, value.rows, row_nodes[0]):
-                raise _NotFusible("a row reduction broadcast to a different shape")
+                raise NotFusible("a row reduction broadcast to a different shape")
             shape, row_dims, inner_dims = row_nodes[0].space
             kind = "column" if inner_dims else "row"
             per_row = value.rows or inner_dims > 0 or not _splits(value.shape, shape)
@@ -386,9 +349,9 @@ class _GroupBuilder:
         output = Source("group", f"g{len(self.groups)}", value.shape, value.dtype)
         group = Group(output.name, kind, list(value.ops), [], output, shape, value.expr, per_row=per_row,
                       row_dims=row_dims, inner_dims=inner_dims)  # fmt: skip
-        _resolve_accesses(group)
+        resolve_accesses(group)
         if not group.tensors:
-            raise _NotFusible("an output that reads no tensor")
+            raise NotFusible("an output that reads no tensor")
         return group
 
 
@@ -417,7 +380,7 @@ def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict, faithful: 
     matmul = pending.matmul
     value = node.meta.get("val")
     shape = tuple(getattr(value, "shape", ()))
-    if pending.users != 1 or _dtype_name(getattr(value, "dtype", None)) != matmul.dtype:
+    if pending.users != 1 or dtype_name(getattr(value, "dtype", None)) != matmul.dtype:
         return None
     if name in _RESHAPES:
         if shape[-1:] != matmul.shape[-1:]:
@@ -457,7 +420,7 @@ def _with_addend(matmul: Matmul, addend: Any) -> Matmul | None:
         return None
     try:
         strides = _broadcast_strides(addend.shape, addend.strides, matmul.shape)
-    except _NotFusible:
+    except NotFusible:
         return None
     if strides == contiguous_strides(matmul.shape) and matmul.residual is None:
         return replace(matmul, residual=addend)
@@ -475,36 +438,25 @@ def _readable_in_place(leaf: Leaf) -> bool:
     return (leaf.offset * item_size) % MATMUL_ALIGNMENT == 0
 
 
-def matrix_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bool, int] | None:
-    """(transposed, leading dimension) of a rows x cols view: row-major when its columns are adjacent (leading
-    dimension: its row stride), transposed when its rows are; None when neither is."""
-    rows, cols = shape
-    if (cols == 1 or strides[1] == 1) and (rows == 1 or strides[0] >= cols):
-        return False, strides[0] if rows > 1 else cols
-    if (rows == 1 or strides[0] == 1) and (cols == 1 or strides[1] >= rows):
-        return True, strides[1] if cols > 1 else rows
-    return None
-
-
 def _is_plain_view(leaf: Leaf) -> bool:
     """True for a group output, or a reshape of one that needs no copy."""
     return leaf.source.kind == "group" and leaf.offset == 0 and leaf.strides == contiguous_strides(leaf.shape)
 
 
-class _NotFusible(Exception):
+class NotFusible(Exception):
     """An op whose arguments cannot be folded into one kernel; the message says why."""
 
 
 class _Ops:
     """Builds the Value of one fusible aten node, or returns None when there is no template for it."""
 
-    def __init__(self, builder: _GroupBuilder, node: Any, args: list, kwargs: dict):
+    def __init__(self, builder: GroupBuilder, node: Any, args: list, kwargs: dict):
         self.builder, self.node, self.args, self.kwargs = builder, node, args, kwargs
         value = node.meta.get("val")
         if isinstance(value, (tuple, list)):  # native_layer_norm, native_group_norm: (output, mean, rstd)
             value = value[0]
         self.shape = tuple(value.shape) if hasattr(value, "shape") else ()
-        self.dtype = _dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
+        self.dtype = dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
 
     def build(self, name: str) -> Value | tuple | None:
         if name in _IN_PLACE:
@@ -521,7 +473,7 @@ class _Ops:
         if special is not None:
             op, operands = special(self.args, self.kwargs)
             return self.elementwise(op, operands)
-        if name in C_OPS and name not in _INTERNAL_OPS:
+        if name in C_OPS and name not in INTERNAL_OPS:
             return self.elementwise(name, self.args)
         return None
 
@@ -530,7 +482,7 @@ class _Ops:
         with label smoothing zeroes ignored rows with masked_fill_): the same value when nothing else reads the
         overwritten tensor, which then exists only in the kernel."""
         if not isinstance(self.args[0], Value) or len(self.node.args[0].users) != 1:
-            raise _NotFusible(f"{name} overwrites a tensor that is read elsewhere or is not computed in forward")
+            raise NotFusible(f"{name} overwrites a tensor that is read elsewhere or is not computed in forward")
         return _IN_PLACE[name]
 
     # --------------------------------------------------------------------------------- elementwise
@@ -538,7 +490,7 @@ class _Ops:
     def elementwise(self, op: str, operands: list) -> Value:
         """`op` applied to `operands` (Leaves, Values, numbers), broadcast to this node's shape."""
         if self.dtype not in KERNEL_DTYPES:
-            raise _NotFusible(f"computes {self.dtype} values")
+            raise NotFusible(f"computes {self.dtype} values")
         operands = self._separate_row_groups(operands)
         rows = any(isinstance(item, Value) and item.rows for item in operands)
         exprs = tuple(self._expr(item, rows) for item in operands)
@@ -569,16 +521,16 @@ class _Ops:
                 return item.expr
             if rows and not walk_reduces(item.expr):
                 return _to_rows(item.expr)
-            raise _NotFusible("mixes a keepdim=False reduction with full rows")
+            raise NotFusible("mixes a keepdim=False reduction with full rows")
         if isinstance(item, bool) or isinstance(item, (int, float)):
             return Const(float(item))
         if item is None:
-            raise _NotFusible("an argument is the result of an unsupported op")
-        raise _NotFusible(f"an argument of type {type(item).__name__}")
+            raise NotFusible("an argument is the result of an unsupported op")
+        raise NotFusible(f"an argument of type {type(item).__name__}")
 
     def _check_dtype(self, dtype: str) -> None:
         if dtype not in KERNEL_DTYPES + READ_ONLY_DTYPES:
-            raise _NotFusible(f"reads a {dtype} tensor")
+            raise NotFusible(f"reads a {dtype} tensor")
 
     def _constant(self, name: str) -> Value:
         value = {"ones_like": 1.0, "zeros_like": 0.0, "ones": 1.0, "zeros": 0.0}.get(name)
@@ -596,9 +548,9 @@ class _Ops:
             item = self.builder.materialise(item)
         expr, shape, ops = self._reduced_expr(item)
         if not shape:
-            raise _NotFusible("reduces a 0-d tensor")
+            raise NotFusible("reduces a 0-d tensor")
         if not 0 < shape[-1] < 2**31:  # columns are 32-bit in the kernels
-            raise _NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
+            raise NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
         return expr, shape, ops
 
     def _reduced_expr(self, item: Any) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
@@ -608,13 +560,13 @@ class _Ops:
             return Load(item, item.shape), item.shape, ()
         if isinstance(item, Value):
             return item.expr, item.shape, item.ops
-        raise _NotFusible("reduces the result of an unsupported op")
+        raise NotFusible("reduces the result of an unsupported op")
 
     def last_dim_only(self, dims: Any, ndim: int) -> None:
         """Raise unless `dims` names exactly the last dimension."""
         if _normalised_dims(dims, ndim) != [ndim - 1]:
             shown = ", ".join(str(d) for d in ([dims] if isinstance(dims, int) else dims or range(ndim)))
-            raise _NotFusible(f"reduces dim {shown}; only last-dimension reductions are generated")
+            raise NotFusible(f"reduces dim {shown}; only last-dimension reductions are generated")
 
     def reduced_input(self, dims: Any, kind: str) -> tuple[Expr, tuple[int, ...], tuple[str, ...], int, int]:
         """The argument of a `kind` reduction over `dims` as an expression, with its shape and ops, and how many
@@ -626,7 +578,7 @@ class _Ops:
             expr, shape, ops = self.row_input()
             return expr, shape, ops, 1, 0
         if len(reduced) == ndim:  # sums, means, max and min over every dim are split by `whole_reduction`
-            raise _NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max "
+            raise NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max "
                               "and min only; write a norm as x.abs().sum() or x.pow(2).sum().sqrt()")  # fmt: skip
         _check_column_dims(reduced, ndim, kind)
         expr, shape, ops = self.column_input()
@@ -640,7 +592,7 @@ class _Ops:
             item = self.builder.materialise(item)
         expr, shape, ops = self._reduced_expr(item)
         if 0 in shape:
-            raise _NotFusible("reduces an empty tensor")
+            raise NotFusible("reduces an empty tensor")
         return expr, shape, ops
 
     def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
@@ -674,7 +626,7 @@ class _Ops:
                    inner: int = 0) -> Value:  # fmt: skip
         op = f"aten.{_op_name(self.node.target)}"
         if self.dtype not in KERNEL_DTYPES and not self._counts_true_values():
-            raise _NotFusible(f"computes {self.dtype} values")
+            raise NotFusible(f"computes {self.dtype} values")
         return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
 
     def _counts_true_values(self) -> bool:
@@ -691,7 +643,7 @@ def fuses_elementwise(name: str | None) -> bool:
     """True when `_Ops` folds the op `name` into an expression (elementwise ops and row reductions)."""
     if name is None:
         return False
-    elementwise = name in _SPECIAL_ELEMENTWISE or (name in C_OPS and name not in _INTERNAL_OPS)
+    elementwise = name in _SPECIAL_ELEMENTWISE or (name in C_OPS and name not in INTERNAL_OPS)
     return elementwise or name in _ALIASES or name in _REDUCTIONS or name == "_to_copy"
 
 
@@ -715,7 +667,7 @@ def _max_or_min(o: _Ops, kind: str) -> Value | tuple:
     if not isinstance(o.args[1], int):
         return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
     if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
-        raise _NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
+        raise NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
     return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
 
 
@@ -724,7 +676,7 @@ def _vector_norm(o: _Ops) -> Value:
     dims, keepdim = _arg(o, 2, "dim", None), _arg(o, 3, "keepdim", False)
     kind = "max" if math.isinf(order) and order > 0 else "sum"
     if order not in (1.0, 2.0) and kind != "max":
-        raise _NotFusible(f"a vector norm of order {order:g}")
+        raise NotFusible(f"a vector norm of order {order:g}")
     expr, shape, ops, reduced, inner = o.reduced_input(dims, kind)
     if order == 2.0:
         norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape, reduced, inner), "sum"),))
@@ -771,7 +723,7 @@ def _layer_norm(o: _Ops) -> tuple:
     _, normalized_shape, weight, bias, eps = o.args
     expr, shape, ops = o.row_input()
     if len(normalized_shape) != 1:
-        raise _NotFusible("normalises over more than the last dimension")
+        raise NotFusible("normalises over more than the last dimension")
     stat = Reduce("welford", expr, shape)
     mean = Field(stat, "mean")
     rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(shape[-1])))), Const(float(eps)))),))
@@ -798,7 +750,7 @@ def _group_norm(o: _Ops) -> tuple:
     rows_shape = (batch, groups, channels // groups) + spatial  # splits C of (N, C, *spatial) into (G, C/G)
     length = math.prod(rows_shape[2:])
     if not 0 < length < 2**31:  # columns are 32-bit in the kernels
-        raise _NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
+        raise NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
     stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
     mean = Field(stat, "mean")
     rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
@@ -810,8 +762,8 @@ def _group_norm(o: _Ops) -> tuple:
     _, mean_meta, rstd_meta = o.node.meta["val"]
     return (
         Value(result, shape, o.dtype, ops + (op,)),
-        Value(mean, (batch, groups), _dtype_name(mean_meta.dtype), ops + (op,), rows=True),
-        Value(rstd, (batch, groups), _dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
+        Value(mean, (batch, groups), dtype_name(mean_meta.dtype), ops + (op,), rows=True),
+        Value(rstd, (batch, groups), dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
     )
 
 
@@ -819,7 +771,7 @@ def _per_channel(o: _Ops, operand: Any, spatial_dims: int) -> Expr:
     """A (C,) weight or bias as an expression over (N, C, *spatial): viewed as (C, 1, ...) to broadcast."""
     leaf = o.builder.materialise(operand) if isinstance(operand, Value) else operand
     if not isinstance(leaf, Leaf):
-        raise _NotFusible("an affine parameter is the result of an unsupported op")
+        raise NotFusible("an affine parameter is the result of an unsupported op")
     padding = (1,) * spatial_dims
     return o._expr(Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset), False)
 
@@ -838,13 +790,13 @@ def _nll_loss(o: _Ops) -> tuple[Value, Value]:
     _, target, weight, reduction, ignore_index = o.args
     log_probs, shape, ops = o.row_input()
     if len(shape) != 2:
-        raise _NotFusible(f"a {len(shape)}-d input; only (batch, classes) log-probabilities are generated")
+        raise NotFusible(f"a {len(shape)}-d input; only (batch, classes) log-probabilities are generated")
     if not (isinstance(target, Leaf) and target.source.dtype == "int64"):
-        raise _NotFusible("targets that are not an int64 tensor read from memory")
+        raise NotFusible("targets that are not an int64 tensor read from memory")
     if weight is not None and not isinstance(weight, Leaf):
-        raise _NotFusible("class weights computed in forward")
+        raise NotFusible("class weights computed in forward")
     if max(abs(ignore_index), shape[-1]) >= 2**24:
-        raise _NotFusible("an ignore_index or class count of 2^24 or more (targets are counted as floats)")
+        raise NotFusible("an ignore_index or class count of 2^24 or more (targets are counted as floats)")
     op = f"aten.{_op_name(o.node.target)}"
     rows = shape[:-1]
     index = Load(target, rows, rows=True)
@@ -870,12 +822,12 @@ def _gather(o: _Ops) -> Value:
     _, dim, index = o.args[:3]
     values, shape, ops = o.row_input()
     if dim % len(shape) != len(shape) - 1:
-        raise _NotFusible(f"gathers along dim {dim}; only gathers along the last dimension are generated")
+        raise NotFusible(f"gathers along dim {dim}; only gathers along the last dimension are generated")
     if not (isinstance(index, Leaf) and index.source.dtype == "int64"):
-        raise _NotFusible("an index that is not an int64 tensor read from memory")
+        raise NotFusible("an index that is not an int64 tensor read from memory")
     rows = shape[:-1]
     if index.shape != rows + (1,):
-        raise _NotFusible(f"a {list(index.shape)} index into {list(shape)}; only one column per row, an index "
+        raise NotFusible(f"a {list(index.shape)} index into {list(shape)}; only one column per row, an index "
                           f"shaped {list(rows + (1,))}, is generated")  # fmt: skip
     op = f"aten.{_op_name(o.node.target)}"
     return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
@@ -898,11 +850,11 @@ def _check_column_dims(reduced: list[int], ndim: int, kind: str) -> None:
     shown = ", ".join(map(str, reduced))
     adjacent = reduced == list(range(reduced[0], reduced[-1] + 1))
     if reduced[-1] == ndim - 1 or not adjacent:
-        raise _NotFusible(f"reduces dims {shown} of a {ndim}-d tensor: generated reductions run over the last dim "
+        raise NotFusible(f"reduces dims {shown} of a {ndim}-d tensor: generated reductions run over the last dim "
                           "alone or over adjacent dims before it; permute the input so that the reduced dims are "
                           "adjacent")  # fmt: skip
     if kind not in COLUMN_STATS:
-        raise _NotFusible(f"a variance over dim {shown}, which is not the last; column reductions generate sums, "
+        raise NotFusible(f"a variance over dim {shown}, which is not the last; column reductions generate sums, "
                           "means, norms, max and min only")  # fmt: skip
 
 
@@ -967,7 +919,7 @@ def _clamp(args: list, kwargs: dict) -> tuple[str, list]:
 
 def _div(args: list, kwargs: dict) -> tuple[str, list]:
     if kwargs.get("rounding_mode") is not None:
-        raise _NotFusible(f"division with rounding_mode={kwargs['rounding_mode']!r}")
+        raise NotFusible(f"division with rounding_mode={kwargs['rounding_mode']!r}")
     return "div", args[:2]
 
 
@@ -999,7 +951,7 @@ def _cast_op(dtype: Any) -> str:
 # ------------------------------------------------------------------------------------ access strides
 
 
-def _resolve_accesses(group: Group) -> None:
+def resolve_accesses(group: Group) -> None:
     """Give each distinct tensor view the group loads its strides over the group's iteration shape."""
     accesses: dict[Access, int] = {}
     for node in walk(group.expr):
@@ -1008,13 +960,13 @@ def _resolve_accesses(group: Group) -> None:
         source = node.leaf.source
         if source not in group.tensors:
             group.tensors.append(source)
-        strides, offset = _strides_in(node, group.shape, group.inner_dims)
+        strides, offset = strides_in(node, group.shape, group.inner_dims)
         access = Access(group.tensors.index(source), strides, offset)
         group.loads[node] = accesses.setdefault(access, len(accesses))
     group.accesses = list(accesses)
 
 
-def _strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
+def strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
     """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`,
     which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W)).
 
@@ -1057,7 +1009,7 @@ def _splits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
     """Strides of a (shape, strides) view broadcast, numpy-style, to `target`."""
     if len(shape) > len(target):
-        raise _NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
+        raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
     padding = len(target) - len(shape)
     result = [0] * padding
     for size, stride, wanted in zip(shape, strides, target[padding:]):
@@ -1066,7 +1018,7 @@ def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target:
         elif size == 1:
             result.append(0)
         else:
-            raise _NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
+            raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
     return tuple(result)
 
 
@@ -1129,7 +1081,7 @@ def _op_name(target: Any) -> str:
     return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
 
 
-def _dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 

@@ -17,15 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.analysis import C_OPS, MATMUL_ALIGNMENT, matrix_strides
+from kernelpilot.policy.c_ops import C_OPS
 from kernelpilot.policy.ir import (
+    EPILOGUE_ACTIVATIONS,
+    MATMUL_ALIGNMENT,
     STAT_FIELDS,
     Analysis,
     Call,
     Const,
     Expr,
     Field,
-    EPILOGUE_ACTIVATIONS,
     Gather,
     Group,
     Leaf,
@@ -33,6 +34,7 @@ from kernelpilot.policy.ir import (
     Reduce,
     Source,
     Stack,
+    matrix_strides,
     walk,
 )
 from kernelpilot.resources import template_environment
@@ -236,7 +238,7 @@ class _Layout:
         return self.along_row(index) and self.strides[index][-1] == 0
 
 
-def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Drop size-1 dims and merge neighbours that every access walks as one dim (fewer divisions per index)."""
     keep = [d for d, size in enumerate(shape) if size != 1]
     merged_shape: list[int] = []
@@ -254,17 +256,17 @@ def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple
     return tuple(merged_shape), [tuple(m) for m in merged]
 
 
-def _vector_width(dtypes: list[str]) -> int:
+def vector_width(dtypes: list[str]) -> int:
     return VECTOR_BYTES // max(ITEM_SIZES[dtype] for dtype in dtypes)
 
 
 def elementwise_layout(group: Group) -> _Layout:
-    shape, strides = _merge_dims(group.shape, [a.strides for a in group.accesses])
+    shape, strides = merge_dims(group.shape, [a.strides for a in group.accesses])
     if not shape:  # a single element
         shape, strides = (1,), [(0,) for _ in strides]
     offsets = [a.offset for a in group.accesses]
     vector = [i for i, s in enumerate(strides) if s[-1] == 1]
-    vec = _vector_width([group.tensors[group.accesses[i].tensor].dtype for i in vector] + [group.output.dtype])
+    vec = vector_width([group.tensors[group.accesses[i].tensor].dtype for i in vector] + [group.output.dtype])
     fits = (
         all(s[-1] in (0, 1) for s in strides)
         and (len(shape) == 1 or shape[-1] % vec == 0)
@@ -275,8 +277,8 @@ def elementwise_layout(group: Group) -> _Layout:
 
 def row_layout(group: Group) -> _Layout:
     split = len(group.shape) - group.row_dims
-    outer, outer_strides = _merge_dims(group.shape[:split], [a.strides[:split] for a in group.accesses])
-    row, row_strides = _merge_dims(group.shape[split:], [a.strides[split:] for a in group.accesses])
+    outer, outer_strides = merge_dims(group.shape[:split], [a.strides[:split] for a in group.accesses])
+    row, row_strides = merge_dims(group.shape[split:], [a.strides[split:] for a in group.accesses])
     if not row:  # rows of one element
         row, row_strides = (1,), [(0,) for _ in group.accesses]
     strides = [o + r for o, r in zip(outer_strides, row_strides)]
@@ -286,7 +288,7 @@ def row_layout(group: Group) -> _Layout:
     vectors = [i for i in element if not layout.vector_broadcast(i)]
     dtypes = [group.tensors[group.accesses[i].tensor].dtype for i in vectors]
     dtypes += [] if group.per_row else [group.output.dtype]
-    vec = _vector_width(dtypes) if dtypes else 1
+    vec = vector_width(dtypes) if dtypes else 1
     fits = (
         row[-1] % vec == 0
         and all(strides[i][-1] in (0, 1) for i in element)
@@ -299,7 +301,7 @@ def row_layout(group: Group) -> _Layout:
 def column_terms(layout: _Layout, index: int) -> list[dict[str, Any]]:
     """Offset terms of access `index` for a column (a flat index over the row dims), its own dims merged."""
     row = layout.shape[len(layout.shape) - layout.row_dims :]
-    sizes, (strides,) = _merge_dims(row, [layout.strides[index][len(layout.shape) - layout.row_dims :]])
+    sizes, (strides,) = merge_dims(row, [layout.strides[index][len(layout.shape) - layout.row_dims :]])
     return index_terms(sizes, strides)
 
 
@@ -338,7 +340,7 @@ def launch_candidates(group: Group) -> list[KernelConfig]:
     layout = row_layout(group)
     vectors = group.row_length // layout.vec
     # About four vectors per thread; a warp-sized or smaller team for short rows, a whole block for long ones.
-    preferred = min(1024, max(4, _next_power_of_two(math.ceil(vectors / 4))))
+    preferred = min(1024, max(4, next_power_of_two(math.ceil(vectors / 4))))
     if not group.reduces():
         preferred = 32  # no statistics: a row is read at its gathered column only, by one thread
 
@@ -408,7 +410,7 @@ def _shared_config(group: Group, layout: _Layout) -> LaunchConfig | None:
         span = _span(group.row_length, blocks, layout.vec)
         if (blocks - 1) * span < group.row_length and span * 4 * len(cached) <= SHARED_CACHE_BYTES:
             # About eight vectors per thread: enough loads in flight, few enough threads to stay busy.
-            threads = min(1024, max(32, _next_power_of_two(math.ceil(span // layout.vec / 8))))
+            threads = min(1024, max(32, next_power_of_two(math.ceil(span // layout.vec / 8))))
             return LaunchConfig(threads, 4, 1, shared_blocks=blocks)
         blocks *= 2
     return None
@@ -435,7 +437,7 @@ def _passes(group: Group, layout: _Layout) -> dict[int, int]:
     return counts
 
 
-def _next_power_of_two(n: int) -> int:
+def next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -453,7 +455,7 @@ GATHER_C = {
 GatheredLoad = Callable[[Load, str, str], "str | None"]
 
 
-class _Emitter:
+class Emitter:
     """Writes expressions as `const float` statements, each distinct node once.
 
     `gathered` renders the loads of a Gather's value (row kernels only, where the row pointers exist).
@@ -489,13 +491,13 @@ class _Emitter:
         column = f"c{next(self.counter)}"
         self.lines.append(GATHER_C["column"].format(name=column, index=index))
         names = dict(self.names)
-        for load in _element_loads(gather.value):
+        for load in element_loads(gather.value):
             name = f"g{next(self.counter)}"
             statement = self.gathered(load, name, column)
             if statement is not None:
                 self.lines.append(statement)
                 names[load] = name
-        value = _Emitter(names, self.counter, self.gathered, self.lines).value(gather.value)
+        value = Emitter(names, self.counter, self.gathered, self.lines).value(gather.value)
         if gather.ignore is None:
             self.names[gather] = value
             return value
@@ -514,7 +516,7 @@ def _literal(value: float) -> str:
     return f"({text})" if value < 0 else text
 
 
-def _element_loads(expr: Expr) -> list[Load]:
+def element_loads(expr: Expr) -> list[Load]:
     """Loads an expression reads per element: not those inside row statistics (read by their own pass)."""
     found: dict[Load, None] = {}
 
@@ -631,13 +633,13 @@ def render_all(problem: Problem, analysis: Analysis, configs: dict[str, KernelCo
 # ---------------------------------------------------------------------------------- kernel contexts
 
 
-def _tensor_context(group: Group, vector_tensors: set[int]) -> list[dict[str, Any]]:
+def tensor_context(group: Group, vector_tensors: set[int]) -> list[dict[str, Any]]:
     return [
         {"index": i, "ctype": CTYPES[t.dtype], "vector": i in vector_tensors} for i, t in enumerate(group.tensors)
     ]
 
 
-def _dtype_context(group: Group, integer_reads: frozenset[int] = frozenset()) -> dict[str, Any]:
+def dtype_context(group: Group, integer_reads: frozenset[int] = frozenset()) -> dict[str, Any]:
     """The dtypes a kernel converts from and to, so it defines only those conversions. `integer_reads` are the
     tensors it only reads as integers (class targets), which need no conversion."""
     dtypes = {t.dtype for i, t in enumerate(group.tensors) if i not in integer_reads}
@@ -647,7 +649,7 @@ def _dtype_context(group: Group, integer_reads: frozenset[int] = frozenset()) ->
 def _access_comment(group: Group, index: int, layout: _Layout, space: str) -> str:
     source = group.tensors[group.accesses[index].tensor]
     strides = ", ".join(map(str, layout.strides[index]))
-    return f"Access {index}: {_describe_source(source)}, element strides ({strides}) over {space}"
+    return f"Access {index}: {describe_source(source)}, element strides ({strides}) over {space}"
 
 
 def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
@@ -667,7 +669,7 @@ def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "comment": _access_comment(group, i, layout, "x".join(map(str, layout.shape))),
             }
         )
-    emitter = _Emitter({load: f"e{index}" for load, index in group.loads.items()}, itertools.count())
+    emitter = Emitter({load: f"e{index}" for load, index in group.loads.items()}, itertools.count())
     result = emitter.value(group.expr)
     vector_tensors = {a["tensor"] for a in accesses if not a["broadcast"]} if layout.vec > 1 else set()
     return {
@@ -681,16 +683,16 @@ def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "result": result,
         "kernel": f"{kernel_stem(group)}_kernel",
         "launcher": launcher_name(group),
-        "tensors": _tensor_context(group, vector_tensors),
+        "tensors": tensor_context(group, vector_tensors),
         "out_ctype": CTYPES[group.output.dtype],
-        **_dtype_context(group),
+        **dtype_context(group),
     }
 
 
 def _stat_accesses(group: Group, layout: _Layout) -> list[int]:
     """Element accesses (those varying along the row) that some row statistic reads."""
     indices = {group.loads[load] for reduce in group.reduces() for operand in reduce.operands
-               for load in _element_loads(operand)}  # fmt: skip
+               for load in element_loads(operand)}  # fmt: skip
     return sorted(i for i in indices if layout.along_row(i))
 
 
@@ -753,12 +755,12 @@ def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "per_row": group.per_row,
         "kernel": f"{kernel_stem(group)}_kernel",
         "launcher": launcher_name(group),
-        "tensors": _tensor_context(group, vector_tensors),
+        "tensors": tensor_context(group, vector_tensors),
         "out_ctype": CTYPES[group.output.dtype],
         "stat_kinds": {reduce.kind for reduce in group.reduces()},
         "gathers": any(isinstance(node, Gather) for node in walk(group.expr)),
         "kept_in_l2": any(a["kept_in_l2"] for a in element),
-        **_dtype_context(group, _integer_reads(accesses)),
+        **dtype_context(group, _integer_reads(accesses)),
     }
 
 
@@ -830,7 +832,7 @@ def _lt_operand(leaf: Leaf, role: str, tensor: int) -> dict[str, Any]:
         "cols": stored[1],
         "ld": leading,
         "batch_stride": leaf.strides[0] if len(leaf.shape) == 3 else 0,
-        "comment": f"our {role}, {_describe_source(leaf.source)}, {rows}x{cols} with strides "
+        "comment": f"our {role}, {describe_source(leaf.source)}, {rows}x{cols} with strides "
         f"({', '.join(map(str, leaf.strides))}): column-major {stored[0]}x{stored[1]}, {how}",
     }
 
@@ -855,7 +857,7 @@ class _RowProgram:
         for reduce, name in self.stat_names.items():
             for field_name in STAT_FIELDS[reduce.kind]:
                 row_names[Field(reduce, field_name)] = f"{name}_{field_name}"
-        self.row = _Emitter(row_names, self.counter, self._gathered_load)
+        self.row = Emitter(row_names, self.counter, self._gathered_load)
         self._invariant: dict[Expr, bool] = {}
         levels = self._levels(reduces)
         count = max(levels.values(), default=-1) + 1  # none for a row read only at gathered columns
@@ -895,11 +897,11 @@ class _RowProgram:
             for arg in expr.args:
                 self._hoist(arg)
 
-    def _element_emitter(self, roots: list[Expr]) -> tuple[_Emitter, list[int]]:
-        loads = sorted({self.group.loads[load] for root in roots for load in _element_loads(root)} & self.element_accesses)
+    def _element_emitter(self, roots: list[Expr]) -> tuple[Emitter, list[int]]:
+        loads = sorted({self.group.loads[load] for root in roots for load in element_loads(root)} & self.element_accesses)
         names = dict(self.row.names)
         names.update({load: f"e{index}" for load, index in self.group.loads.items() if index in loads})
-        return _Emitter(names, self.counter), loads
+        return Emitter(names, self.counter), loads
 
     def _level(self, index: int, reduces: list[Reduce]) -> dict[str, Any]:
         start = len(self.row.lines)
@@ -981,7 +983,7 @@ def _returned_source(leaf: Leaf) -> str:
     return f"{name}.view({', '.join(map(str, leaf.shape))}{',' if len(leaf.shape) == 1 else ''})"
 
 
-def _describe_source(source: Source) -> str:
+def describe_source(source: Source) -> str:
     kind = {"input": "forward argument", "parameter": "parameter", "group": "result of"}.get(source.kind, source.kind)
     return f"{kind} {source.name} ({source.dtype}, {'x'.join(map(str, source.shape)) or 'scalar'})"
 

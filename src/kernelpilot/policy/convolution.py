@@ -27,12 +27,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.analysis import MATMUL_DTYPES, _dtype_name, _NotFusible
-from kernelpilot.policy.ir import Call, Conv, Leaf, Load, Value, contiguous_strides
+from kernelpilot.policy.analysis import MATMUL_DTYPES, NotFusible, dtype_name
 from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, ConvConfig, launcher_name
+from kernelpilot.policy.ir import Call, Conv, Leaf, Load, Value, contiguous_strides
 
 if TYPE_CHECKING:
-    from kernelpilot.policy.analysis import _GroupBuilder
+    from kernelpilot.policy.analysis import GroupBuilder
     from kernelpilot.policy.ir import Group
 
 # Operand dtypes cuDNN convolves here, as cuBLASLt multiplies (float32 accumulation in every case).
@@ -55,29 +55,29 @@ class PendingConv:
 # ------------------------------------------------------------------------------------------ analysis
 
 
-def convolution(builder: _GroupBuilder, node: Any, args: list) -> PendingConv:
+def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv:
     """aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)."""
     source, weight, bias, stride, padding, dilation, transposed, _, groups = args
     if transposed:
-        raise _NotFusible("a transposed convolution; only forward convolutions are generated (through cuDNN)")
+        raise NotFusible("a transposed convolution; only forward convolutions are generated (through cuDNN)")
     value = node.meta["val"]
-    dtype = _dtype_name(value.dtype)
+    dtype = dtype_name(value.dtype)
     if dtype not in CONV_DTYPES:
-        raise _NotFusible(f"convolves {dtype} tensors; generated convolutions take float32, float16 or bfloat16")
+        raise NotFusible(f"convolves {dtype} tensors; generated convolutions take float32, float16 or bfloat16")
     if not 3 <= value.dim() <= 5:
-        raise _NotFusible(f"a convolution over {value.dim() - 2} spatial dims; cuDNN convolutions here take 1 to 3")
+        raise NotFusible(f"a convolution over {value.dim() - 2} spatial dims; cuDNN convolutions here take 1 to 3")
     if 0 in value.shape or 0 in getattr(source, "shape", ()):
-        raise _NotFusible("convolves an empty tensor")
+        raise NotFusible("convolves an empty tensor")
     operands = [_operand(builder, item, dtype) if item is not None else None for item in (source, weight, bias)]
     conv = Conv(*operands[:2], tuple(value.shape), dtype, ("aten.convolution",), tuple(stride), tuple(padding),
                 tuple(dilation), int(groups), bias=operands[2])  # fmt: skip
     return PendingConv(conv, len(node.users))
 
 
-def _operand(builder: _GroupBuilder, item: Any, dtype: str) -> Leaf:
+def _operand(builder: GroupBuilder, item: Any, dtype: str) -> Leaf:
     """An operand cuDNN can read in place (contiguous, aligned); a computed value or another view is copied."""
     if isinstance(item, Leaf) and item.source.dtype != dtype:
-        raise _NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
+        raise NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
     return builder.library_operand(item, _readable_in_place, "convolves")
 
 
@@ -96,12 +96,12 @@ def fold_into_conv(node: Any, name: str, args: list) -> PendingConv | None:
     value = node.meta.get("val")
     if name != "relu" or pending.users != 1 or conv.bias is None or conv.activation is not None:
         return None
-    if _dtype_name(getattr(value, "dtype", None)) != conv.dtype:
+    if dtype_name(getattr(value, "dtype", None)) != conv.dtype:
         return None
     return PendingConv(replace(conv, activation="relu", ops=conv.ops + ("aten.relu",)), len(node.users))
 
 
-def settle_conv(builder: _GroupBuilder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
+def settle_conv(builder: GroupBuilder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
     """The convolution's output; a folded ReLU read by an op that is fused into an elementwise or row kernel
     anyway goes to that kernel (relu(Load(conv))), so cuDNN may run any algorithm (see the module docstring)."""
     conv = pending.conv

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Union
 if TYPE_CHECKING:
     import torch
 
+# Activations cuBLASLt's epilogue computes exactly as torch does (its GELU is the tanh approximation).
 EPILOGUE_ACTIVATIONS = {"relu": "ReLU", "gelu_tanh": "GELU (tanh)"}
+# Byte alignment the generated matmuls ask cuBLASLt's algorithms for; an operand view off it is copied first.
+MATMUL_ALIGNMENT = 16
 
 
 # ------------------------------------------------------------------------------------------- tensors
@@ -428,3 +431,14 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(running)
         running *= max(size, 1)
     return tuple(reversed(strides))
+
+
+def matrix_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols view: row-major when its columns are adjacent (leading
+    dimension: its row stride), transposed when its rows are; None when neither is."""
+    rows, cols = shape
+    if (cols == 1 or strides[1] == 1) and (rows == 1 or strides[0] >= cols):
+        return False, strides[0] if rows > 1 else cols
+    if (rows == 1 or strides[0] == 1) and (cols == 1 or strides[1] >= rows):
+        return True, strides[1] if cols > 1 else rows
+    return None
