@@ -41,10 +41,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
+from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv, settle_conv
+from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
-    Access, Analysis, Call, Conv, Const, Expr, Field, Gather, Group, Leaf, Load, Matmul, Reduce, Source, Unsupported,
-    Value, MATMUL_ALIGNMENT, contiguous_strides, matrix_strides, walk, walk_reduces,
+    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Field, Gather, Group, Leaf, Load, Matmul,
+    NotFusible, Reduce, Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, walk, walk_reduces,
 )  # fmt: skip
+from kernelpilot.policy.merge import merge_row_outputs
+from kernelpilot.policy.strides import broadcast_strides, resolve_accesses, splits
 
 if TYPE_CHECKING:
     import torch
@@ -57,9 +61,8 @@ KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
 # torch's `.float()` does (exact below 2^24).
 READ_ONLY_DTYPES = ("int64",)
 LIBRARY_OPS = frozenset({"baddbmm", "addbmm", "matmul", "linear", "_convolution", "conv2d", "einsum"})
-# Matrix products run by cuBLASLt, on these operand dtypes (all computed in plain float32: no TF32, as torch).
+# Matrix products run by cuBLASLt (on MATMUL_DTYPES).
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
-MATMUL_DTYPES = ("float32", "float16", "bfloat16")
 # Output dtypes whose product eager rounds before the next op reads it, off by up to half an ulp (about 0.2% in
 # bf16): folding that op into the epilogue, which rounds once, differs by that much (`analyze(faithful=True)`).
 HALF_DTYPES = ("float16", "bfloat16")
@@ -84,8 +87,6 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     (a LoRA update on the H100: BENCHMARKS.md, run D)."""
     import torch
 
-    from kernelpilot.policy.expectation import fold_expectations
-    from kernelpilot.policy.merge import merge_row_outputs
 
     with torch.device("meta"):
         model = problem.make_model()
@@ -163,7 +164,6 @@ class GroupBuilder:
     # ---------------------------------------------------------------------------------- node kinds
 
     def visit(self, node: Any, env: dict) -> Any:
-        from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv
 
         if node.target is operator.getitem:
             return env[node.args[0]][node.args[1]]
@@ -284,7 +284,6 @@ class GroupBuilder:
         """A pending matmul or convolution as its output (the group is written now); anything else as it is.
 
         `reader` is the op reading it, if one does (see `settle_conv`)."""
-        from kernelpilot.policy.convolution import PendingConv, settle_conv
 
         if isinstance(item, PendingConv):
             return settle_conv(self, item, fuses_elementwise(reader))
@@ -343,7 +342,7 @@ class GroupBuilder:
                 raise NotFusible("a row reduction broadcast to a different shape")
             shape, row_dims, inner_dims = row_nodes[0].space
             kind = "column" if inner_dims else "row"
-            per_row = value.rows or inner_dims > 0 or not _splits(value.shape, shape)
+            per_row = value.rows or inner_dims > 0 or not splits(value.shape, shape)
         else:
             kind, shape, per_row = "elementwise", value.shape, False
         output = Source("group", f"g{len(self.groups)}", value.shape, value.dtype)
@@ -419,7 +418,7 @@ def _with_addend(matmul: Matmul, addend: Any) -> Matmul | None:
     if not isinstance(addend, Leaf) or addend.source.dtype != matmul.dtype or addend.offset != 0:
         return None
     try:
-        strides = _broadcast_strides(addend.shape, addend.strides, matmul.shape)
+        strides = broadcast_strides(addend.shape, addend.strides, matmul.shape)
     except NotFusible:
         return None
     if strides == contiguous_strides(matmul.shape) and matmul.residual is None:
@@ -441,10 +440,6 @@ def _readable_in_place(leaf: Leaf) -> bool:
 def _is_plain_view(leaf: Leaf) -> bool:
     """True for a group output, or a reshape of one that needs no copy."""
     return leaf.source.kind == "group" and leaf.offset == 0 and leaf.strides == contiguous_strides(leaf.shape)
-
-
-class NotFusible(Exception):
-    """An op whose arguments cannot be folded into one kernel; the message says why."""
 
 
 class _Ops:
@@ -948,80 +943,6 @@ def _cast_op(dtype: Any) -> str:
     return {torch.bfloat16: "to_bfloat16", torch.float16: "to_float16", torch.bool: "to_bool"}.get(dtype, "identity")
 
 
-# ------------------------------------------------------------------------------------ access strides
-
-
-def resolve_accesses(group: Group) -> None:
-    """Give each distinct tensor view the group loads its strides over the group's iteration shape."""
-    accesses: dict[Access, int] = {}
-    for node in walk(group.expr):
-        if not isinstance(node, Load):
-            continue
-        source = node.leaf.source
-        if source not in group.tensors:
-            group.tensors.append(source)
-        strides, offset = strides_in(node, group.shape, group.inner_dims)
-        access = Access(group.tensors.index(source), strides, offset)
-        group.loads[node] = accesses.setdefault(access, len(accesses))
-    group.accesses = list(accesses)
-
-
-def strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
-    """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`,
-    which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W)).
-
-    `inner`: how many trailing dims of `shape` follow the reduced dims (a column reduction's)."""
-    leaf = load.leaf
-    use_strides = _broadcast_strides(leaf.shape, leaf.strides, load.use_shape)
-    use_shape = load.use_shape
-    if load.rows:  # a keepdim=False result: its reduced dims come back as size-1 dims, before the inner ones
-        row_dims, at = len(shape) - len(use_shape), len(use_shape) - inner
-        use_shape = use_shape[:at] + (1,) * row_dims + use_shape[at:]
-        use_strides = use_strides[:at] + (0,) * row_dims + use_strides[at:]
-    split = _split_strides(use_shape, use_strides, shape) if math.prod(use_shape) == math.prod(shape) else None
-    return split if split is not None else _broadcast_strides(use_shape, use_strides, shape), leaf.offset
-
-
-def _split_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Strides over `target` of a (shape, strides) view when `target` only splits its dims into consecutive
-    factors (C into G, C/G; size-1 dims aside), or None when it does not."""
-    dims = iter([(size, stride) for size, stride in zip(shape, strides) if size != 1])
-    result: list[int] = []
-    remaining, stride = 1, 0
-    for size in target:
-        if size == 1:
-            result.append(0)
-            continue
-        if remaining == 1:
-            remaining, stride = next(dims, (1, 0))
-        if remaining % size:
-            return None
-        remaining //= size
-        result.append(stride * remaining)
-    return tuple(result) if remaining == 1 and next(dims, None) is None else None
-
-
-def _splits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """True when `target` is `shape` with some dims split into consecutive factors (or `shape` itself)."""
-    return _split_strides(shape, contiguous_strides(shape), target) is not None
-
-
-def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides of a (shape, strides) view broadcast, numpy-style, to `target`."""
-    if len(shape) > len(target):
-        raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
-    padding = len(target) - len(shape)
-    result = [0] * padding
-    for size, stride, wanted in zip(shape, strides, target[padding:]):
-        if size == wanted:
-            result.append(stride if size != 1 else 0)
-        elif size == 1:
-            result.append(0)
-        else:
-            raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
-    return tuple(result)
-
-
 # ------------------------------------------------------------------------------------------- helpers
 
 
@@ -1057,7 +978,7 @@ def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> b
     if rows:
         return shape == reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=False)
     kept = reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=True)
-    return shape == kept or (not reduce.inner and _splits(shape, reduce.shape))
+    return shape == kept or (not reduce.inner and splits(shape, reduce.shape))
 
 
 def _lookup(arg: Any, env: dict) -> Any:
@@ -1079,10 +1000,6 @@ def _arg(o: _Ops, position: int, name: str, default: Any) -> Any:
 def _op_name(target: Any) -> str:
     packet = getattr(target, "overloadpacket", None)
     return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
-
-
-def dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _unique(sources: Any) -> list[Source]:

@@ -27,9 +27,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.analysis import MATMUL_DTYPES, NotFusible, dtype_name
 from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, ConvConfig, launcher_name
-from kernelpilot.policy.ir import Call, Conv, Leaf, Load, Value, contiguous_strides
+from kernelpilot.policy.ir import MATMUL_DTYPES, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name
 
 if TYPE_CHECKING:
     from kernelpilot.policy.analysis import GroupBuilder

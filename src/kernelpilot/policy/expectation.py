@@ -29,8 +29,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kernelpilot.policy.analysis import resolve_accesses, strides_in
 from kernelpilot.policy.ir import Call, Const, Expr, Field, Gather, Group, Load, Reduce, rebuilt, walk
+from kernelpilot.policy.strides import resolve_accesses, strides_in
 
 # Statistics whose max and sum of exp(value - max) a softmax weight may read.
 _SOFTMAX_KINDS = ("online_softmax", "softmax_weighted")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     import torch
@@ -16,6 +16,16 @@ if TYPE_CHECKING:
 EPILOGUE_ACTIVATIONS = {"relu": "ReLU", "gelu_tanh": "GELU (tanh)"}
 # Byte alignment the generated matmuls ask cuBLASLt's algorithms for; an operand view off it is copied first.
 MATMUL_ALIGNMENT = 16
+# Matrix products run by cuBLASLt, on these operand dtypes (all computed in plain float32: no TF32, as torch).
+MATMUL_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class NotFusible(Exception):
+    """An op whose arguments cannot be folded into one kernel; the message says why."""
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # ------------------------------------------------------------------------------------------- tensors

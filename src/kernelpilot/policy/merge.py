@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernelpilot.policy.analysis import resolve_accesses
 from kernelpilot.policy.ir import Expr, Group, Leaf, Load, Source, Stack, rebuilt
+from kernelpilot.policy.strides import resolve_accesses
 
 # Kinds of group whose reads are Loads in an expression, which `_relocate` can point at the stacked output.
 _EXPRESSION_KINDS = ("elementwise", "row", "column")
