@@ -32,7 +32,7 @@ from kernelpilot.build import build_workspace
 from kernelpilot.harness.judge import Judge
 from kernelpilot.harness.reward import DEFAULT_THRESHOLD
 from kernelpilot.policy.analysis import analyze
-from kernelpilot.policy.codegen import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem
 from kernelpilot.results import to_dict

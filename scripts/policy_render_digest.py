@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from kernelpilot.policy.analysis import analyze
-from kernelpilot.policy.codegen import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 from kernelpilot.problem import load_problem
 
 

@@ -35,11 +35,9 @@ from kernelpilot.policy.codegen import (
     matmul_context,
     index_terms,
     elementwise_layout,
-    launch_candidates,
-    render_all,
-    render_kernel,
     row_layout,
 )
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 from kernelpilot.agent import VerifyOutcome
 from kernelpilot.agent.observations import render
 from kernelpilot.policy.policy import candidate_ms

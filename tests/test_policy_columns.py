@@ -24,7 +24,8 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.codegen import ColumnConfig, launch_candidates, render_kernel
+from kernelpilot.policy.codegen import ColumnConfig
+from kernelpilot.policy.families import launch_candidates, render_kernel
 from kernelpilot.policy.columns import MAX_CLUSTER_BLOCKS, column_layout
 
 COLUMN_EXAMPLES = ["sum_middle_dim", "channel_amax_bf16"]

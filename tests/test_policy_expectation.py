@@ -24,7 +24,8 @@ from test_policy import (
 )
 
 from kernelpilot.policy.ir import Field, Load, walk
-from kernelpilot.policy.codegen import _RowProgram, launch_candidates, render_kernel, row_layout
+from kernelpilot.policy.codegen import _RowProgram, row_layout
+from kernelpilot.policy.families import launch_candidates, render_kernel
 from kernelpilot.problem import load_problem
 
 ENTROPY = "torch.logsumexp(x.float(), -1) - (torch.softmax(x.float(), -1) * x.float()).sum(-1)"

@@ -28,7 +28,7 @@ from test_policy import (
 )
 
 from kernelpilot.policy.ir import Field, Gather, Stack, walk
-from kernelpilot.policy.codegen import launch_candidates, render_kernel
+from kernelpilot.policy.families import launch_candidates, render_kernel
 
 # kl_div's reduction='mean' (a variant below) warns that it differs from 'batchmean'; that is the point of it.
 pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning")

@@ -319,24 +319,21 @@ def index_terms(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[dict[s
 # ----------------------------------------------------------------------------------------- candidates
 
 
-def launch_candidates(group: Group) -> list[KernelConfig]:
-    """A few launch geometries (matmuls: heuristic algorithms) worth timing, the expected best first."""
-    if group.kind == "matmul":
-        return [MatmulConfig(index) for index in range(MATMUL_CANDIDATES)]
-    if group.kind == "conv":
-        from kernelpilot.policy.convolution import conv_candidates
+def matmul_candidates(group: Group) -> list[MatmulConfig]:
+    """cuBLASLt's best heuristic algorithms, in its order."""
+    return [MatmulConfig(index) for index in range(MATMUL_CANDIDATES)]
 
-        return conv_candidates(group)
-    if group.kind == "elementwise":
-        # One block per tile first: on an H100 it beat the one-wave grid-stride loop on every elementwise example
-        # timed (by 4-6%, BENCHMARKS.md); the one-wave grid stays as the last try.
-        tiles = [LaunchConfig(threads, items, persistent=False) for threads, items in ((256, 2), (128, 4), (512, 1))]
-        return [*tiles, LaunchConfig(256, 2)]
-    if group.kind == "column":
-        # columns.py builds on this module, so it is imported where it is needed.
-        from kernelpilot.policy.columns import column_candidates
 
-        return column_candidates(group)
+def elementwise_candidates(group: Group) -> list[LaunchConfig]:
+    """Three tile shapes, then one wave of resident blocks looping over the work."""
+    # One block per tile first: on an H100 it beat the one-wave grid-stride loop on every elementwise example
+    # timed (by 4-6%, BENCHMARKS.md); the one-wave grid stays as the last try.
+    tiles = [LaunchConfig(threads, items, persistent=False) for threads, items in ((256, 2), (128, 4), (512, 1))]
+    return [*tiles, LaunchConfig(256, 2)]
+
+
+def row_candidates(group: Group) -> list[LaunchConfig]:
+    """Team sizes around four vectors per thread, the cluster-cached row, and the one-wave loop (POLICY.md)."""
     layout = row_layout(group)
     vectors = group.row_length // layout.vec
     # About four vectors per thread; a warp-sized or smaller team for short rows, a whole block for long ones.
@@ -534,65 +531,6 @@ def element_loads(expr: Expr) -> list[Load]:
 # ------------------------------------------------------------------------------------------ rendering
 
 
-def render_kernel(group: Group, config: KernelConfig) -> GeneratedFile:
-    """kernels/policy_<group>.cu for one launch configuration."""
-    if group.kind == "matmul":
-        context = matmul_context(group, config)
-        template = "policy/matmul.cu.j2"
-    elif group.kind == "conv":
-        from kernelpilot.policy.convolution import conv_context
-
-        context = conv_context(group, config)
-        template = "policy/conv.cu.j2"
-    elif group.kind == "elementwise":
-        context = _elementwise_context(group, config)
-        template = "policy/elementwise.cu.j2"
-    elif group.kind == "row":
-        context = _row_context(group, config)
-        template = "policy/row.cu.j2"
-    elif group.kind == "column":
-        from kernelpilot.policy.columns import column_context
-
-        context = column_context(group, config)
-        template = "policy/column.cu.j2"
-    else:
-        raise ValueError(f"group {group.name} is a {group.kind} group, which the policy does not generate")
-    content = template_environment("templates").get_template(template).render(**context)
-    return GeneratedFile(f"kernels/{kernel_stem(group)}.cu", content)
-
-
-def render_binding(group: Group) -> GeneratedFile:
-    """kernels/policy_<group>_binding.cpp: checks, allocation, launcher call, registration."""
-    content = template_environment("templates").get_template("policy/binding.cpp.j2").render(
-        stem=kernel_stem(group),
-        description=group.describe(),
-        function=function_name(group),
-        launcher=launcher_name(group),
-        tensors=[
-            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape)}
-            for arg, t in zip(_argument_names(group.tensors), group.tensors)
-        ],
-        out_shape=list(group.output.shape),
-        out_scalar_type=SCALAR_TYPES[group.output.dtype],
-        workspace_bytes=MATMUL_WORKSPACE_BYTES if group.kind == "matmul" else 0,
-        **_conv_binding_context(group),
-    )
-    return GeneratedFile(f"kernels/{kernel_stem(group)}_binding.cpp", content)
-
-
-def _conv_binding_context(group: Group) -> dict[str, Any]:
-    """A conv group's launcher asks for the workspace its algorithm needs, and takes torch's TF32 switch for
-    cuDNN convolutions (float32 only: the math a reference convolution runs with)."""
-    if group.kind != "conv":
-        return {"workspace_query": None, "settings": []}
-    from kernelpilot.policy.convolution import workspace_query_name
-
-    allow_tf32 = "at::globalContext().allowTF32CuDNN(at::Float32Op::CONV)" if group.conv.dtype == "float32" else "false"
-    setting = {"type": "bool", "name": "allow_tf32", "value": allow_tf32,
-               "comment": "TF32 for float32 convolutions, as torch.backends.cudnn.allow_tf32 says"}  # fmt: skip
-    return {"workspace_query": workspace_query_name(group), "settings": [setting]}
-
-
 def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
     """model_new.py: Model's constructor and state_dict, and a forward calling the generated kernels."""
     from kernelpilot.workspace import render_model_new as render_with_body
@@ -619,17 +557,6 @@ def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
     return GeneratedFile("model_new.py", render_with_body(problem, forward_body=body.rstrip("\n")))
 
 
-def render_all(problem: Problem, analysis: Analysis, configs: dict[str, KernelConfig] | None = None) -> list[GeneratedFile]:
-    """Every file the policy writes for a supported analysis; `configs` picks launch configs by group name."""
-    if not analysis.supported:
-        raise ValueError(analysis.blockers())
-    files = []
-    for group in analysis.generated_groups:
-        config = (configs or {}).get(group.name) or launch_candidates(group)[0]
-        files += [render_kernel(group, config), render_binding(group)]
-    return files + [render_model_new(problem, analysis)]
-
-
 # ---------------------------------------------------------------------------------- kernel contexts
 
 
@@ -652,7 +579,7 @@ def _access_comment(group: Group, index: int, layout: _Layout, space: str) -> st
     return f"Access {index}: {describe_source(source)}, element strides ({strides}) over {space}"
 
 
-def _elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
+def elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     layout = elementwise_layout(group)
     contiguous = _contiguous(layout.shape)
     accesses = []
@@ -696,7 +623,7 @@ def _stat_accesses(group: Group, layout: _Layout) -> list[int]:
     return sorted(i for i in indices if layout.along_row(i))
 
 
-def _row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
+def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     layout = row_layout(group)
     cached = _cached(group, layout, config)
     shared = config.shared_blocks > 0
@@ -945,7 +872,7 @@ class _RowProgram:
 # ------------------------------------------------------------------------------------- Python sources
 
 
-def _argument_names(sources: list[Source]) -> list[str]:
+def argument_names(sources: list[Source]) -> list[str]:
     """C++ parameter names for the binding: the tensors' own names, made identifiers and unique."""
     names: list[str] = []
     for source in sources:

@@ -213,3 +213,12 @@ def _channels_last_context(conv: Conv, config: ConvConfig) -> dict[str, Any]:
 def workspace_query_name(group: Group) -> str:
     """The .cu function the binding asks for the workspace the chosen algorithm needs."""
     return f"{launcher_name(group)}_workspace_bytes"
+
+
+def conv_binding_context(group: Group) -> dict[str, Any]:
+    """A conv group's launcher asks for the workspace its algorithm needs, and takes torch's TF32 switch for
+    cuDNN convolutions (float32 only: the math a reference convolution runs with)."""
+    allow_tf32 = "at::globalContext().allowTF32CuDNN(at::Float32Op::CONV)" if group.conv.dtype == "float32" else "false"
+    setting = {"type": "bool", "name": "allow_tf32", "value": allow_tf32,
+               "comment": "TF32 for float32 convolutions, as torch.backends.cudnn.allow_tf32 says"}  # fmt: skip
+    return {"workspace_query": workspace_query_name(group), "settings": [setting]}

@@ -83,7 +83,7 @@ class BuiltinPolicy:
 
     def _plan(self, faithful: bool = False) -> _Plan:
         from kernelpilot.policy.analysis import analyze
-        from kernelpilot.policy.codegen import launch_candidates
+        from kernelpilot.policy.families import launch_candidates
         from kernelpilot.problem import load_problem
 
         if faithful not in self._plans:
@@ -229,7 +229,7 @@ class _Run:
         return self._reply("plan", intro, [("TodoWrite", {"todos": todos})])
 
     def _write(self) -> ModelReply:
-        from kernelpilot.policy.codegen import render_all
+        from kernelpilot.policy.families import render_all
 
         files = render_all(self.plan.problem, self.plan.analysis)
         return self._reply("write", "Write the generated files.", [("Write", _write_args(f)) for f in files])
@@ -243,7 +243,7 @@ class _Run:
         return faithful if faithful.analysis != self.plan.analysis else None
 
     def _write_faithful(self, faithful: _Plan) -> ModelReply:
-        from kernelpilot.policy.codegen import render_all
+        from kernelpilot.policy.families import render_all
 
         # The faithful analysis only splits groups off, so its files overwrite every kernel of the first answer.
         files = render_all(faithful.problem, faithful.analysis)
@@ -301,7 +301,7 @@ class _Run:
         return self._finish(self._failure("failed verification when written back", step.results.get("Verify")))
 
     def _kernels(self, choice: dict[str, int]) -> list[GeneratedFile]:
-        from kernelpilot.policy.codegen import render_kernel
+        from kernelpilot.policy.families import render_kernel
 
         return [render_kernel(g, self.plan.candidates[g.name][choice[g.name]]) for g in self.plan.groups]
 
