@@ -7,6 +7,7 @@ itself is compiled with nvcc here and verified on a GPU by the `gpu` tests.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -20,32 +21,33 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from kernelpilot.agent import VerifyOutcome
 from kernelpilot.agent.loop import assistant_message
+from kernelpilot.agent.observations import render
 from kernelpilot.agent.tools import default_tools, tool_schemas
 from kernelpilot.policy import BuiltinPolicy
 from kernelpilot.policy.analysis import analyze
-from kernelpilot.policy.ir import Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack, walk
+from kernelpilot.policy.c_ops import C_OPS
 from kernelpilot.policy.codegen import (
     ITEM_SIZES,
     LaunchConfig,
     MatmulConfig,
     column_terms,
-    matmul_context,
-    index_terms,
     elementwise_layout,
+    index_terms,
+    matmul_context,
     row_layout,
 )
+from kernelpilot.policy.cpu_spec import TORCH_OPS, evaluate, viewed
 from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
-from kernelpilot.agent import VerifyOutcome
-from kernelpilot.agent.observations import render
+from kernelpilot.policy.ir import Analysis, Call, Const, Field, Group, walk
 from kernelpilot.policy.policy import candidate_ms
 from kernelpilot.policy.search import LaunchSearch
+from kernelpilot.problem import load_problem
 from kernelpilot.results import (
     HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
 )  # fmt: skip
-from kernelpilot.problem import load_problem
 
 from conftest import EXAMPLES, REPO_ROOT
 
@@ -95,124 +97,109 @@ def analysed(path: Path, faithful: bool = False) -> Analysis:
     return analyze(load_problem(path), faithful=faithful)
 
 
-# ----------------------------------------------------------------------------- a CPU reference of groups
+# --------------------------------------------------------------------------- C_OPS against its CPU spec
 
-TORCH_OPS = {
-    "neg": torch.neg, "exp": torch.exp, "exp_fast": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt, "abs": torch.abs, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu,
-    "silu": F.silu, "identity": lambda x: x, "square": lambda x: x * x, "reciprocal": torch.reciprocal,
-    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "add": torch.add, "sub": torch.sub,
-    "mul": torch.mul, "div": torch.div, "maximum": torch.maximum, "minimum": torch.minimum,
-    "where": lambda c, a, b: torch.where(c != 0, a, b), "logsumexp_finish": lambda m, s: m + torch.log(s),
-    "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
-    "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(), "xlogy": torch.xlogy,
-    "eq": lambda a, b: (a == b).double(), "logical_not": lambda a: (a == 0).double(),
-    "to_bfloat16": lambda x: x.to(torch.bfloat16).double(), "to_float16": lambda x: x.to(torch.float16).double(),
-}  # fmt: skip
-
-
-def evaluate(analysis: Analysis, tensors: dict[tuple[str, str], torch.Tensor]) -> list[torch.Tensor]:
-    """Run the analysis' groups with torch (float64) on the CPU; return forward's outputs."""
-    memory = dict(tensors)
-    for group in analysis.groups:
-        memory[("group", group.name)] = evaluate_group(group, memory)
-    return [
-        torch.as_strided(memory[("group", leaf.source.name)], leaf.shape, leaf.strides, leaf.offset)
-        for leaf in analysis.outputs
-    ]
+# Stand-ins for the CUDA intrinsics C_OPS uses, so the host compiler evaluates its expressions as the GPU would
+# (bf16 and fp16 conversions round to nearest even, as __float2bfloat16 and __float2half do).
+C_SPEC_PRELUDE = r"""
+#include <math.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static float fast_expf(float x) { return expf(x); }
+#define __expf fast_expf
+static float __float2bfloat16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
+  u += 0x7fffu + ((u >> 16) & 1u); u &= 0xffff0000u; memcpy(&f, &u, 4); return f;
+}
+static float __bfloat162float(float x) { return x; }
+static float __float2half(float f) { return (float)(_Float16)f; }
+static float __half2float(float x) { return x; }
+"""
+SAMPLES = (-4.0, -1.5, -0.5, 0.0, 0.3, 1.0, 2.5, 7.0, 1.00390625)
 
 
-def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
-    if group.kind == "matmul":
-        return evaluate_matmul(group.matmul, memory)
-    if group.kind == "conv":
-        return evaluate_conv(group.conv, memory)
-    values: dict = {}
-
-    def value(node):
-        if node in values:
-            return values[node]
-        if isinstance(node, Load):
-            access = group.accesses[group.loads[node]]
-            source = group.tensors[access.tensor]
-            flat = memory[(source.kind, source.name)].double().flatten()
-            result = torch.as_strided(flat, group.shape, access.strides, access.offset)
-        elif isinstance(node, Const):
-            result = torch.tensor(node.value, dtype=torch.float64)
-        elif isinstance(node, Call):
-            result = TORCH_OPS[node.op](*[value(arg) for arg in node.args])
-        elif isinstance(node, Field):
-            reduce = node.reduce
-            weighted = None if reduce.weighted is None else value(reduce.weighted).expand(reduce.shape)
-            result = statistic(reduce, node.name, value(reduce.value).expand(reduce.shape), weighted)
-        elif isinstance(node, Gather):
-            result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
-        elif isinstance(node, Stack):  # several values per row, written one after another
-            result = torch.stack([value(item).expand(group.shape) for item in node.values])
-        values[node] = result
-        return result
-
-    stacked = (len(group.expr.values),) if isinstance(group.expr, Stack) else ()
-    result = value(group.expr).expand(*stacked, *group.shape)
-    if group.per_row:  # one value per row or column: the first along the reduced dims
-        start = result.dim() - group.row_dims - group.inner_dims
-        result = result[(slice(None),) * start + (slice(0, 1),) * group.row_dims]
-    # A kernel writes its output contiguously; later groups and outputs view that memory.
-    return result.reshape(group.output.shape).to(getattr(torch, group.output.dtype)).contiguous()
+def arity(op: str) -> int:
+    return 1 + max(int(n) for n in re.findall(r"\{(\d)\}", C_OPS[op]))
 
 
-def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Each row of `rows` at its target column (index is constant along a row); 0 where the target is ignored."""
-    target = index[..., :1]
-    picked = rows.gather(-1, target.long().clamp(0, rows.shape[-1] - 1))
-    return picked if gather.ignore is None else torch.where(target == gather.ignore, 0.0, picked)
+def sample_arguments(op: str) -> list[tuple[float, ...]]:
+    n = arity(op)
+    values = SAMPLES if n < 3 else SAMPLES[::2]
+    return [tuple(args) for args in itertools.product(values, repeat=n)]
 
 
-def viewed(leaf, memory: dict) -> torch.Tensor:
-    return torch.as_strided(memory[(leaf.source.kind, leaf.source.name)].double().flatten(), leaf.shape, leaf.strides, leaf.offset)
+@pytest.fixture(scope="module")
+def c_ops_on_the_host(tmp_path_factory) -> dict[str, list[float]]:
+    """Every C_OPS expression compiled by the host C compiler and run on the sample arguments."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no host C compiler (cc) on PATH")
+    lines = [C_SPEC_PRELUDE, "int main(void) {"]
+    for op in sorted(C_OPS):
+        for args in sample_arguments(op):
+            names = [f"a{i}" for i in range(len(args))]
+            declared = " ".join(f"float {name} = {value!r}f;" for name, value in zip(names, args))
+            lines.append(f'  {{ {declared} printf("{op} %.9g\\n", (double)({C_OPS[op].format(*names)})); }}')
+    lines.append("  return 0;\n}")
+    folder = tmp_path_factory.mktemp("c_ops")
+    (folder / "c_ops.c").write_text("\n".join(lines))
+    subprocess.run([compiler, "-O0", "-std=gnu11", "-o", str(folder / "c_ops"), str(folder / "c_ops.c"), "-lm"],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    printed = subprocess.run([str(folder / "c_ops")], check=True, capture_output=True, text=True).stdout
+    results: dict[str, list[float]] = {}
+    for line in printed.splitlines():
+        op, value = line.split()
+        results.setdefault(op, []).append(float(value))
+    return results
 
 
-def evaluate_matmul(matmul: Matmul, memory: dict) -> torch.Tensor:
-    """What cuBLASLt's call computes: act(alpha * (a @ b) + residual + bias), rounded once to the output dtype."""
-    result = matmul.alpha * (viewed(matmul.a, memory) @ viewed(matmul.b, memory)).reshape(matmul.shape)
-    for addend in (matmul.residual, matmul.bias):
-        if addend is not None:
-            result = result + viewed(addend, memory)
-    if matmul.activation:
-        result = TORCH_OPS[matmul.activation](result)
-    return result.to(getattr(torch, matmul.dtype)).contiguous()
+def test_every_c_op_has_a_cpu_spec():
+    assert set(TORCH_OPS) == set(C_OPS)
 
 
-def evaluate_conv(conv, memory: dict) -> torch.Tensor:
-    """What cuDNN's call computes: act(convolution(input, weight) + bias), rounded once to the output dtype."""
-    bias = viewed(conv.bias, memory) if conv.bias is not None else None
-    weight = viewed(conv.weight, memory)
-    result = torch.convolution(viewed(conv.input, memory), weight, bias, list(conv.stride), list(conv.padding),
-                               list(conv.dilation), False, [0] * len(conv.stride), conv.groups)  # fmt: skip
-    if conv.activation:
-        result = TORCH_OPS[conv.activation](result)
-    return result.to(getattr(torch, conv.dtype)).contiguous()
+@pytest.mark.parametrize("op", sorted(C_OPS))
+def test_each_c_op_computes_what_its_cpu_spec_says(c_ops_on_the_host, op):
+    arguments = sample_arguments(op)
+    columns = [torch.tensor(column, dtype=torch.float64) for column in zip(*arguments)]
+    expected = TORCH_OPS[op](*columns).double()
+    actual = torch.tensor(c_ops_on_the_host[op], dtype=torch.float64)
+    torch.testing.assert_close(actual, expected, rtol=2e-6, atol=1e-6, equal_nan=True)
 
 
-def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.Tensor | None = None) -> torch.Tensor:
-    """One number per row (or column), shaped to broadcast over the reduce's iteration shape (its reduced dims
-    kept as 1s). `weighted`: what a softmax_weighted statistic weighs by exp(values - max)."""
-    end = values.dim() - reduce.inner
-    dims = tuple(range(end - reduce.dims, end))
-    maximum = values.amax(dims, keepdim=True)
-    mean = values.mean(dims, keepdim=True)
-    return {
-        ("softmax_weighted", "max"): lambda: maximum,
-        ("softmax_weighted", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
-        ("softmax_weighted", "weighted"): lambda: ((values - maximum).exp() * weighted).sum(dims, keepdim=True),
-        ("sum", "sum"): lambda: values.sum(dims, keepdim=True),
-        ("max", "max"): lambda: maximum,
-        ("min", "min"): lambda: values.amin(dims, keepdim=True),
-        ("online_softmax", "max"): lambda: maximum,
-        ("online_softmax", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
-        ("welford", "mean"): lambda: mean,
-        ("welford", "m2"): lambda: ((values - mean) ** 2).sum(dims, keepdim=True),
-    }[(reduce.kind, name)]()
+# aten ops of the same name whose arguments are all tensors: the spec must mean what torch means by them.
+ATEN_NAMED_OPS = sorted(op for op in C_OPS if hasattr(torch, op) and op not in
+                        {"where", "clamp", "xlogy", "relu", "pow", "logical_not", "logical_and", "logical_or"})  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ATEN_NAMED_OPS)
+def test_each_aten_named_c_op_means_what_torch_means(op):
+    arguments = sample_arguments(op)
+    columns = [torch.tensor(column, dtype=torch.float64) for column in zip(*arguments)]
+    torch.testing.assert_close(TORCH_OPS[op](*columns).double(), getattr(torch, op)(*columns).double(), equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["relu", "pow", "where", "clamp", "xlogy", "logical_not", "logical_and", "logical_or",
+                                "leaky_relu", "softplus", "hardsigmoid", "hardswish", "gelu", "silu"])  # fmt: skip
+def test_each_c_op_with_settings_means_what_torch_means(op):
+    x, y = torch.tensor(SAMPLES, dtype=torch.float64), torch.tensor(SAMPLES[::-1], dtype=torch.float64)
+    torch_meaning = {
+        "relu": lambda: torch.relu(x), "pow": lambda: torch.pow(x, y), "where": lambda: torch.where(x != 0, x, y),
+        "clamp": lambda: torch.clamp(x, -1.0, 2.0), "xlogy": lambda: torch.xlogy(x, y),
+        "logical_not": lambda: torch.logical_not(x).double(), "logical_and": lambda: torch.logical_and(x, y).double(),
+        "logical_or": lambda: torch.logical_or(x, y).double(),
+        "leaky_relu": lambda: torch.nn.functional.leaky_relu(x, 0.01),
+        "softplus": lambda: torch.nn.functional.softplus(x, beta=2.0, threshold=5.0),
+        "hardsigmoid": lambda: torch.nn.functional.hardsigmoid(x), "hardswish": lambda: torch.nn.functional.hardswish(x),
+        "gelu": lambda: torch.nn.functional.gelu(x), "silu": lambda: torch.nn.functional.silu(x),
+    }[op]()
+    settings = {"clamp": (torch.tensor(-1.0), torch.tensor(2.0)), "leaky_relu": (torch.tensor(0.01),),
+                "softplus": (torch.tensor(2.0), torch.tensor(5.0))}  # fmt: skip
+    args = {"pow": (x, y), "where": (x, x, y), "xlogy": (x, y), "logical_and": (x, y), "logical_or": (x, y)}
+    spec = TORCH_OPS[op](*args.get(op, (x, *settings.get(op, ()))))
+    torch.testing.assert_close(spec.double(), torch_meaning.double(), equal_nan=True)
 
 
 def check_against_model(path: Path, atol: float = 1e-5, equal_nan: bool = False, faithful: bool = False) -> Analysis:
