@@ -36,12 +36,12 @@ from kernelpilot.policy.codegen import (
     column_terms,
     elementwise_layout,
     index_terms,
-    matmul_context,
     row_layout,
 )
 from kernelpilot.policy.cpu_spec import TORCH_OPS, evaluate, viewed
 from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 from kernelpilot.policy.ir import Analysis, Call, Const, Field, Group, walk
+from kernelpilot.policy.matmul import matmul_context
 from kernelpilot.policy.policy import candidate_ms
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem

@@ -2,8 +2,8 @@
 
 A family is what the policy generates for one kind of group: its launch candidates (the expected best first),
 the context its template is rendered with for one candidate, the template, and what its binding adds. Each lives
-in its own module (elementwise, row and matmul in codegen.py, column in columns.py, conv in convolution.py); a new
-family is one module and one entry of FAMILIES.
+in its own module (elementwise.py, row.py, columns.py, matmul.py, convolution.py) built on the shared emitter and
+layouts of codegen.py; a new family is one module and one entry of FAMILIES.
 """
 
 from __future__ import annotations
@@ -18,20 +18,17 @@ from kernelpilot.policy.codegen import (
     GeneratedFile,
     KernelConfig,
     argument_names,
-    elementwise_candidates,
-    elementwise_context,
     function_name,
     kernel_stem,
     launcher_name,
-    matmul_candidates,
-    matmul_context,
     render_model_new,
-    row_candidates,
-    row_context,
 )
 from kernelpilot.policy.columns import column_candidates, column_context
 from kernelpilot.policy.convolution import conv_binding_context, conv_candidates, conv_context
+from kernelpilot.policy.elementwise import elementwise_candidates, elementwise_context
 from kernelpilot.policy.ir import Analysis, Group
+from kernelpilot.policy.matmul import matmul_candidates, matmul_context
+from kernelpilot.policy.row import row_candidates, row_context
 from kernelpilot.resources import template_environment
 
 if TYPE_CHECKING:
