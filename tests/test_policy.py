@@ -1495,6 +1495,49 @@ def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     assert summary.startswith("No kernels written") and "aten.cumsum" in summary
 
 
+class TypedJudge:
+    """A judge that answers with chosen typed results (the real one needs a GPU): builds succeed, verifications
+    pass, and each evaluation takes the next of `times_ms`."""
+
+    device = "cpu"
+
+    def __init__(self, *times_ms: float):
+        self.times = list(times_ms)
+
+    def build(self, root):
+        return built()
+
+    def verify(self, root, build, trials=5, atol=1e-2, rtol=1e-2):
+        return verified()
+
+    def evaluate(self, root, trials=5, atol=1e-2, rtol=1e-2):
+        return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+
+
+def test_the_loop_hands_the_policy_the_judges_typed_results_and_a_resume_rebuilds_them(tmp_path):
+    from kernelpilot.agent import JudgeRecord, ToolContext
+    from kernelpilot.agent.loop import run_agent
+    from kernelpilot.agent.session import Session
+    from kernelpilot.config import Settings
+    from kernelpilot.workspace import init_workspace
+
+    ws, _ = init_workspace(EXAMPLES / "layernorm.py", tmp_path / "ws")
+    count = len(launch_candidates(only_group(analysed(EXAMPLES / "layernorm.py"))))
+    judged = JudgeRecord()
+    ctx = ToolContext(workspace=ws, judge=TypedJudge(3.0, 2.0, *[2.5] * count), judged=judged)
+    session = Session.create(ws.root, problem=str(ws.model_path), model="builtin")
+    task = [{"role": "user", "content": "Optimise it."}]
+    summary = run_agent(task, BuiltinPolicy(ws.model_path, judged.by_call), default_tools(), ctx, Settings(), session)
+    assert summary.status == "finished" and summary.best is not None
+    finish = Session.resume(ws.root).messages[-2]["tool_calls"][0]["function"]["arguments"]
+    assert "Verified correct" in finish and "2 ms" in finish  # the second configuration was the fastest
+    # A resumed session rebuilds every judge call's typed result from the transcript.
+    rebuilt = Session.resume(ws.root).state.judged_calls
+    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 3 + count
+    assert all(type(rebuilt[key]) is type(result) for key, result in judged.by_call.items())
+    assert [candidate_ms(r) for r in rebuilt.values()] == [candidate_ms(r) for r in judged.by_call.values()]
+
+
 def test_policy_works_on_the_problem_it_is_given_whatever_the_task_says():
     policy = BuiltinPolicy(EXAMPLES / "silu_scale_shift.py")
     reply = policy.query([{"role": "user", "content": f"Optimise it.\n\nWorkspace: {EXAMPLES / 'layernorm'}"}], SCHEMAS)
