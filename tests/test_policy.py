@@ -32,7 +32,6 @@ from kernelpilot.policy.c_ops import C_OPS
 from kernelpilot.policy.codegen import (
     ITEM_SIZES,
     LaunchConfig,
-    MatmulConfig,
     column_terms,
     elementwise_layout,
     index_terms,
@@ -41,7 +40,7 @@ from kernelpilot.policy.codegen import (
 from kernelpilot.policy.cpu_spec import TORCH_OPS, evaluate, viewed
 from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 from kernelpilot.policy.ir import Analysis, Call, Const, Field, Group, walk
-from kernelpilot.policy.matmul import matmul_context
+from kernelpilot.policy.matmul import MatmulConfig, matmul_context
 from kernelpilot.policy.policy import candidate_ms
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem

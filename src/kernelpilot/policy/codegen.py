@@ -108,69 +108,6 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
-class MatmulConfig:
-    """Which of cuBLASLt's heuristic algorithms a matmul group runs: the `algorithm`-th result, best first."""
-
-    algorithm: int
-
-    @property
-    def label(self) -> str:
-        return f"cuBLASLt heuristic algorithm {self.algorithm + 1} of {MATMUL_CANDIDATES}"
-
-
-@dataclass(frozen=True)
-class ColumnConfig:
-    """One launch geometry of a column kernel (policy/columns.py): blocks of `columns` x `splits` threads, each
-    thread owning one vector of adjacent inner columns; the `splits` threads of a column share its reduced dim,
-    `cluster` blocks (a thread block cluster when more than one) split it again, and each thread has `items`
-    vectors in flight."""
-
-    columns: int
-    splits: int
-    cluster: int = 1
-    items: int = 4
-
-    @property
-    def threads(self) -> int:
-        return self.columns * self.splits
-
-    @property
-    def label(self) -> str:
-        split = f", each column split over a cluster of {self.cluster} blocks" if self.cluster > 1 else ""
-        return (f"{self.columns} column vector(s) x {self.splits} thread(s) along the reduced dim per block{split}, "
-                f"{self.items} vector(s) in flight")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ConvConfig:
-    """Which of cuDNN's ranked forward algorithms a conv group runs: the `algorithm`-th usable one, best first.
-
-    `fused_relu`: the ReLU runs in the call, which cuDNN allows with one algorithm only (implicit precomputed GEMM).
-    `channels_last`: cuDNN convolves NHWC copies of the input and weight, and a generated kernel writes the NHWC
-    result back as the NCHW output with the bias and ReLU applied (templates/policy/channels_last.cuh.j2).
-    `graph` (NHWC only): through cuDNN's graph API, `algorithm` then ranks the engine configurations of its
-    heuristics (templates/policy/cudnn_graph.cuh.j2) rather than the legacy API's algorithms.
-    """
-
-    algorithm: int
-    fused_relu: bool = False
-    channels_last: bool = False
-    graph: bool = False
-
-    @property
-    def label(self) -> str:
-        if self.fused_relu:
-            return "cuDNN NCHW, its implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
-        layout = "NHWC" if self.channels_last else "NCHW"
-        ranked = "graph API engine configuration" if self.graph else "heuristic algorithm"
-        label = f"cuDNN {layout}, {ranked} {self.algorithm + 1} of {CONV_CANDIDATES}"
-        return label + " (input and weight transposed to NHWC, output back to NCHW)" * self.channels_last
-
-
-KernelConfig = LaunchConfig | MatmulConfig | ColumnConfig | ConvConfig
-
-
-@dataclass(frozen=True)
 class GeneratedFile:
     """A file to write into the workspace, by its path relative to the workspace root."""
 

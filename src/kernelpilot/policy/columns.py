@@ -20,7 +20,6 @@ from kernelpilot.policy.codegen import (
     MAX_CLUSTER_BLOCKS,
     STAT_IDENTITIES,
     STAT_WORDS,
-    ColumnConfig,
     Emitter,
     describe_source,
     dtype_context,
@@ -41,6 +40,29 @@ SM_COUNT = 132
 BUSY_THREADS = SM_COUNT * 1024
 # The block's partial statistics live in static shared memory, at most 48 KB.
 STATIC_SHARED_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class ColumnConfig:
+    """One launch geometry of a column kernel (policy/columns.py): blocks of `columns` x `splits` threads, each
+    thread owning one vector of adjacent inner columns; the `splits` threads of a column share its reduced dim,
+    `cluster` blocks (a thread block cluster when more than one) split it again, and each thread has `items`
+    vectors in flight."""
+
+    columns: int
+    splits: int
+    cluster: int = 1
+    items: int = 4
+
+    @property
+    def threads(self) -> int:
+        return self.columns * self.splits
+
+    @property
+    def label(self) -> str:
+        split = f", each column split over a cluster of {self.cluster} blocks" if self.cluster > 1 else ""
+        return (f"{self.columns} column vector(s) x {self.splits} thread(s) along the reduced dim per block{split}, "
+                f"{self.items} vector(s) in flight")  # fmt: skip
 
 
 @dataclass

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, ConvConfig, launcher_name
+from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, launcher_name
 from kernelpilot.policy.ir import MATMUL_DTYPES, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name
 
 if TYPE_CHECKING:
@@ -41,6 +41,32 @@ CONV_ALIGNMENT = 16
 CUDNN_DATA_TYPES = {"float32": "CUDNN_DATA_FLOAT", "float16": "CUDNN_DATA_HALF", "bfloat16": "CUDNN_DATA_BFLOAT16"}
 # The most workspace an algorithm may ask for: beyond this (FFT on large images) the next algorithm runs.
 CONV_MAX_WORKSPACE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Which of cuDNN's ranked forward algorithms a conv group runs: the `algorithm`-th usable one, best first.
+
+    `fused_relu`: the ReLU runs in the call, which cuDNN allows with one algorithm only (implicit precomputed GEMM).
+    `channels_last`: cuDNN convolves NHWC copies of the input and weight, and a generated kernel writes the NHWC
+    result back as the NCHW output with the bias and ReLU applied (templates/policy/channels_last.cuh.j2).
+    `graph` (NHWC only): through cuDNN's graph API, `algorithm` then ranks the engine configurations of its
+    heuristics (templates/policy/cudnn_graph.cuh.j2) rather than the legacy API's algorithms.
+    """
+
+    algorithm: int
+    fused_relu: bool = False
+    channels_last: bool = False
+    graph: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.fused_relu:
+            return "cuDNN NCHW, its implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
+        layout = "NHWC" if self.channels_last else "NCHW"
+        ranked = "graph API engine configuration" if self.graph else "heuristic algorithm"
+        label = f"cuDNN {layout}, {ranked} {self.algorithm + 1} of {CONV_CANDIDATES}"
+        return label + " (input and weight transposed to NHWC, output back to NCHW)" * self.channels_last
 
 
 @dataclass(frozen=True)

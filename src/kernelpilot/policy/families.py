@@ -16,23 +16,26 @@ from kernelpilot.policy.codegen import (
     MATMUL_WORKSPACE_BYTES,
     SCALAR_TYPES,
     GeneratedFile,
-    KernelConfig,
+    LaunchConfig,
     argument_names,
     function_name,
     kernel_stem,
     launcher_name,
     render_model_new,
 )
-from kernelpilot.policy.columns import column_candidates, column_context
-from kernelpilot.policy.convolution import conv_binding_context, conv_candidates, conv_context
+from kernelpilot.policy.columns import ColumnConfig, column_candidates, column_context
+from kernelpilot.policy.convolution import ConvConfig, conv_binding_context, conv_candidates, conv_context
 from kernelpilot.policy.elementwise import elementwise_candidates, elementwise_context
 from kernelpilot.policy.ir import Analysis, Group
-from kernelpilot.policy.matmul import matmul_candidates, matmul_context
+from kernelpilot.policy.matmul import MatmulConfig, matmul_candidates, matmul_context
 from kernelpilot.policy.row import row_candidates, row_context
 from kernelpilot.resources import template_environment
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
+
+# A launch configuration of any family (elementwise and row kernels share LaunchConfig).
+KernelConfig = LaunchConfig | MatmulConfig | ColumnConfig | ConvConfig
 
 
 def _no_binding_settings(group: Group) -> dict[str, Any]:

@@ -3,6 +3,7 @@ candidates (cuBLASLt's best heuristic algorithms) and its template context."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kernelpilot.policy.codegen import (
@@ -10,12 +11,22 @@ from kernelpilot.policy.codegen import (
     EPILOGUES,
     ITEM_SIZES,
     MATMUL_CANDIDATES,
-    MatmulConfig,
     c_literal,
     describe_source,
     launcher_name,
 )
 from kernelpilot.policy.ir import EPILOGUE_ACTIVATIONS, MATMUL_ALIGNMENT, Group, Leaf, matrix_strides
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Which of cuBLASLt's heuristic algorithms a matmul group runs: the `algorithm`-th result, best first."""
+
+    algorithm: int
+
+    @property
+    def label(self) -> str:
+        return f"cuBLASLt heuristic algorithm {self.algorithm + 1} of {MATMUL_CANDIDATES}"
 
 
 def matmul_candidates(group: Group) -> list[MatmulConfig]:

@@ -29,7 +29,8 @@ from kernelpilot.results import BuildResult, EvalResult
 
 if TYPE_CHECKING:
     from kernelpilot.policy.ir import Analysis, Group
-    from kernelpilot.policy.codegen import GeneratedFile, KernelConfig
+    from kernelpilot.policy.codegen import GeneratedFile
+    from kernelpilot.policy.families import KernelConfig
     from kernelpilot.problem import Problem
 
 CALL_PREFIX = "kp"
