@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.agent import RecoverableError, Tool, ToolContext
+from kernelpilot.agent.observations import build_text, eval_text, ncu_text
 from kernelpilot.agent.shell_guard import WriteGuard
 from kernelpilot.agent.tools import default_tools, find_tool, tool_schemas
 from kernelpilot.agent.tools.files import GLOB_LIMIT
-from kernelpilot.agent.tools.ncu import NCU_DRIVER, driver_environment, ncu_text, parse_ncu_csv
+from kernelpilot.agent.tools.ncu import NCU_DRIVER, NCU_TIMEOUT_S, driver_environment, parse_ncu_csv
 from kernelpilot.agent.tools.shell import BASH_OUTPUT_LIMIT, PRISTINE_DIR, ProcessRun, run_process
-from kernelpilot.agent.observations import build_text, eval_text
 from kernelpilot.config import Settings
 from kernelpilot.results import (
     BenchResult,
@@ -492,7 +492,7 @@ def test_ncu_csv_becomes_one_summary_line_per_launch():
     assert [launch["kernel"] for launch in launches] == ["softmax_kernel", "tiny_kernel"]
     assert launches[0]["duration_us"] == pytest.approx(1234.567)
     assert launches[0]["registers"] == 32 and launches[1]["occupancy_pct"] == pytest.approx(3.1)
-    text = ncu_text(ProcessRun(output="", returncode=0, timed_out=False, seconds=1.0), launches, None)
+    text = ncu_text(ProcessRun(output="", returncode=0, timed_out=False, seconds=1.0), launches, None, NCU_TIMEOUT_S)
     lines = text.splitlines()
     assert lines[0] == "ncu: 2 kernel launch(es) in one forward call:"
     assert lines[1] == "  softmax_kernel: 1235 us, DRAM 91.5%, SM 20.1%, 32 regs -> memory-bound (DRAM busy): move fewer bytes"
@@ -501,9 +501,9 @@ def test_ncu_csv_becomes_one_summary_line_per_launch():
 
 def test_ncu_with_no_profiled_launch_shows_why():
     failed = ProcessRun(output="==ERROR== ERR_NVGPUCTRPERM - no permission\n", returncode=1, timed_out=False, seconds=1.0)
-    assert ncu_text(failed, [], None) == "ncu profiled no kernel (exit code 1).\n==ERROR== ERR_NVGPUCTRPERM - no permission"
+    assert ncu_text(failed, [], None, NCU_TIMEOUT_S) == "ncu profiled no kernel (exit code 1).\n==ERROR== ERR_NVGPUCTRPERM - no permission"
     unmatched = ProcessRun(output="", returncode=0, timed_out=False, seconds=1.0)
-    assert ncu_text(unmatched, [], "gemm") == "ncu profiled no kernel (no kernel matched 'gemm')."
+    assert ncu_text(unmatched, [], "gemm", NCU_TIMEOUT_S) == "ncu profiled no kernel (no kernel matched 'gemm')."
 
 
 def test_build_text_lists_errors_at_most_twenty_and_kernel_resources():

@@ -1,8 +1,10 @@
 """What the model reads of a judge tool's result: the one place typed results (BuildResult, VerifyOutcome,
-EvalResult) become text. Nothing parses this text back; callers that decide (the loop, the built-in policy) read
-the typed results."""
+EvalResult, and Ncu's launches) become text. Nothing parses this text back; callers that decide (the loop, the
+built-in policy) read the typed results."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import JudgeResult, VerifyOutcome
 from kernelpilot.results import (
@@ -16,8 +18,13 @@ from kernelpilot.results import (
     VerifyResult,
 )
 
+if TYPE_CHECKING:
+    from kernelpilot.agent.tools.shell import ProcessRun
+
 MAX_ERRORS_SHOWN = 20
 TOP_KERNELS_SHOWN = 10
+MAX_LAUNCHES_SHOWN = 20
+BUSY_PERCENT = 60.0  # a unit above this share of its peak is what limits the kernel
 
 
 def render(result: JudgeResult) -> str:
@@ -165,3 +172,45 @@ def _speedup(value: float | None) -> str:
 def speedup_text(bench: BenchResult) -> str:
     """'1.20x vs eager, 0.95x vs torch.compile'."""
     return f"{_speedup(bench.speedup_vs_eager)} vs eager, {_speedup(bench.speedup_vs_compile)} vs torch.compile"
+
+
+def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None, timeout_s: float) -> str:
+    """ncu's findings for the model, or why it found nothing."""
+    if run.timed_out:
+        return f"ncu did not finish within {timeout_s:g} s and was stopped; profile fewer kernels with `kernel`."
+    if not launches:
+        reason = f"no kernel matched {kernel!r}" if kernel and run.returncode == 0 else f"exit code {run.returncode}"
+        tail = "\n".join(run.output.strip().splitlines()[-30:])
+        return f"ncu profiled no kernel ({reason}).\n{tail}".rstrip()
+    lines = [f"ncu: {len(launches)} kernel launch(es) in one forward call:"]
+    lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_LAUNCHES_SHOWN]]
+    if len(launches) > MAX_LAUNCHES_SHOWN:
+        lines.append(f"  ({len(launches) - MAX_LAUNCHES_SHOWN} more launches not shown; narrow them with `kernel`)")
+    return "\n".join(lines)
+
+
+def _launch_text(launch: dict[str, Any]) -> str:
+    def shown(key: str, template: str) -> str | None:
+        return template.format(launch[key]) if launch.get(key) is not None else None
+
+    parts = [
+        shown("duration_us", "{:.4g} us"),
+        shown("dram_pct", "DRAM {:.1f}%"),
+        shown("sm_pct", "SM {:.1f}%"),
+        shown("occupancy_pct", "occupancy {:.1f}%"),
+        shown("registers", "{:.0f} regs"),
+        shown("block_size", "block {:.0f}"),
+        shown("grid_size", "grid {:.0f}"),
+    ]
+    return f"{launch['kernel']}: " + ", ".join(part for part in parts if part) + f" -> {_limiter(launch)}"
+
+
+def _limiter(launch: dict[str, Any]) -> str:
+    if launch.get("dram_pct") is None and launch.get("sm_pct") is None:
+        return "limit unknown (no throughput counters)"
+    dram, sm = launch.get("dram_pct") or 0.0, launch.get("sm_pct") or 0.0
+    if dram >= BUSY_PERCENT and dram >= sm:
+        return "memory-bound (DRAM busy): move fewer bytes"
+    if sm >= BUSY_PERCENT:
+        return "compute-bound (SM busy): fewer or cheaper instructions, tensor cores"
+    return "latency-bound (neither DRAM nor SM busy): more parallel work in flight, fewer stalls"

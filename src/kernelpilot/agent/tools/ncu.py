@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import ToolContext, ToolOutput
-from kernelpilot.agent.observations import build_text
+from kernelpilot.agent.observations import build_text, ncu_text
 from kernelpilot.agent.shell_guard import SCRATCH_DIR
 from kernelpilot.agent.tools.judge import build_candidate
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
@@ -23,7 +23,6 @@ from kernelpilot.results import BuildResult, to_dict
 if TYPE_CHECKING:
     from kernelpilot.workspace import Workspace
 
-MAX_LAUNCHES_SHOWN = 20
 NCU_TIMEOUT_S = 300
 
 NCU_METRICS = {
@@ -37,7 +36,6 @@ NCU_METRICS = {
 }
 _MICROSECONDS_PER_UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
                           "second": 1e6, "s": 1e6}  # fmt: skip
-BUSY_PERCENT = 60.0  # a unit above this share of its peak is what limits the kernel
 
 # Runs in the profiled process: loads the candidate the way the harness does, then profiles one forward call
 # (after a warm-up call, so lazy initialisation stays out) between cudaProfilerStart and cudaProfilerStop.
@@ -90,7 +88,7 @@ class NcuTool(CheckedTool):
         run, report = run_ncu(ctx.workspace, build, ctx.judge.device, args.get("kernel"))
         launches = parse_ncu_csv(report + "\n" + run.output)
         data = {"available": True, "exit_code": run.returncode, "timed_out": run.timed_out, "launches": launches}
-        return ToolOutput(text=ncu_text(run, launches, args.get("kernel")), data=data)
+        return ToolOutput(text=ncu_text(run, launches, args.get("kernel"), NCU_TIMEOUT_S), data=data)
 
 
 def ncu_unavailable_reason(ctx: ToolContext) -> str | None:
@@ -148,45 +146,3 @@ def _ncu_number(text: str) -> float | None:
         return float(text.replace(",", ""))  # ncu groups thousands with commas
     except ValueError:
         return None
-
-
-def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None) -> str:
-    """ncu's findings for the model, or why it found nothing."""
-    if run.timed_out:
-        return f"ncu did not finish within {NCU_TIMEOUT_S} s and was stopped; profile fewer kernels with `kernel`."
-    if not launches:
-        reason = f"no kernel matched {kernel!r}" if kernel and run.returncode == 0 else f"exit code {run.returncode}"
-        tail = "\n".join(run.output.strip().splitlines()[-30:])
-        return f"ncu profiled no kernel ({reason}).\n{tail}".rstrip()
-    lines = [f"ncu: {len(launches)} kernel launch(es) in one forward call:"]
-    lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_LAUNCHES_SHOWN]]
-    if len(launches) > MAX_LAUNCHES_SHOWN:
-        lines.append(f"  ({len(launches) - MAX_LAUNCHES_SHOWN} more launches not shown; narrow them with `kernel`)")
-    return "\n".join(lines)
-
-
-def _launch_text(launch: dict[str, Any]) -> str:
-    def shown(key: str, template: str) -> str | None:
-        return template.format(launch[key]) if launch.get(key) is not None else None
-
-    parts = [
-        shown("duration_us", "{:.4g} us"),
-        shown("dram_pct", "DRAM {:.1f}%"),
-        shown("sm_pct", "SM {:.1f}%"),
-        shown("occupancy_pct", "occupancy {:.1f}%"),
-        shown("registers", "{:.0f} regs"),
-        shown("block_size", "block {:.0f}"),
-        shown("grid_size", "grid {:.0f}"),
-    ]
-    return f"{launch['kernel']}: " + ", ".join(part for part in parts if part) + f" -> {_limiter(launch)}"
-
-
-def _limiter(launch: dict[str, Any]) -> str:
-    if launch.get("dram_pct") is None and launch.get("sm_pct") is None:
-        return "limit unknown (no throughput counters)"
-    dram, sm = launch.get("dram_pct") or 0.0, launch.get("sm_pct") or 0.0
-    if dram >= BUSY_PERCENT and dram >= sm:
-        return "memory-bound (DRAM busy): move fewer bytes"
-    if sm >= BUSY_PERCENT:
-        return "compute-bound (SM busy): fewer or cheaper instructions, tensor cores"
-    return "latency-bound (neither DRAM nor SM busy): more parallel work in flight, fewer stalls"
