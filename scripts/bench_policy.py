@@ -32,7 +32,8 @@ from kernelpilot.build import build_workspace
 from kernelpilot.harness.judge import Judge
 from kernelpilot.harness.reward import DEFAULT_THRESHOLD
 from kernelpilot.policy.analysis import analyze
-from kernelpilot.policy.codegen import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem
 from kernelpilot.results import to_dict
 from kernelpilot.workspace import init_workspace
@@ -98,25 +99,23 @@ def faithful_row(judge: Judge, row: dict, problem_path: Path) -> None:
 
 
 def search_row(judge: Judge, row: dict, problem_path: Path) -> None:
-    """Try the other launch configurations in the policy's order; keep the fastest correct one in `row`."""
+    """Try the other launch configurations with the policy's own search; keep the fastest correct one in `row`."""
     analysis = analyze(load_problem(problem_path), faithful=row.get("fallback") == "faithful")
     groups = analysis.generated_groups
     candidates = {group.name: launch_candidates(group) for group in groups}
-    best = {group.name: 0 for group in groups}
-    row["tries"] = [{"choice": dict(best), "ms": row.get("ours_ms")}]
-    for group in groups:
-        for index in range(1, len(candidates[group.name])):
-            choice = {**best, group.name: index}
-            write_kernels(row, groups, candidates, choice)
-            trial = dict(row)
-            judge_row(judge, trial, trials=2)
-            row["tries"].append({"choice": choice, "ms": trial.get("ours_ms") if trial.get("correct") else None,
-                                 "error_kind": trial.get("error_kind")})
-            if trial.get("correct") and trial.get("ours_ms") and (not row.get("ours_ms") or trial["ours_ms"] < row["ours_ms"]):
-                row.update({key: value for key, value in trial.items() if key != "tries"})
-                best = choice
-    write_kernels(row, groups, candidates, best)
-    row["configs"] = {name: candidates[name][index].label for name, index in best.items()}
+    search = LaunchSearch({name: len(configs) for name, configs in candidates.items()}, row.get("ours_ms"))
+    row["tries"] = [{"choice": dict(search.best), "ms": row.get("ours_ms")}]
+    while (next_try := search.next_try()) is not None:
+        choice = search.choice(*next_try)
+        write_kernels(row, groups, candidates, choice)
+        trial = dict(row)
+        judge_row(judge, trial, trials=2)
+        ms = trial.get("ours_ms") if trial.get("correct") else None
+        row["tries"].append({"choice": choice, "ms": ms, "error_kind": trial.get("error_kind")})
+        if search.record(ms):
+            row.update({key: value for key, value in trial.items() if key != "tries"})
+    write_kernels(row, groups, candidates, search.best)
+    row["configs"] = {name: candidates[name][index].label for name, index in search.best.items()}
 
 
 def write_kernels(row: dict, groups: list, candidates: dict, choice: dict[str, int]) -> None:

@@ -7,6 +7,7 @@ itself is compiled with nvcc here and verified on a GPU by the `gpu` tests.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -14,33 +15,38 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from kernelpilot.agent import VerifyOutcome
 from kernelpilot.agent.loop import assistant_message
+from kernelpilot.agent.observations import render
 from kernelpilot.agent.tools import default_tools, tool_schemas
 from kernelpilot.policy import BuiltinPolicy
-from kernelpilot.policy.analysis import (
-    Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack, analyze, walk,
-)  # fmt: skip
+from kernelpilot.policy.analysis import analyze
+from kernelpilot.policy.c_ops import C_OPS
 from kernelpilot.policy.codegen import (
     ITEM_SIZES,
     LaunchConfig,
-    MatmulConfig,
     column_terms,
-    matmul_context,
-    index_terms,
     elementwise_layout,
-    launch_candidates,
-    render_all,
-    render_kernel,
+    index_terms,
     row_layout,
 )
-from kernelpilot.policy.policy import PolicyError, candidate_ms
+from kernelpilot.policy.cpu_spec import TORCH_OPS, evaluate, viewed
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.ir import Analysis, Call, Const, Field, Group, walk
+from kernelpilot.policy.matmul import MatmulConfig, matmul_context
+from kernelpilot.policy.policy import candidate_ms
+from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem
+from kernelpilot.results import (
+    HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
+)  # fmt: skip
 
 from conftest import EXAMPLES, REPO_ROOT
 
@@ -90,124 +96,109 @@ def analysed(path: Path, faithful: bool = False) -> Analysis:
     return analyze(load_problem(path), faithful=faithful)
 
 
-# ----------------------------------------------------------------------------- a CPU reference of groups
+# --------------------------------------------------------------------------- C_OPS against its CPU spec
 
-TORCH_OPS = {
-    "neg": torch.neg, "exp": torch.exp, "exp_fast": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt, "abs": torch.abs, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu,
-    "silu": F.silu, "identity": lambda x: x, "square": lambda x: x * x, "reciprocal": torch.reciprocal,
-    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "add": torch.add, "sub": torch.sub,
-    "mul": torch.mul, "div": torch.div, "maximum": torch.maximum, "minimum": torch.minimum,
-    "where": lambda c, a, b: torch.where(c != 0, a, b), "logsumexp_finish": lambda m, s: m + torch.log(s),
-    "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
-    "gt": lambda a, b: (a > b).double(), "ne": lambda a, b: (a != b).double(), "xlogy": torch.xlogy,
-    "eq": lambda a, b: (a == b).double(), "logical_not": lambda a: (a == 0).double(),
-    "to_bfloat16": lambda x: x.to(torch.bfloat16).double(), "to_float16": lambda x: x.to(torch.float16).double(),
-}  # fmt: skip
-
-
-def evaluate(analysis: Analysis, tensors: dict[tuple[str, str], torch.Tensor]) -> list[torch.Tensor]:
-    """Run the analysis' groups with torch (float64) on the CPU; return forward's outputs."""
-    memory = dict(tensors)
-    for group in analysis.groups:
-        memory[("group", group.name)] = evaluate_group(group, memory)
-    return [
-        torch.as_strided(memory[("group", leaf.source.name)], leaf.shape, leaf.strides, leaf.offset)
-        for leaf in analysis.outputs
-    ]
+# Stand-ins for the CUDA intrinsics C_OPS uses, so the host compiler evaluates its expressions as the GPU would
+# (bf16 and fp16 conversions round to nearest even, as __float2bfloat16 and __float2half do).
+C_SPEC_PRELUDE = r"""
+#include <math.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static float fast_expf(float x) { return expf(x); }
+#define __expf fast_expf
+static float __float2bfloat16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
+  u += 0x7fffu + ((u >> 16) & 1u); u &= 0xffff0000u; memcpy(&f, &u, 4); return f;
+}
+static float __bfloat162float(float x) { return x; }
+static float __float2half(float f) { return (float)(_Float16)f; }
+static float __half2float(float x) { return x; }
+"""
+SAMPLES = (-4.0, -1.5, -0.5, 0.0, 0.3, 1.0, 2.5, 7.0, 1.00390625)
 
 
-def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
-    if group.kind == "matmul":
-        return evaluate_matmul(group.matmul, memory)
-    if group.kind == "conv":
-        return evaluate_conv(group.conv, memory)
-    values: dict = {}
-
-    def value(node):
-        if node in values:
-            return values[node]
-        if isinstance(node, Load):
-            access = group.accesses[group.loads[node]]
-            source = group.tensors[access.tensor]
-            flat = memory[(source.kind, source.name)].double().flatten()
-            result = torch.as_strided(flat, group.shape, access.strides, access.offset)
-        elif isinstance(node, Const):
-            result = torch.tensor(node.value, dtype=torch.float64)
-        elif isinstance(node, Call):
-            result = TORCH_OPS[node.op](*[value(arg) for arg in node.args])
-        elif isinstance(node, Field):
-            reduce = node.reduce
-            weighted = None if reduce.weighted is None else value(reduce.weighted).expand(reduce.shape)
-            result = statistic(reduce, node.name, value(reduce.value).expand(reduce.shape), weighted)
-        elif isinstance(node, Gather):
-            result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
-        elif isinstance(node, Stack):  # several values per row, written one after another
-            result = torch.stack([value(item).expand(group.shape) for item in node.values])
-        values[node] = result
-        return result
-
-    stacked = (len(group.expr.values),) if isinstance(group.expr, Stack) else ()
-    result = value(group.expr).expand(*stacked, *group.shape)
-    if group.per_row:  # one value per row or column: the first along the reduced dims
-        start = result.dim() - group.row_dims - group.inner_dims
-        result = result[(slice(None),) * start + (slice(0, 1),) * group.row_dims]
-    # A kernel writes its output contiguously; later groups and outputs view that memory.
-    return result.reshape(group.output.shape).to(getattr(torch, group.output.dtype)).contiguous()
+def arity(op: str) -> int:
+    return 1 + max(int(n) for n in re.findall(r"\{(\d)\}", C_OPS[op]))
 
 
-def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Each row of `rows` at its target column (index is constant along a row); 0 where the target is ignored."""
-    target = index[..., :1]
-    picked = rows.gather(-1, target.long().clamp(0, rows.shape[-1] - 1))
-    return picked if gather.ignore is None else torch.where(target == gather.ignore, 0.0, picked)
+def sample_arguments(op: str) -> list[tuple[float, ...]]:
+    n = arity(op)
+    values = SAMPLES if n < 3 else SAMPLES[::2]
+    return [tuple(args) for args in itertools.product(values, repeat=n)]
 
 
-def viewed(leaf, memory: dict) -> torch.Tensor:
-    return torch.as_strided(memory[(leaf.source.kind, leaf.source.name)].double().flatten(), leaf.shape, leaf.strides, leaf.offset)
+@pytest.fixture(scope="module")
+def c_ops_on_the_host(tmp_path_factory) -> dict[str, list[float]]:
+    """Every C_OPS expression compiled by the host C compiler and run on the sample arguments."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no host C compiler (cc) on PATH")
+    lines = [C_SPEC_PRELUDE, "int main(void) {"]
+    for op in sorted(C_OPS):
+        for args in sample_arguments(op):
+            names = [f"a{i}" for i in range(len(args))]
+            declared = " ".join(f"float {name} = {value!r}f;" for name, value in zip(names, args))
+            lines.append(f'  {{ {declared} printf("{op} %.9g\\n", (double)({C_OPS[op].format(*names)})); }}')
+    lines.append("  return 0;\n}")
+    folder = tmp_path_factory.mktemp("c_ops")
+    (folder / "c_ops.c").write_text("\n".join(lines))
+    subprocess.run([compiler, "-O0", "-std=gnu11", "-o", str(folder / "c_ops"), str(folder / "c_ops.c"), "-lm"],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    printed = subprocess.run([str(folder / "c_ops")], check=True, capture_output=True, text=True).stdout
+    results: dict[str, list[float]] = {}
+    for line in printed.splitlines():
+        op, value = line.split()
+        results.setdefault(op, []).append(float(value))
+    return results
 
 
-def evaluate_matmul(matmul: Matmul, memory: dict) -> torch.Tensor:
-    """What cuBLASLt's call computes: act(alpha * (a @ b) + residual + bias), rounded once to the output dtype."""
-    result = matmul.alpha * (viewed(matmul.a, memory) @ viewed(matmul.b, memory)).reshape(matmul.shape)
-    for addend in (matmul.residual, matmul.bias):
-        if addend is not None:
-            result = result + viewed(addend, memory)
-    if matmul.activation:
-        result = TORCH_OPS[matmul.activation](result)
-    return result.to(getattr(torch, matmul.dtype)).contiguous()
+def test_every_c_op_has_a_cpu_spec():
+    assert set(TORCH_OPS) == set(C_OPS)
 
 
-def evaluate_conv(conv, memory: dict) -> torch.Tensor:
-    """What cuDNN's call computes: act(convolution(input, weight) + bias), rounded once to the output dtype."""
-    bias = viewed(conv.bias, memory) if conv.bias is not None else None
-    weight = viewed(conv.weight, memory)
-    result = torch.convolution(viewed(conv.input, memory), weight, bias, list(conv.stride), list(conv.padding),
-                               list(conv.dilation), False, [0] * len(conv.stride), conv.groups)  # fmt: skip
-    if conv.activation:
-        result = TORCH_OPS[conv.activation](result)
-    return result.to(getattr(torch, conv.dtype)).contiguous()
+@pytest.mark.parametrize("op", sorted(C_OPS))
+def test_each_c_op_computes_what_its_cpu_spec_says(c_ops_on_the_host, op):
+    arguments = sample_arguments(op)
+    columns = [torch.tensor(column, dtype=torch.float64) for column in zip(*arguments)]
+    expected = TORCH_OPS[op](*columns).double()
+    actual = torch.tensor(c_ops_on_the_host[op], dtype=torch.float64)
+    torch.testing.assert_close(actual, expected, rtol=2e-6, atol=1e-6, equal_nan=True)
 
 
-def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.Tensor | None = None) -> torch.Tensor:
-    """One number per row (or column), shaped to broadcast over the reduce's iteration shape (its reduced dims
-    kept as 1s). `weighted`: what a softmax_weighted statistic weighs by exp(values - max)."""
-    end = values.dim() - reduce.inner
-    dims = tuple(range(end - reduce.dims, end))
-    maximum = values.amax(dims, keepdim=True)
-    mean = values.mean(dims, keepdim=True)
-    return {
-        ("softmax_weighted", "max"): lambda: maximum,
-        ("softmax_weighted", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
-        ("softmax_weighted", "weighted"): lambda: ((values - maximum).exp() * weighted).sum(dims, keepdim=True),
-        ("sum", "sum"): lambda: values.sum(dims, keepdim=True),
-        ("max", "max"): lambda: maximum,
-        ("min", "min"): lambda: values.amin(dims, keepdim=True),
-        ("online_softmax", "max"): lambda: maximum,
-        ("online_softmax", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
-        ("welford", "mean"): lambda: mean,
-        ("welford", "m2"): lambda: ((values - mean) ** 2).sum(dims, keepdim=True),
-    }[(reduce.kind, name)]()
+# aten ops of the same name whose arguments are all tensors: the spec must mean what torch means by them.
+ATEN_NAMED_OPS = sorted(op for op in C_OPS if hasattr(torch, op) and op not in
+                        {"where", "clamp", "xlogy", "relu", "pow", "logical_not", "logical_and", "logical_or"})  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ATEN_NAMED_OPS)
+def test_each_aten_named_c_op_means_what_torch_means(op):
+    arguments = sample_arguments(op)
+    columns = [torch.tensor(column, dtype=torch.float64) for column in zip(*arguments)]
+    torch.testing.assert_close(TORCH_OPS[op](*columns).double(), getattr(torch, op)(*columns).double(), equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["relu", "pow", "where", "clamp", "xlogy", "logical_not", "logical_and", "logical_or",
+                                "leaky_relu", "softplus", "hardsigmoid", "hardswish", "gelu", "silu"])  # fmt: skip
+def test_each_c_op_with_settings_means_what_torch_means(op):
+    x, y = torch.tensor(SAMPLES, dtype=torch.float64), torch.tensor(SAMPLES[::-1], dtype=torch.float64)
+    torch_meaning = {
+        "relu": lambda: torch.relu(x), "pow": lambda: torch.pow(x, y), "where": lambda: torch.where(x != 0, x, y),
+        "clamp": lambda: torch.clamp(x, -1.0, 2.0), "xlogy": lambda: torch.xlogy(x, y),
+        "logical_not": lambda: torch.logical_not(x).double(), "logical_and": lambda: torch.logical_and(x, y).double(),
+        "logical_or": lambda: torch.logical_or(x, y).double(),
+        "leaky_relu": lambda: torch.nn.functional.leaky_relu(x, 0.01),
+        "softplus": lambda: torch.nn.functional.softplus(x, beta=2.0, threshold=5.0),
+        "hardsigmoid": lambda: torch.nn.functional.hardsigmoid(x), "hardswish": lambda: torch.nn.functional.hardswish(x),
+        "gelu": lambda: torch.nn.functional.gelu(x), "silu": lambda: torch.nn.functional.silu(x),
+    }[op]()
+    settings = {"clamp": (torch.tensor(-1.0), torch.tensor(2.0)), "leaky_relu": (torch.tensor(0.01),),
+                "softplus": (torch.tensor(2.0), torch.tensor(5.0))}  # fmt: skip
+    args = {"pow": (x, y), "where": (x, x, y), "xlogy": (x, y), "logical_and": (x, y), "logical_or": (x, y)}
+    spec = TORCH_OPS[op](*args.get(op, (x, *settings.get(op, ()))))
+    torch.testing.assert_close(spec.double(), torch_meaning.double(), equal_nan=True)
 
 
 def check_against_model(path: Path, atol: float = 1e-5, equal_nan: bool = False, faithful: bool = False) -> Analysis:
@@ -1195,44 +1186,67 @@ def test_matmul_zoo_workspace_builds_and_links_cublaslt(tmp_path):
 SCHEMAS = tool_schemas(default_tools())
 
 
-def profile_text(ms: float) -> str:
-    return (
-        "Profile: reward 3 (-1 broken or wrong, 1 correct, 2 faster than eager, 3 faster than eager and torch.compile).\n"
-        "Verify PASSED: 5/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.\n"
-        "Times on NVIDIA H100 (median; p10-p90; spread):\n"
-        f"  candidate     {ms:.4g} ms; {ms:.4g}-{ms:.4g} ms; 1.0% (20 runs)\n"
-        "  eager         9 ms; 9-9 ms; 1.0% (20 runs)\n"
-        f"Speedup: {9 / ms:.2f}x vs eager, 1.10x vs torch.compile."
-    )
+def timing(ms: float) -> Timing:
+    return Timing(median_ms=ms, p10_ms=ms, p90_ms=ms, mean_ms=ms, runs=20)
+
+
+def built(ok: bool = True) -> BuildResult:
+    if ok:
+        return BuildResult(ok=True, workspace="/w", extension_name="kp_kernels", arch="9.0", seconds=1.2,
+                           compiled=["kernels/policy_g0.cu"])  # fmt: skip
+    error = Diagnostic("error", "expected ';'", file="kernels/policy_g0.cu", line=10)
+    return BuildResult(ok=False, workspace="/w", extension_name="kp_kernels", arch="9.0", diagnostics=[error],
+                       error="the compiler reported 1 error")  # fmt: skip
+
+
+def verified(error_kind: str | None = None, message: str = "") -> VerifyResult:
+    trials = [TrialResult(seed=seed, ok=error_kind is None) for seed in range(5)]
+    return VerifyResult(ok=error_kind is None, trials=trials, error_kind=error_kind, message=message)
+
+
+def profiled(ms: float) -> EvalResult:
+    bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(ms), eager=timing(9.0),
+                        speedup_vs_eager=9 / ms, speedup_vs_compile=1.10)  # fmt: skip
+    return EvalResult("problem", "/w", build=built(), verify=verified(), bench=bench, reward=3)
 
 
 class ScriptedTools:
-    """Answers tool calls the way the real tools word them, with chosen outcomes."""
+    """Answers tool calls with the judge's typed results, chosen outcomes; the text is what the real tools render."""
 
     def __init__(self, build_ok: bool = True, verify_ok: bool = True, times_ms: tuple[float, ...] = (3.0,),
-                 verify_failures: tuple[str, ...] = ()):  # fmt: skip
+                 verify_failures: tuple[VerifyResult, ...] = ()):  # fmt: skip
         self.build_ok, self.verify_ok, self.times = build_ok, verify_ok, list(times_ms)
         self.verify_failures = list(verify_failures)  # what the first Verify calls answer, one each
         self.calls: list = []
+        self.results: dict = {}  # call id -> typed result, as the loop keeps them in ctx.judged.by_call
 
     def __call__(self, call) -> str:
         self.calls.append(call)
-        if call.name == "Compile":
-            return "Build ok for sm_90 in 1.2 s; recompiled: kernels/policy_g0.cu." if self.build_ok else (
-                "Build FAILED: kernels/policy_g0.cu:10: error: expected ';'"
-            )
-        if call.name == "Verify":
+        result = self._result(call.name)
+        if result is None:
+            return "ok"
+        self.results[call.id] = result
+        return render(result)
+
+    def _result(self, name: str):
+        if name == "Compile":
+            return built(self.build_ok)
+        if name == "Verify":
             if self.verify_failures:
-                return self.verify_failures.pop(0)
-            return "Verify PASSED: 5/5 trials." if self.verify_ok else "Verify FAILED (mismatch): 0/5 trials."
-        if call.name == "Profile":
-            return profile_text(self.times.pop(0) if len(self.times) > 1 else self.times[0])
-        return "ok"
+                return VerifyOutcome(built(), self.verify_failures.pop(0))
+            return VerifyOutcome(built(), verified(None if self.verify_ok else "mismatch"))
+        if name == "Profile":
+            return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+        return None
 
 
-def converse(policy: BuiltinPolicy, workspace: Path, tools: ScriptedTools, turns: int = 30) -> list[dict]:
+def policy_for(workspace: Path, tools: ScriptedTools) -> BuiltinPolicy:
+    return BuiltinPolicy(workspace / "model.py", tools.results)
+
+
+def converse(policy: BuiltinPolicy, tools: Callable[[Any], str], turns: int = 30) -> list[dict]:
     """Drive the policy as the loop does; return the conversation."""
-    messages = [{"role": "system", "content": "..."}, {"role": "user", "content": f"Optimise it.\n\nWorkspace: {workspace}\n"}]
+    messages = [{"role": "system", "content": "..."}, {"role": "user", "content": "Optimise it."}]
     for _ in range(turns):
         reply = policy.query(messages, SCHEMAS)
         messages.append(assistant_message(reply))
@@ -1269,7 +1283,7 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     candidates = launch_candidates(group)
     # The second candidate is the fastest.
     tools = ScriptedTools(times_ms=(3.0, 2.0) + (2.5,) * (len(candidates) - 2))
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
     tries = [["Write", "Profile"]] * (len(candidates) - 1)
     assert actions(messages) == [
         ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
@@ -1280,18 +1294,18 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     assert "Verified correct" in summary and "2 ms" in summary and candidates[1].label in summary
 
 
-def test_policy_reads_the_workspace_from_the_task_and_resumes_from_the_conversation(layernorm_workspace):
+def test_policy_resumes_from_the_conversation_and_the_judges_results(layernorm_workspace):
     tools = ScriptedTools()
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools, turns=30)
+    messages = converse(policy_for(layernorm_workspace, tools), tools, turns=30)
     # A fresh policy handed the conversation up to the Verify result continues with Profile.
     cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and "Verify PASSED" in m["content"])
-    reply = BuiltinPolicy().query(messages[: cut + 1], SCHEMAS)
+    reply = policy_for(layernorm_workspace, tools).query(messages[: cut + 1], SCHEMAS)
     assert [c.name for c in reply.tool_calls] == ["Profile"]
 
 
 def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
     tools = ScriptedTools(build_ok=False)
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Compile"], ["Finish"]]
     summary = tools.calls[-1].arguments["summary"]
     assert "did not compile" in summary and "expected ';'" in summary and "no verified candidate" in summary
@@ -1299,17 +1313,17 @@ def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
 
 def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
     tools = ScriptedTools(verify_ok=False)
-    messages = converse(BuiltinPolicy(), layernorm_workspace, tools)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
 
 # As the H100 answered the LoRA example's fused first answer (BENCHMARKS.md, 2026-11-23 and 2026-11-26).
-LORA_MISMATCH = (
-    "Verify FAILED (mismatch): 4/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.\n"
-    "Max abs error 0.0156, max rel error 0.0435.\n"
-    "  trial seed 1: FAILED; max abs 0.0156, max rel 0.0435; worst at index (3, 1021, 77); 1 of 33554432 outside"
-)
+LORA_MISMATCH = VerifyResult(
+    ok=False, error_kind="mismatch", message="trial 1 (seed 1): 1 of 33554432 outside tolerance",
+    trials=[TrialResult(seed=0, ok=True), TrialResult(seed=1, ok=False, max_abs_error=0.0156, max_rel_error=0.0435,
+                                                      worst_index=[3, 1021, 77])],
+)  # fmt: skip
 FAITHFUL_SENTENCE = "The fused epilogue rounded differently from eager; the product is now written in bf16 first."
 
 
@@ -1323,7 +1337,7 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
     problem = load_problem(lora_workspace / "model.py")
     fused, faithful = analyze(problem), analyze(problem, faithful=True)
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     tries = sum(len(launch_candidates(g)) - 1 for g in faithful.generated_groups)  # the faithful plan's search
     files = len(render_all(problem, fused)), len(render_all(problem, faithful))
     assert files[1] == files[0] + 2  # one more kernel and its binding
@@ -1343,17 +1357,17 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
 
 def test_policy_resumes_a_fallback_on_the_faithful_kernels(lora_workspace):
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     # A fresh policy handed the conversation up to the Profile result times the faithful plan's third group.
     cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and m["content"].startswith("Profile:"))
-    tool_calls = BuiltinPolicy().query(messages[: cut + 1], SCHEMAS).tool_calls
+    tool_calls = policy_for(lora_workspace, tools).query(messages[: cut + 1], SCHEMAS).tool_calls
     assert [c.name for c in tool_calls] == ["Write"] * 3 + ["Profile"]
     assert [c.arguments["path"] for c in tool_calls[:3]] == [f"kernels/policy_g{i}.cu" for i in range(3)]
 
 
 def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lora_workspace):
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH, LORA_MISMATCH))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     files = len(render_all(load_problem(lora_workspace / "model.py"), analysed(lora_workspace / "model.py", faithful=True)))
     assert actions(messages)[-5:] == [["Verify"], ["Write"] * files, ["Compile"], ["Verify"], ["Finish"]]
     summary = tools.calls[-1].arguments["summary"]
@@ -1362,16 +1376,13 @@ def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lo
 
 @pytest.mark.parametrize(
     "failure",
-    [
-        "Verify FAILED (guard): 5/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.",
-        "Verify FAILED (crash): 0/5 trials within |actual - expected| <= 0.01 + 0.01 * |expected|.",
-        "Verify did not judge the candidate: kernelpilot's verifier failed, not your kernel (0 trials passed before it did).",
-    ],
+    [verified("guard", "torch-compute: forward computes with torch"), verified("crash", "illegal memory access"),
+     verified(HARNESS_ERROR, "kernelpilot's verifier failed: KeyError: 'out'")],
     ids=["guard", "crash", "harness"],
 )
 def test_policy_falls_back_only_after_a_mismatch(lora_workspace, failure):
     tools = ScriptedTools(verify_failures=(failure,))
-    messages = converse(BuiltinPolicy(), lora_workspace, tools)
+    messages = converse(policy_for(lora_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
@@ -1475,7 +1486,7 @@ def test_bench_policy_markdown_names_a_missing_file_in_one_sentence(tmp_path):
 def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     unsupported_problem(tmp_path)
     tools = ScriptedTools()
-    messages = converse(BuiltinPolicy(), tmp_path, tools)
+    messages = converse(policy_for(tmp_path, tools), tools)
     assert actions(messages) == [["TodoWrite"], ["Finish"]]
     todos = tools.calls[0].arguments["todos"]
     assert any("aten.cumsum" in todo["content"] for todo in todos)
@@ -1483,21 +1494,93 @@ def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
     assert summary.startswith("No kernels written") and "aten.cumsum" in summary
 
 
-def test_policy_accepts_a_problem_path():
-    policy = BuiltinPolicy(problem_path=EXAMPLES / "silu_scale_shift.py")
-    reply = policy.query([{"role": "user", "content": "Optimise it."}], SCHEMAS)
+class TypedJudge:
+    """A judge that answers with chosen typed results (the real one needs a GPU): builds succeed, verifications
+    pass, and each evaluation takes the next of `times_ms`."""
+
+    device = "cpu"
+
+    def __init__(self, *times_ms: float):
+        self.times = list(times_ms)
+
+    def build(self, root):
+        return built()
+
+    def verify(self, root, build, trials=5, atol=1e-2, rtol=1e-2):
+        return verified()
+
+    def evaluate(self, root, trials=5, atol=1e-2, rtol=1e-2):
+        return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+
+
+def test_the_loop_hands_the_policy_the_judges_typed_results_and_a_resume_rebuilds_them(tmp_path):
+    from kernelpilot.agent import JudgeRecord, ToolContext
+    from kernelpilot.agent.loop import run_agent
+    from kernelpilot.agent.session import Session
+    from kernelpilot.config import Settings
+    from kernelpilot.workspace import init_workspace
+
+    ws, _ = init_workspace(EXAMPLES / "layernorm.py", tmp_path / "ws")
+    count = len(launch_candidates(only_group(analysed(EXAMPLES / "layernorm.py"))))
+    judged = JudgeRecord()
+    ctx = ToolContext(workspace=ws, judge=TypedJudge(3.0, 2.0, *[2.5] * count), judged=judged)
+    session = Session.create(ws.root, problem=str(ws.model_path), model="builtin")
+    task = [{"role": "user", "content": "Optimise it."}]
+    summary = run_agent(task, BuiltinPolicy(ws.model_path, judged.by_call), default_tools(), ctx, Settings(), session)
+    assert summary.status == "finished" and summary.best is not None
+    finish = Session.resume(ws.root).messages[-2]["tool_calls"][0]["function"]["arguments"]
+    assert "Verified correct" in finish and "2 ms" in finish  # the second configuration was the fastest
+    # A resumed session rebuilds every judge call's typed result from the transcript.
+    rebuilt = Session.resume(ws.root).state.judged_calls
+    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 3 + count
+    assert all(type(rebuilt[key]) is type(result) for key, result in judged.by_call.items())
+    assert [candidate_ms(r) for r in rebuilt.values()] == [candidate_ms(r) for r in judged.by_call.values()]
+
+
+def test_policy_works_on_the_problem_it_is_given_whatever_the_task_says():
+    policy = BuiltinPolicy(EXAMPLES / "silu_scale_shift.py")
+    reply = policy.query([{"role": "user", "content": f"Optimise it.\n\nWorkspace: {EXAMPLES / 'layernorm'}"}], SCHEMAS)
     assert [c.name for c in reply.tool_calls] == ["TodoWrite"]
     assert "silu_scale_shift" in reply.content
 
 
-def test_policy_without_a_workspace_line_says_how_to_start_it():
-    with pytest.raises(PolicyError, match="Workspace: <path>"):
-        BuiltinPolicy().query([{"role": "user", "content": "Optimise it."}], SCHEMAS)
+def test_the_built_in_policy_is_resolved_only_with_its_problem():
+    from kernelpilot.agent.model import ModelError, resolve_model
+
+    results = {}
+    policy = resolve_model(None, None, None, problem_path=EXAMPLES / "layernorm.py", judge_results=results)
+    assert isinstance(policy, BuiltinPolicy) and policy.judge_results is results
+    with pytest.raises(ModelError, match="needs the problem"):
+        resolve_model(None, None, None)
+
+
+def test_launch_search_tries_one_group_at_a_time_with_the_others_at_their_best():
+    search = LaunchSearch({"g0": 3, "g1": 2}, first_ms=3.0)
+    assert search.tries == [("g0", 1), ("g0", 2), ("g1", 1)]
+    assert search.choice(*search.next_try()) == {"g0": 1, "g1": 0}
+    assert search.record(2.0)  # faster: kept
+    assert not search.record(None)  # broken or wrong: no time, nothing changes
+    assert search.choice(*search.next_try()) == {"g0": 1, "g1": 1}
+    assert not search.record(2.5)
+    assert search.next_try() is None and (search.best, search.best_ms) == ({"g0": 1, "g1": 0}, 2.0)
+    untimed = LaunchSearch({"g0": 2}, first_ms=None)  # the first configuration got no time: any time is kept
+    assert untimed.record(9.0) and untimed.best == {"g0": 1}
 
 
 def test_candidate_time_counts_only_when_verified():
-    assert candidate_ms(profile_text(1.25)) == 1.25
-    assert candidate_ms("Profile: reward -1.\nVerify FAILED (mismatch): 0/5 trials.") is None
+    assert candidate_ms(profiled(1.25)) == 1.25
+    wrong = EvalResult("problem", "/w", build=built(), verify=verified("mismatch"), reward=-1, error_kind="mismatch")
+    assert candidate_ms(wrong) is None
+    assert candidate_ms(VerifyOutcome(built(), verified())) is None  # a Verify times nothing
+
+
+def test_policy_decisions_do_not_depend_on_the_wording_of_the_tools_text(layernorm_workspace):
+    # The text the model would read is replaced: the policy reads only the typed results, so its run is unchanged.
+    tools, reworded = ScriptedTools(times_ms=(3.0, 2.0, 2.5)), ScriptedTools(times_ms=(3.0, 2.0, 2.5))
+    expected = converse(policy_for(layernorm_workspace, tools), tools)
+    messages = converse(policy_for(layernorm_workspace, reworded), lambda call: reworded(call) and "(reworded)")
+    assert [m for m in messages if m["role"] == "assistant"] == [m for m in expected if m["role"] == "assistant"]
+
 
 
 # --------------------------------------------------------------------------------------------------- GPU

@@ -24,8 +24,8 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.codegen import ColumnConfig, launch_candidates, render_kernel
-from kernelpilot.policy.columns import MAX_CLUSTER_BLOCKS, column_layout
+from kernelpilot.policy.columns import MAX_CLUSTER_BLOCKS, ColumnConfig, column_layout
+from kernelpilot.policy.families import launch_candidates, render_kernel
 
 COLUMN_EXAMPLES = ["sum_middle_dim", "channel_amax_bf16"]
 

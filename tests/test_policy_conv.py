@@ -33,8 +33,8 @@ from kernelpilot import build
 from kernelpilot.errors import BuildError
 from kernelpilot.harness import guards
 from kernelpilot.policy.analysis import analyze
-from kernelpilot.policy.codegen import ConvConfig, launch_candidates, render_all, render_kernel
-from kernelpilot.policy.convolution import channels_last_applies, conv_context
+from kernelpilot.policy.convolution import ConvConfig, channels_last_applies, conv_context
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 
 CONV_INIT = """
 self.conv = nn.Conv2d(8, 16, 3, padding=1)

@@ -20,8 +20,8 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Gather
-from kernelpilot.policy.codegen import launch_candidates, render_kernel
+from kernelpilot.policy.ir import Gather
+from kernelpilot.policy.families import launch_candidates, render_kernel
 
 # 64 rows of 50 classes; about a fifth of the targets are the ignored index.
 TARGETS = "torch.where(torch.rand(64) < 0.2, {ignore}, torch.randint(0, 50, (64,)))"

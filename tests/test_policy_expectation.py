@@ -23,8 +23,10 @@ from test_policy import (
     only_group,
 )
 
-from kernelpilot.policy.analysis import Field, Load, walk
-from kernelpilot.policy.codegen import _RowProgram, launch_candidates, render_kernel, row_layout
+from kernelpilot.policy.ir import Field, Load, walk
+from kernelpilot.policy.codegen import row_layout
+from kernelpilot.policy.row import RowProgram
+from kernelpilot.policy.families import launch_candidates, render_kernel
 from kernelpilot.problem import load_problem
 
 ENTROPY = "torch.logsumexp(x.float(), -1) - (torch.softmax(x.float(), -1) * x.float()).sum(-1)"
@@ -95,7 +97,7 @@ def variant_problem(folder, name: str):
 def levels(group) -> int:
     """How many statistics passes the row program of a group makes."""
     layout = row_layout(group)
-    return len(_RowProgram(group, layout, {i for i in range(len(layout.strides)) if layout.along_row(i)}).levels)
+    return len(RowProgram(group, layout, {i for i in range(len(layout.strides)) if layout.along_row(i)}).levels)
 
 
 def row_reads(source: str) -> int:

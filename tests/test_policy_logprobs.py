@@ -27,8 +27,9 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Field, Gather, Stack, walk
-from kernelpilot.policy.codegen import launch_candidates, render_kernel, render_model_new
+from kernelpilot.policy.ir import Field, Gather, Stack, walk
+from kernelpilot.policy.codegen import render_model_new
+from kernelpilot.policy.families import launch_candidates, render_kernel
 from kernelpilot.problem import load_problem
 
 SELECTIVE_LOG_SOFTMAX = "torch.log_softmax(x.float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)"

@@ -27,8 +27,8 @@ from test_policy import (
     write_problem,
 )
 
-from kernelpilot.policy.analysis import Field, Gather, Stack, walk
-from kernelpilot.policy.codegen import launch_candidates, render_kernel
+from kernelpilot.policy.ir import Field, Gather, Stack, walk
+from kernelpilot.policy.families import launch_candidates, render_kernel
 
 # kl_div's reduction='mean' (a variant below) warns that it differs from 'batchmean'; that is the point of it.
 pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning")

@@ -13,23 +13,12 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.agent import RecoverableError, Tool, ToolContext
-from kernelpilot.agent.tools import (
-    BASH_OUTPUT_LIMIT,
-    GLOB_LIMIT,
-    NCU_DRIVER,
-    PRISTINE_DIR,
-    ProcessRun,
-    WriteGuard,
-    build_text,
-    default_tools,
-    driver_environment,
-    eval_text,
-    find_tool,
-    ncu_text,
-    parse_ncu_csv,
-    run_process,
-    tool_schemas,
-)
+from kernelpilot.agent.observations import build_text, eval_text, ncu_text
+from kernelpilot.agent.shell_guard import WriteGuard
+from kernelpilot.agent.tools import default_tools, find_tool, tool_schemas
+from kernelpilot.agent.tools.files import GLOB_LIMIT
+from kernelpilot.agent.tools.ncu import NCU_DRIVER, NCU_TIMEOUT_S, driver_environment, parse_ncu_csv
+from kernelpilot.agent.tools.shell import BASH_OUTPUT_LIMIT, PRISTINE_DIR, ProcessRun, run_process
 from kernelpilot.config import Settings
 from kernelpilot.results import (
     BenchResult,
@@ -503,7 +492,7 @@ def test_ncu_csv_becomes_one_summary_line_per_launch():
     assert [launch["kernel"] for launch in launches] == ["softmax_kernel", "tiny_kernel"]
     assert launches[0]["duration_us"] == pytest.approx(1234.567)
     assert launches[0]["registers"] == 32 and launches[1]["occupancy_pct"] == pytest.approx(3.1)
-    text = ncu_text(ProcessRun(output="", returncode=0, timed_out=False, seconds=1.0), launches, None)
+    text = ncu_text(ProcessRun(output="", returncode=0, timed_out=False, seconds=1.0), launches, None, NCU_TIMEOUT_S)
     lines = text.splitlines()
     assert lines[0] == "ncu: 2 kernel launch(es) in one forward call:"
     assert lines[1] == "  softmax_kernel: 1235 us, DRAM 91.5%, SM 20.1%, 32 regs -> memory-bound (DRAM busy): move fewer bytes"
@@ -512,9 +501,9 @@ def test_ncu_csv_becomes_one_summary_line_per_launch():
 
 def test_ncu_with_no_profiled_launch_shows_why():
     failed = ProcessRun(output="==ERROR== ERR_NVGPUCTRPERM - no permission\n", returncode=1, timed_out=False, seconds=1.0)
-    assert ncu_text(failed, [], None) == "ncu profiled no kernel (exit code 1).\n==ERROR== ERR_NVGPUCTRPERM - no permission"
+    assert ncu_text(failed, [], None, NCU_TIMEOUT_S) == "ncu profiled no kernel (exit code 1).\n==ERROR== ERR_NVGPUCTRPERM - no permission"
     unmatched = ProcessRun(output="", returncode=0, timed_out=False, seconds=1.0)
-    assert ncu_text(unmatched, [], "gemm") == "ncu profiled no kernel (no kernel matched 'gemm')."
+    assert ncu_text(unmatched, [], "gemm", NCU_TIMEOUT_S) == "ncu profiled no kernel (no kernel matched 'gemm')."
 
 
 def test_build_text_lists_errors_at_most_twenty_and_kernel_resources():
@@ -602,11 +591,11 @@ def judged_on_cpu(tmp_path_factory):
     for example in EXAMPLE_KERNELS:
         (root / example).unlink()
     ctx.workspace.model_new_path.write_text(TORCH_CANDIDATE)
-    ctx.state["settings"] = RUN_SETTINGS
+    ctx.settings = RUN_SETTINGS
     with Judge("cpu", arch="9.0", cache_dir=tmp_path_factory.mktemp("cache")) as judge:
         ctx.judge = judge
         outputs = {name: call(ctx, name) for name in ("Compile", "Verify", "Profile")}
-        good_build = ctx.state["build"]
+        good_build = ctx.judged.build
         (root / "kernels" / "broken.cpp").write_text("int broken() {\n  return undefined_name;\n}\n")
         outputs["broken Compile"] = call(ctx, "Compile")
         outputs["broken Verify"] = call(ctx, "Verify", trials=2)
@@ -629,7 +618,7 @@ def test_compile_errors_come_back_as_file_line_messages(judged_on_cpu):
     assert text.startswith("Build FAILED: ")
     assert "Recompiled: kernels/broken.cpp." in text
     assert "kernels/broken.cpp:2:" in text and "undefined_name" in text
-    assert not ctx.state["build"].ok, "the latest build is the one remembered"
+    assert not ctx.judged.build.ok, "the latest build is the one remembered"
     assert outputs["broken Verify"].text.startswith("Verify skipped: the build failed.\nBuild FAILED")
 
 
@@ -648,8 +637,8 @@ def test_profile_records_the_evaluation_for_the_loop(judged_on_cpu):
     profiled = outputs["Profile"]
     assert profiled.text.startswith("Profile: reward -1 ")
     assert "guard torch-compute [fail]" in profiled.text
-    assert isinstance(ctx.state["last_eval"], EvalResult) and ctx.state["evals"] == [ctx.state["last_eval"]]
-    assert profiled.data["reward"] == -1
+    assert isinstance(profiled.result, EvalResult) and ctx.judged.evals == [profiled.result]
+    assert profiled.data["reward"] == -1 and profiled.text == eval_text(profiled.result)
 
 
 @pytest.mark.cuda_build
@@ -699,7 +688,7 @@ def test_gpu_compile_verify_profile_the_example_kernel(gpu_ctx):
     assert profiled.data["reward"] >= 1, profiled.text
     assert "Speedup: " in profiled.text and "% of speed-of-light" in profiled.text
     assert "Top kernels of the candidate" in profiled.text and "scale_shift" in profiled.text
-    assert gpu_ctx.state["evals"][-1].reward == profiled.data["reward"]
+    assert gpu_ctx.judged.evals[-1].reward == profiled.data["reward"]
 
 
 @pytest.mark.gpu

@@ -105,7 +105,7 @@ def scripted_run(problem_path: Path, model, max_turns: int = 10, judge=None):
                     {"role": "user", "content": "Make Model faster.\n" + DOUBLE_PROBLEM}]  # fmt: skip
         for message in messages:
             session.append("message", turn=0, message=message)
-        ctx = ToolContext(workspace=ws, judge=judge, state={"settings": settings})
+        ctx = ToolContext(workspace=ws, judge=judge, settings=settings)
         yield AgentRun(problem_path, ws, model, default_tools(), ctx, settings, session, messages)
 
     return open_run

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kernelpilot.config import Settings
+from kernelpilot.results import BuildResult, EvalResult, VerifyResult
+
 if TYPE_CHECKING:
     from kernelpilot.harness.judge import Judge
     from kernelpilot.workspace import Workspace
@@ -53,22 +56,66 @@ class Model(Protocol):
 
 
 @dataclass
+class VerifyOutcome:
+    """What Verify found: the build it judged, and the verification when that build succeeded."""
+
+    build: BuildResult
+    verify: VerifyResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verify is not None and self.verify.ok
+
+
+# What a judge tool returns: Compile a build, Verify a build and its verification, Profile the whole judgement.
+JudgeResult = BuildResult | VerifyOutcome | EvalResult
+JUDGE_RESULT_TYPES: dict[str, type] = {"Compile": BuildResult, "Verify": VerifyOutcome, "Profile": EvalResult}
+
+
+@dataclass
+class JudgeRecord:
+    """What the judge said in this run, typed: the latest build and verification, every Profile's EvalResult in
+    order, and each judge tool call's result by its call id (the built-in policy reads its own calls' results here).
+    Only these count; the model's own claims (Finish's summary) never do."""
+
+    build: BuildResult | None = None
+    verify: VerifyResult | None = None
+    evals: list[EvalResult] = field(default_factory=list)
+    by_call: dict[str, JudgeResult] = field(default_factory=dict)
+
+    def note(self, result: JudgeResult) -> None:
+        """Remember `result` as the latest of its kind (a Profile's EvalResult also joins `evals`)."""
+        if isinstance(result, BuildResult):
+            self.build = result
+        elif isinstance(result, VerifyOutcome):
+            self.build, self.verify = result.build, result.verify or self.verify
+        else:
+            self.evals.append(result)
+            self.build = result.build or self.build
+            self.verify = result.verify or self.verify
+
+
+@dataclass
 class ToolContext:
-    """What a tool may touch: the workspace, the judge (GPU worker) and the run's shared state."""
+    """What a tool may touch: the workspace, the judge (GPU worker), the run's settings (trials and tolerances the
+    judge tools use) and what the judge said so far."""
 
     workspace: Workspace
     judge: Judge | None
+    settings: Settings = field(default_factory=Settings)
     todos: list[dict[str, Any]] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
+    judged: JudgeRecord = field(default_factory=JudgeRecord)
 
 
 @dataclass
 class ToolOutput:
-    """What a tool returns: text for the model, structured data for the transcript/TUI, and whether the run is over."""
+    """What a tool returns: text for the model, structured data for the transcript/TUI, whether the run is over, and
+    for a judge tool its typed result (`text` is rendered from it by `agent/observations.py`)."""
 
     text: str
     data: dict[str, Any] | None = None
     finished: bool = False
+    result: JudgeResult | None = None
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """The ReAct loop: ask the model, run the tools it calls, feed back what they return, until a stop condition.
 
-Only the judge's results (EvalResults the tools leave in `ctx.state["evals"]`) decide what counts; the model's
+Only the judge's results (the EvalResults the tools note in `ctx.judged.evals`) decide what counts; the model's
 claims never do. The best verified candidate is copied aside as soon as it appears, and every turn is
 checkpointed in the session's transcript in a `finally:`, so Ctrl-C or a crash loses nothing.
 """
@@ -59,7 +59,8 @@ def run_agent(
     from kernelpilot.agent.tools import tool_schemas
 
     messages, state, schemas = list(task_messages), session.state, tool_schemas(tools)
-    ctx.todos, ctx.state["evals"] = state.todos, list(state.evals)
+    ctx.todos, ctx.judged.evals = state.todos, list(state.evals)
+    ctx.judged.by_call.update(state.judged_calls)  # a resumed run's earlier results, for a model that reads them
     clock_start, status = time.monotonic() - state.elapsed_s, "error"
     try:
         while (stop := stop_reason(state, settings)) is None:
@@ -115,19 +116,22 @@ def _turn(messages, model, tools, schemas, ctx, session, state) -> str:
 
 
 def run_tool(call: ToolCall, tools: list[Tool], ctx: ToolContext) -> ToolOutput:
-    """Run one call; a problem the model can fix comes back as its observation."""
+    """Run one call; a problem the model can fix comes back as its observation. A judge tool's typed result is
+    kept in `ctx.judged.by_call` under the call's id."""
     from kernelpilot.agent.tools import find_tool
 
     try:
-        return find_tool(tools, call.name).run(call.arguments, ctx)
+        output = find_tool(tools, call.name).run(call.arguments, ctx)
     except RecoverableError as err:
         return ToolOutput(text=f"Error: {err}")
+    if output.result is not None:
+        ctx.judged.by_call[call.id] = output.result
+    return output
 
 
 def record_evals(ctx: ToolContext, session: Session, state: RunState) -> None:
     """Log the judge's new results; keep a copy of the candidate's files when one is the new best."""
-    evals = ctx.state.get("evals", [])
-    for result in evals[len(state.evals):]:
+    for result in ctx.judged.evals[len(state.evals):]:
         improved = is_improvement(result, state.best)
         if improved:
             save_best(ctx.workspace)

@@ -22,14 +22,18 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import Model, ModelReply, RecoverableError, RunEnded, ToolCall, Usage
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.resources import data_dir
+
+if TYPE_CHECKING:
+    from kernelpilot.agent import JudgeResult
 
 Message = dict[str, Any]
 
@@ -716,8 +720,19 @@ _NO_MODEL_HINT = (
 )
 
 
-def resolve_model(model: str | None, api_base: str | None, api_key: str | None) -> Model:
-    """The model the settings name, else the built-in policy, else ModelError saying how to configure one."""
+def resolve_model(
+    model: str | None,
+    api_base: str | None,
+    api_key: str | None,
+    *,
+    problem_path: Path | None = None,
+    judge_results: Mapping[str, JudgeResult] | None = None,
+) -> Model:
+    """The model the settings name, else the built-in policy, else ModelError saying how to configure one.
+
+    The built-in policy is given the problem (`problem_path`) and the judge tools' typed results by call id
+    (`judge_results`, which the loop fills as the run goes); a language model reads only the conversation.
+    """
     if model:
         return LiteLLMModel(model, api_base=api_base, api_key=api_key)
     if api_base:
@@ -733,4 +748,7 @@ def resolve_model(model: str | None, api_base: str | None, api_key: str | None) 
         raise ModelError(
             "No model is configured and the built-in policy is not installed.", hint=_NO_MODEL_HINT
         ) from None
-    return BuiltinPolicy()
+    if problem_path is None:
+        raise ModelError("No model is configured, and the built-in policy needs the problem to work on.",
+                         hint=_NO_MODEL_HINT)  # fmt: skip
+    return BuiltinPolicy(problem_path, judge_results if judge_results is not None else {})

@@ -28,7 +28,7 @@ from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import to_dict
 
 if TYPE_CHECKING:
-    from kernelpilot.agent import Model, Tool, ToolContext
+    from kernelpilot.agent import JudgeRecord, Model, Tool, ToolContext
     from kernelpilot.harness.judge import Judge
     from kernelpilot.problem import Problem
     from kernelpilot.vcs import CommitInfo
@@ -108,6 +108,12 @@ def optimize(
     return result
 
 
+def _judge_record() -> JudgeRecord:
+    from kernelpilot.agent import JudgeRecord
+
+    return JudgeRecord()
+
+
 @dataclass
 class CheckedRun:
     """What a run needs, checked before it writes any file: the problem, the model, a judge on a usable device,
@@ -117,6 +123,7 @@ class CheckedRun:
     model: Model
     judge: Judge
     workspace_root: Path
+    judged: JudgeRecord = field(default_factory=lambda: _judge_record())
 
 
 @contextmanager
@@ -126,6 +133,7 @@ def checked_run(
 ) -> Iterator[CheckedRun]:  # fmt: skip
     """Every check a run can make before it creates anything: the problem file, the session to resume, the model,
     git (for `commit`) and the device (no GPU is an error here); the judge's worker closes on exit."""
+    from kernelpilot.agent import JudgeRecord
     from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.session import find_session
     from kernelpilot.harness.judge import Judge
@@ -139,11 +147,14 @@ def checked_run(
                                hint="Drop --resume to start a run, or pass the --dir of the run to resume.")  # fmt: skip
     if resume or session_id:
         find_session(root, session_id)  # SessionError when there is nothing to resume
-    model = resolve_model(settings.model, settings.api_base, settings.api_key)
+    judged = JudgeRecord()
+    # The built-in policy, when no model is named, works on this problem and reads the judge's typed results.
+    model = resolve_model(settings.model, settings.api_base, settings.api_key, problem_path=Path(problem_path),
+                          judge_results=judged.by_call)  # fmt: skip
     if commit:
         require_committable(root)  # before the run's minutes, not after
     with Judge(settings.device) as judge:
-        yield CheckedRun(problem, model, judge, root)
+        yield CheckedRun(problem, model, judge, root, judged)
 
 
 @contextmanager
@@ -169,7 +180,7 @@ def prepared_run(
         made_here = not checked_now.workspace_root.exists()
         try:
             ws, _ = init_workspace(problem_path, checked_now.workspace_root, device=settings.device)
-            ctx = ToolContext(workspace=ws, judge=checked_now.judge, state={"settings": settings})
+            ctx = ToolContext(workspace=ws, judge=checked_now.judge, settings=settings, judged=checked_now.judged)
             if resume or session_id:
                 session = Session.resume(ws.root, session_id)
                 messages = session.messages

@@ -23,7 +23,7 @@ from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict, to_dict
 
 if TYPE_CHECKING:
-    from kernelpilot.agent import Usage
+    from kernelpilot.agent import JudgeResult, Usage
     from kernelpilot.workspace import Workspace
 
 SESSIONS_DIR = ".kernelpilot/sessions"
@@ -51,6 +51,7 @@ class RunState:
     best_turn: int = 0
     evals: list[EvalResult] = field(default_factory=list)
     todos: list[dict[str, Any]] = field(default_factory=list)
+    judged_calls: dict[str, JudgeResult] = field(default_factory=dict)  # each judge tool call's result, by call id
 
     @property
     def tokens(self) -> int:
@@ -148,8 +149,8 @@ def _interrupted(call_id: str) -> dict[str, Any]:
 
 
 def rebuild_state(records: list[dict[str, Any]]) -> RunState:
-    """Turns, tokens, cost, evals, the best candidate and todos, from the records."""
-    from kernelpilot.agent import Usage
+    """Turns, tokens, cost, evals, the best candidate, todos and the judge tools' results, from the records."""
+    from kernelpilot.agent import JUDGE_RESULT_TYPES, Usage
 
     state = RunState()
     for record in records:
@@ -161,6 +162,9 @@ def rebuild_state(records: list[dict[str, Any]]) -> RunState:
             state.evals.append(result)
             if record.get("improved"):
                 state.best, state.best_turn = result, record["turn"]
+        elif record["type"] == "tool" and record.get("name") in JUDGE_RESULT_TYPES and record.get("data"):
+            result_type = JUDGE_RESULT_TYPES[record["name"]]
+            state.judged_calls[record["message"]["tool_call_id"]] = from_dict(result_type, record["data"])
         elif record["type"] == "step":
             state.todos = record.get("todos") or []
             state.elapsed_s = record.get("elapsed_s") or state.elapsed_s

@@ -1,7 +1,8 @@
-"""Capture a problem's forward on meta tensors and partition it into kernels the built-in policy can generate.
+"""Partition a problem's forward into kernels the built-in policy can generate: the grouping stage, between the
+trace (trace.py: the aten graph on meta tensors) and the kernel families (families.py).
 
-The forward is traced with `make_fx` on meta tensors (shapes and dtypes, no memory), which yields aten ops
-whatever Python spelling the problem used. Walking the graph, elementwise ops are folded into expressions, and
+Walking the graph, each aten op is lowered to IR (lowering.py's tables; ir.py's nodes), elementwise ops are folded
+into expressions, and
 reductions along the last dimension become `Reduce` nodes inside those expressions, so an expression with its
 prologue, reductions and epilogue is one kernel. A value is written to memory ("materialised" into a `Group`)
 only where it must be: a forward output, the input of a matrix op or of an op the policy has no template for
@@ -34,393 +35,35 @@ and per-row kernels that share a row statistic are merged into one kernel writin
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Union
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv, settle_conv
+from kernelpilot.policy.expectation import fold_expectations
+from kernelpilot.policy.ir import (
+    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
+    Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, walk, walk_reduces,
+)  # fmt: skip
+from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
+from kernelpilot.policy.merge import merge_row_outputs
+from kernelpilot.policy.strides import broadcast_strides, resolve_accesses, splits
+from kernelpilot.policy.trace import forward_names, trace
 
 if TYPE_CHECKING:
-    import torch
-
     from kernelpilot.problem import Problem
 
-# Dtypes a generated kernel reads and writes (computing in float32 in between).
-KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
-# Dtypes a kernel only reads: int64 class targets, gathered from as integers and otherwise converted to float as
-# torch's `.float()` does (exact below 2^24).
-READ_ONLY_DTYPES = ("int64",)
 LIBRARY_OPS = frozenset({"baddbmm", "addbmm", "matmul", "linear", "_convolution", "conv2d", "einsum"})
-# Matrix products run by cuBLASLt, on these operand dtypes (all computed in plain float32: no TF32, as torch).
+# Matrix products run by cuBLASLt (on MATMUL_DTYPES).
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
-MATMUL_DTYPES = ("float32", "float16", "bfloat16")
-# Byte alignment the generated matmuls ask cuBLASLt's algorithms for; an operand view off it is copied first.
-MATMUL_ALIGNMENT = 16
 # Output dtypes whose product eager rounds before the next op reads it, off by up to half an ulp (about 0.2% in
 # bf16): folding that op into the epilogue, which rounds once, differs by that much (`analyze(faithful=True)`).
 HALF_DTYPES = ("float16", "bfloat16")
-# Activations cuBLASLt's epilogue computes exactly as torch does (its GELU is the tanh approximation).
-EPILOGUE_ACTIVATIONS = {"relu": "ReLU", "gelu_tanh": "GELU (tanh)"}
 VIEW_OPS = frozenset(
     {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose",
      "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten"}
 )  # fmt: skip
-# op -> C expression over its arguments {0}, {1}, ... (all float). Ops with scalar settings are built by
-# `_elementwise` as these plus constant arguments.
-C_OPS = {
-    "neg": "-{0}", "exp": "expf({0})", "exp2": "exp2f({0})", "log": "logf({0})", "log2": "log2f({0})",
-    "log1p": "log1pf({0})", "expm1": "expm1f({0})", "sqrt": "sqrtf({0})", "rsqrt": "rsqrtf({0})",
-    "abs": "fabsf({0})", "sigmoid": "1.0f / (1.0f + expf(-{0}))", "tanh": "tanhf({0})",
-    "relu": "fmaxf({0}, 0.0f)", "silu": "{0} / (1.0f + expf(-{0}))", "erf": "erff({0})", "sin": "sinf({0})",
-    "cos": "cosf({0})", "reciprocal": "1.0f / {0}", "square": "{0} * {0}", "floor": "floorf({0})",
-    "ceil": "ceilf({0})", "identity": "{0}", "logical_not": "({0} == 0.0f ? 1.0f : 0.0f)",
-    "gelu": "0.5f * {0} * (1.0f + erff({0} * 0.70710678118654752f))",
-    "gelu_tanh": "0.5f * {0} * (1.0f + tanhf(0.79788456080286536f * ({0} + 0.044715f * {0} * {0} * {0})))",
-    "hardsigmoid": "fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
-    "hardswish": "{0} * fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
-    "to_bfloat16": "__bfloat162float(__float2bfloat16({0}))", "to_float16": "__half2float(__float2half({0}))",
-    "to_bool": "({0} != 0.0f ? 1.0f : 0.0f)",
-    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
-    "maximum": "fmaxf({0}, {1})", "minimum": "fminf({0}, {1})", "pow": "powf({0}, {1})",
-    "gt": "({0} > {1} ? 1.0f : 0.0f)", "lt": "({0} < {1} ? 1.0f : 0.0f)", "ge": "({0} >= {1} ? 1.0f : 0.0f)",
-    "le": "({0} <= {1} ? 1.0f : 0.0f)", "eq": "({0} == {1} ? 1.0f : 0.0f)", "ne": "({0} != {1} ? 1.0f : 0.0f)",
-    "logical_and": "({0} != 0.0f && {1} != 0.0f ? 1.0f : 0.0f)",
-    "logical_or": "({0} != 0.0f || {1} != 0.0f ? 1.0f : 0.0f)",
-    "leaky_relu": "({0} > 0.0f ? {0} : {0} * {1})",
-    "softplus": "({0} * {1} > {2} ? {0} : log1pf(expf({0} * {1})) / {1})",
-    "where": "({0} != 0.0f ? {1} : {2})", "clamp": "fminf(fmaxf({0}, {1}), {2})",
-    "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}",
-    "xlogy": "({0} == 0.0f && !isnan({1}) ? 0.0f : {0} * logf({1}))",
-    # Row statistics: softmax-style outputs use the fast exponential, as every tuned softmax does.
-    "exp_fast": "__expf({0})",
-    "logsumexp_finish": "({0} == -INFINITY ? {0} : {0} + logf({1}))",
-}  # fmt: skip
-# Entries of C_OPS that are no aten op of the same name: built from other ops, or used by reductions.
-_INTERNAL_OPS = frozenset(
-    {"identity", "gelu_tanh", "to_bfloat16", "to_float16", "to_bool", "clamp", "add_scaled", "sub_scaled",
-     "exp_fast", "logsumexp_finish"}
-)  # fmt: skip
-# In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
-_IN_PLACE = {"masked_fill_": "masked_fill"}
-_ALIASES = {"clone": "identity", "contiguous": "identity", "lift_fresh_copy": "identity", "bitwise_not": "logical_not"}
-
-
-# ------------------------------------------------------------------------------------------- tensors
-
-
-@dataclass(frozen=True)
-class Source:
-    """A whole tensor a kernel reads or writes: a forward argument, a parameter or buffer, or a group's output."""
-
-    kind: str  # "input" | "parameter" | "group" | "unsupported"
-    name: str  # forward argument name, state_dict name, or group name
-    shape: tuple[int, ...]
-    dtype: str  # "float32", "bfloat16", ...
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A view of a contiguous `Source`: its shape, element strides and offset."""
-
-    source: Source
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int = 0
-
-    @classmethod
-    def whole(cls, source: Source) -> Leaf:
-        return cls(source, source.shape, _contiguous_strides(source.shape))
-
-    def meta(self) -> torch.Tensor:
-        """A meta tensor with this view's shape, strides and offset, to re-run view ops on."""
-        import torch
-
-        base = torch.empty(max(math.prod(self.source.shape), 1), dtype=getattr(torch, self.source.dtype), device="meta")
-        return base.as_strided(self.shape, self.strides, self.offset)
-
-
-# ----------------------------------------------------------------------------------------- expressions
-
-
-@dataclass(frozen=True)
-class Load:
-    """One element of `leaf`, broadcast into the shape of the op that used it (`use_shape`).
-
-    `rows` marks a use inside a keepdim=False reduction's result, whose shape lacks the reduced last dim.
-    """
-
-    leaf: Leaf
-    use_shape: tuple[int, ...]
-    rows: bool = False
-
-
-@dataclass(frozen=True)
-class Const:
-    value: float
-
-
-@dataclass(frozen=True)
-class Call:
-    op: str  # a key of C_OPS
-    args: tuple[Expr, ...]
-
-
-@dataclass(frozen=True)
-class Reduce:
-    """A statistic of `value` over each row: the `dims` dims of `shape` before its last `inner` dims (the last
-    `dims` dims when `inner` is 0; a column reduction otherwise, one statistic per (outer, inner) position).
-
-    A "softmax_weighted" statistic is an online softmax of `value` that also sums exp(value - max) * `weighted`
-    in the same pass (expectation.py)."""
-
-    kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
-    # | "softmax_weighted" (max, sum of exp, and sum of exp times `weighted`)
-    value: Expr
-    shape: tuple[int, ...]
-    dims: int = 1
-    inner: int = 0
-    weighted: Expr | None = None  # softmax_weighted only: the per-element value its weights multiply
-
-    @property
-    def operands(self) -> tuple[Expr, ...]:
-        """The per-element expressions the statistic reads: its value, and what a softmax_weighted one weighs."""
-        return (self.value,) if self.weighted is None else (self.value, self.weighted)
-
-    @property
-    def space(self) -> tuple[tuple[int, ...], int, int]:
-        """The iteration shape, how many dims of it are reduced and how many follow them: statistics sharing it
-        share a kernel."""
-        return self.shape, self.dims, self.inner
-
-
-@dataclass(frozen=True)
-class Field:
-    """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2;
-    softmax_weighted: max, sum, weighted."""
-
-    reduce: Reduce
-    name: str
-
-
-@dataclass(frozen=True)
-class Gather:
-    """`value`, an expression over rows (the last dim of `shape`), at one column per row: `index`, the row's int64
-    target (nll_loss) or column (gather along the last dim). Rows whose target is `ignore` give 0, as nll_loss's
-    ignore_index does; None when no index is ignored (gather)."""
-
-    value: Expr
-    index: Load
-    ignore: int | None
-    shape: tuple[int, ...]
-    dims = 1  # rows are the last dim, as a Reduce's `dims`
-    inner = 0
-
-    @property
-    def space(self) -> tuple[tuple[int, ...], int, int]:
-        return self.shape, self.dims, self.inner
-
-
-@dataclass(frozen=True)
-class Stack:
-    """Several one-value-per-row expressions of one row kernel, written one after another: the kernel's output
-    holds `values[k]` for every row at [k, row] (see merge.py)."""
-
-    values: tuple[Expr, ...]
-
-
-Expr = Union[Load, Const, Call, Reduce, Field, Gather, Stack]
-STAT_FIELDS = {
-    "sum": ("sum",),
-    "max": ("max",),
-    "min": ("min",),
-    "online_softmax": ("max", "sum"),
-    "welford": ("count", "mean", "m2"),
-    "softmax_weighted": ("max", "sum", "weighted"),
-}
-
-
-@dataclass(frozen=True)
-class Value:
-    """A computed tensor not yet in memory: an expression and the shape and dtype torch gives it."""
-
-    expr: Expr
-    shape: tuple[int, ...]
-    dtype: str
-    ops: tuple[str, ...]  # the aten ops folded into it, for the plan
-    rows: bool = False  # shaped like a keepdim=False reduction's result
-
-
-# --------------------------------------------------------------------------------------------- groups
-
-
-@dataclass(frozen=True)
-class Matmul:
-    """What a matmul group computes: act(a @ b + residual + bias) in one cuBLASLt call.
-
-    `a` (M x K) and `b` (K x N) are views with unit stride along one of their two matrix dims (batched:
-    a leading batch dim, any stride); `bias` has N values along the output's last dim; `residual` is a whole
-    tensor of the output's shape (cuBLASLt's C with beta = 1). `shape` is the output's shape as forward sees
-    it: contiguous, its last dim N. `alpha` scales the product alone (cuBLASLt's alpha): a number forward
-    multiplies the product by before anything is added to it, such as a LoRA branch's alpha / rank.
-    """
-
-    a: Leaf
-    b: Leaf
-    shape: tuple[int, ...]
-    dtype: str
-    ops: tuple[str, ...]
-    bias: Leaf | None = None
-    residual: Leaf | None = None
-    activation: str | None = None  # a key of EPILOGUE_ACTIVATIONS
-    alpha: float = 1.0
-
-    @property
-    def batch(self) -> int:
-        return self.a.shape[0] if len(self.a.shape) == 3 else 1
-
-    @property
-    def mnk(self) -> tuple[int, int, int]:
-        return self.a.shape[-2], self.b.shape[-1], self.a.shape[-1]
-
-    def epilogue(self) -> str:
-        """The epilogue in words, e.g. "scale 2, bias, residual, GELU (tanh)"; "" when there is none."""
-        parts = [f"scale {self.alpha:g}"] * (self.alpha != 1.0)
-        parts += ["bias"] * bool(self.bias) + ["residual"] * bool(self.residual)
-        return ", ".join(parts + ([EPILOGUE_ACTIVATIONS[self.activation]] if self.activation else []))
-
-
-@dataclass(frozen=True)
-class Conv:
-    """What a conv group computes: act(convolution(input, weight) + bias) in one cuDNN call.
-
-    `input` (N, C, *spatial) and `weight` (K, C/groups, *kernel) are contiguous views (offsets aligned to 16
-    bytes); `bias` has K values; `shape` is the output's, (N, K, *spatial), contiguous. One to three spatial dims.
-    """
-
-    input: Leaf
-    weight: Leaf
-    shape: tuple[int, ...]
-    dtype: str
-    ops: tuple[str, ...]
-    stride: tuple[int, ...]
-    padding: tuple[int, ...]
-    dilation: tuple[int, ...]
-    groups: int = 1
-    bias: Leaf | None = None
-    activation: str | None = None  # "relu", only with a bias (cudnnConvolutionBiasActivationForward)
-
-    def epilogue(self) -> str:
-        """The epilogue in words, e.g. "bias, ReLU"; "" when there is none."""
-        return ", ".join(["bias"] * bool(self.bias) + (["ReLU"] if self.activation == "relu" else []))
-
-
-@dataclass(frozen=True)
-class Access:
-    """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset."""
-
-    tensor: int  # index into Group.tensors
-    strides: tuple[int, ...]
-    offset: int
-
-
-@dataclass
-class Group:
-    """One kernel's worth of the forward, or one library call, in execution order."""
-
-    name: str  # "g0", "g1", ...
-    kind: str  # "elementwise" | "row" | "column" | "matmul" | "conv" | "library"
-    ops: list[str]
-    tensors: list[Source]  # what it reads, in argument order
-    output: Source
-    shape: tuple[int, ...] = ()  # iteration shape; for row groups the last dim is the reduced row
-    expr: Expr | None = None  # None for library groups
-    accesses: list[Access] = field(default_factory=list)
-    loads: dict[Load, int] = field(default_factory=dict)  # Load -> index into accesses
-    per_row: bool = False  # a row group writing one value per row
-    row_dims: int = 1  # how many trailing dims of `shape` one row spans (column groups: the reduced dims)
-    matmul: Matmul | None = None  # what a matmul group computes
-    inner_dims: int = 0  # column groups: how many trailing dims of `shape` follow the reduced ones
-    conv: Conv | None = None  # what a conv group computes
-
-    @property
-    def generated(self) -> bool:
-        return self.kind in ("elementwise", "row", "column", "matmul", "conv")
-
-    @property
-    def rows(self) -> int:
-        return math.prod(self.shape[: -self.row_dims]) if self.shape else 1
-
-    @property
-    def row_length(self) -> int:
-        return math.prod(self.shape[-self.row_dims :]) if self.shape else 1
-
-    def reduces(self) -> list[Reduce]:
-        """The row statistics in the expression, each once, inner ones first."""
-        return [node for node in walk(self.expr) if isinstance(node, Reduce)] if self.expr is not None else []
-
-    def describe(self) -> str:
-        ops = ", ".join(dict.fromkeys(self.ops)) or "a copy"
-        shape = "x".join(map(str, self.shape or self.output.shape)) or "scalar"
-        if self.kind == "library":
-            return f"{ops}: a matrix op for cuBLAS/cuDNN (the built-in policy does not generate it)"
-        if self.kind == "conv":
-            from kernelpilot.policy.convolution import describe_conv
-
-            return f"{ops}: {describe_conv(self.conv)}"
-        if self.kind == "matmul":
-            m, n, k = self.matmul.mnk
-            batch = f"{self.matmul.batch} x " if self.matmul.batch > 1 else ""
-            epilogue = self.matmul.epilogue()
-            fused = f" with a fused {epilogue} epilogue" if epilogue else ""
-            return f"{ops}: one cuBLASLt matmul, {batch}{m}x{k} @ {k}x{n}{fused} ({self.output.dtype})"
-        if self.kind == "row":
-            stacked = f", {len(self.expr.values)} values per row" if isinstance(self.expr, Stack) else ""
-            return f"{ops}: one row kernel over {self.rows} rows of {self.row_length}{stacked} ({self.output.dtype})"
-        if self.kind == "column":
-            outer, reduced, inner = column_extents(self)
-            return (f"{ops}: one column kernel reducing {reduced} values for each of {outer} x {inner} outputs "
-                    f"({self.output.dtype})")  # fmt: skip
-        return f"{ops}: one fused elementwise kernel over {shape} ({self.output.dtype})"
-
-
-@dataclass(frozen=True)
-class Unsupported:
-    """An op the built-in policy cannot generate, and why."""
-
-    op: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.op} ({self.reason})"
-
-
-@dataclass
-class Analysis:
-    """The forward as groups in execution order, what it returns, and what the policy cannot do."""
-
-    problem_name: str
-    groups: list[Group]
-    outputs: list[Leaf]  # what forward returns, each a contiguous view of a group's output
-    output_container: str  # "tensor" | "tuple" | "list": how forward returns `outputs`
-    unsupported: list[Unsupported]
-    ignored_arguments: list[str] = field(default_factory=list)  # non-tensor forward arguments, baked in
-
-    @property
-    def supported(self) -> bool:
-        """True when every group can be generated, so ModelNew.forward needs nothing but the kernels."""
-        return not self.unsupported and all(group.generated for group in self.groups)
-
-    @property
-    def generated_groups(self) -> list[Group]:
-        return [group for group in self.groups if group.generated]
-
-    def blockers(self) -> str:
-        """One sentence naming what keeps the forward from running on generated kernels alone ('' when nothing)."""
-        reasons = [str(item) for item in self.unsupported]
-        reasons += [f"{', '.join(group.ops)} (a matrix op: needs cuBLAS/cuDNN)" for group in self.groups if not group.generated]
-        if not reasons:
-            return ""
-        return "Not supported by the built-in policy: " + "; ".join(dict.fromkeys(reasons)) + "."
 
 
 # ------------------------------------------------------------------------------------------ analysis
@@ -435,18 +78,15 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     (a LoRA update on the H100: BENCHMARKS.md, run D)."""
     import torch
 
-    from kernelpilot.policy.expectation import fold_expectations
-    from kernelpilot.policy.merge import merge_row_outputs
-
     with torch.device("meta"):
         model = problem.make_model()
         inputs = problem.make_inputs()
     try:
-        graph, sources, container = _trace(problem, model, inputs)
+        graph, sources, container = trace(problem, model, inputs)
     except Exception as err:  # noqa: BLE001 - any failure to trace means the policy cannot handle the forward
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
         return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", f"cannot be traced on meta tensors: {reason[:160]}")])
-    builder = _GroupBuilder(faithful)
+    builder = GroupBuilder(faithful)
     env: dict[Any, Any] = {}
     for node in graph.nodes:
         if node.op == "placeholder":
@@ -457,7 +97,7 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
             env[node] = builder.unsupported(node, "a constant tensor created in forward")
         elif node.op == "output":
             outputs = [builder.output(env[item]) for item in node.args[0]]
-    ignored = [name for name, value in zip(_forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
+    ignored = [name for name, value in zip(forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
     # Merge first: per-row kernels sharing an online softmax become one, and then an expectation under that
     # softmax folds into the merged kernel's single pass (token log-probs plus entropy read each row once).
     groups, outputs = merge_row_outputs(builder.groups, outputs)
@@ -465,44 +105,7 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     return Analysis(problem.name, groups, outputs, container, builder.unsupported_ops, ignored)
 
 
-def _trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, list[Source], str]:
-    """The aten graph of forward on meta tensors, the Source of each placeholder, and its output container."""
-    import torch
-    from torch.func import functional_call
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    tensor_positions = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor)]
-
-    def forward(state: dict, *tensors: torch.Tensor) -> Any:
-        arguments = list(inputs)
-        for position, tensor in zip(tensor_positions, tensors):
-            arguments[position] = tensor
-        return functional_call(model, state, tuple(arguments))
-
-    tensors = [inputs[i] for i in tensor_positions]
-    returned = model(*inputs)
-    if not (isinstance(returned, torch.Tensor) or _is_flat_tuple_of_tensors(returned)):
-        raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
-    graph_module = make_fx(forward)(state, *tensors)
-    graph_module.graph.eliminate_dead_code()
-    names = _forward_names(problem)
-    sources = [Source("parameter", name, tuple(t.shape), _dtype_name(t.dtype)) for name, t in state.items()]
-    sources += [Source("input", names[i], tuple(inputs[i].shape), _dtype_name(inputs[i].dtype)) for i in tensor_positions]
-    return graph_module.graph, sources, "tensor" if isinstance(returned, torch.Tensor) else type(returned).__name__
-
-
-def _is_flat_tuple_of_tensors(value: Any) -> bool:
-    import torch
-
-    return type(value) in (tuple, list) and all(isinstance(item, torch.Tensor) for item in value)
-
-
-def _forward_names(problem: Problem) -> list[str]:
-    return list(problem.forward_signature().parameters)
-
-
-class _GroupBuilder:
+class GroupBuilder:
     """Walks aten nodes, folding fusible ops into Values and materialising Groups where memory is needed."""
 
     def __init__(self, faithful: bool = False) -> None:
@@ -514,11 +117,10 @@ class _GroupBuilder:
     # ---------------------------------------------------------------------------------- node kinds
 
     def visit(self, node: Any, env: dict) -> Any:
-        from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv
 
         if node.target is operator.getitem:
             return env[node.args[0]][node.args[1]]
-        name = _op_name(node.target)
+        name = op_name(node.target)
         args = [_lookup(arg, env) for arg in node.args]
         kwargs = {key: _lookup(value, env) for key, value in node.kwargs.items()}
         try:
@@ -539,16 +141,16 @@ class _GroupBuilder:
                 return convolution(self, node, args)
             if name in LIBRARY_OPS:
                 return self._library(node, name, args)
-            built = _Ops(self, node, args, kwargs).build(name)
+            built = OpLowering(self, node, args, kwargs).build(name)
             if built is not None:
                 return built
             return self.unsupported(node, "no template for this op", args)
-        except _NotFusible as err:
+        except NotFusible as err:
             return self.unsupported(node, str(err), args)
 
     def unsupported(self, node: Any, reason: str, args: list = ()) -> Any:
         """Record the op; its computed inputs are materialised (the plan shows them), its outputs become opaque."""
-        self.unsupported_ops.append(Unsupported(f"aten.{_op_name(node.target)}", reason))
+        self.unsupported_ops.append(Unsupported(f"aten.{op_name(node.target)}", reason))
         for arg in args:
             if isinstance(arg, Value):
                 self.materialise(arg)
@@ -563,15 +165,15 @@ class _GroupBuilder:
 
         if not isinstance(value, torch.Tensor):
             return None
-        return Leaf.whole(Source("unsupported", f"{node.name}[{index}]", tuple(value.shape), _dtype_name(value.dtype)))
+        return Leaf.whole(Source("unsupported", f"{node.name}[{index}]", tuple(value.shape), dtype_name(value.dtype)))
 
     def _view(self, node: Any, args: list, kwargs: dict) -> Any:
         target, value = node.target, args[0]
         if isinstance(value, Value):
             shape = tuple(node.meta["val"].shape)
-            name = _op_name(target)
+            name = op_name(target)
             reduces = walk_reduces(value.expr)
-            broadcast_fits = not reduces or _fits_rows(shape, False, reduces[0])
+            broadcast_fits = not reduces or fits_rows(shape, False, reduces[0])
             if name in ("alias", "detach") or (name == "expand" and not value.rows and broadcast_fits):
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
             if value.rows and shape == value.shape + (1,) and not any(r.inner for r in reduces):
@@ -588,7 +190,7 @@ class _GroupBuilder:
         tensors = [self.materialise(arg) if isinstance(arg, Value) else arg for arg in args]
         leaves = [arg for arg in tensors if isinstance(arg, Leaf)]
         value = node.meta["val"]
-        output = Source("group", f"g{len(self.groups)}", tuple(value.shape), _dtype_name(value.dtype))
+        output = Source("group", f"g{len(self.groups)}", tuple(value.shape), dtype_name(value.dtype))
         self.groups.append(Group(output.name, "library", [f"aten.{name}"], _unique(leaf.source for leaf in leaves), output))
         return Leaf.whole(output)
 
@@ -597,27 +199,27 @@ class _GroupBuilder:
     def _matmul(self, node: Any, name: str, args: list, kwargs: dict) -> _PendingMatmul:
         """mm(a, b), bmm(a, b) or addmm(input, a, b) as a pending cuBLASLt call (see `_fold_into_matmul`)."""
         value = node.meta["val"]
-        dtype = _dtype_name(value.dtype)
+        dtype = dtype_name(value.dtype)
         if dtype not in MATMUL_DTYPES:
-            raise _NotFusible(f"multiplies {dtype} matrices; generated matmuls take float32, float16 or bfloat16")
+            raise NotFusible(f"multiplies {dtype} matrices; generated matmuls take float32, float16 or bfloat16")
         a, b = (self._matrix_operand(arg) for arg in (args[-2:] if name == "addmm" else args[:2]))
         if 0 in a.shape or 0 in b.shape:
-            raise _NotFusible("multiplies an empty matrix")
+            raise NotFusible("multiplies an empty matrix")
         matmul = Matmul(a, b, tuple(value.shape), dtype, (f"aten.{name}",))
         if name == "addmm":
             if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
-                raise _NotFusible("addmm with beta or alpha other than 1; only their default of 1 is generated")
+                raise NotFusible("addmm with beta or alpha other than 1; only their default of 1 is generated")
             addend = self.materialise(args[0]) if isinstance(args[0], Value) else args[0]
             matmul = _with_addend(matmul, addend)
             if matmul is None:
-                raise _NotFusible(f"adds a {list(args[0].shape)} tensor that is neither a bias along the last dim "
+                raise NotFusible(f"adds a {list(args[0].shape)} tensor that is neither a bias along the last dim "
                                   "nor a whole output-shaped tensor, the two forms cuBLASLt's epilogue adds")  # fmt: skip
         return _PendingMatmul(matmul, len(node.users))
 
     def _matrix_operand(self, item: Any) -> Leaf:
         """A matrix operand cuBLASLt can read in place; a computed value or an unusual view is copied first."""
         if isinstance(item, Leaf) and item.source.dtype not in MATMUL_DTYPES:
-            raise _NotFusible(f"multiplies {item.source.dtype} matrices; generated matmuls take float32, float16 or bfloat16")
+            raise NotFusible(f"multiplies {item.source.dtype} matrices; generated matmuls take float32, float16 or bfloat16")
         return self.library_operand(item, _readable_in_place, "multiplies")
 
     def library_operand(self, item: Any, readable: Callable[[Leaf], bool], verb: str) -> Leaf:
@@ -628,14 +230,13 @@ class _GroupBuilder:
         if isinstance(item, Leaf):
             item = Value(Load(item, item.shape), item.shape, item.source.dtype, ("copy",))
         if not isinstance(item, Value):
-            raise _NotFusible(f"{verb} the result of an unsupported op")
+            raise NotFusible(f"{verb} the result of an unsupported op")
         return self.materialise(item)
 
     def settle(self, item: Any, reader: str | None = None) -> Any:
         """A pending matmul or convolution as its output (the group is written now); anything else as it is.
 
         `reader` is the op reading it, if one does (see `settle_conv`)."""
-        from kernelpilot.policy.convolution import PendingConv, settle_conv
 
         if isinstance(item, PendingConv):
             return settle_conv(self, item, fuses_elementwise(reader))
@@ -674,7 +275,7 @@ class _GroupBuilder:
             return self._materialised[value]
         try:
             group = self._group_of(value)
-        except _NotFusible as err:
+        except NotFusible as err:
             self.unsupported_ops.append(Unsupported(value.ops[-1] if value.ops else "forward", str(err)))
             return Leaf.whole(Source("unsupported", f"value{len(self._materialised)}", value.shape, value.dtype))
         self.groups.append(group)
@@ -684,25 +285,25 @@ class _GroupBuilder:
 
     def _group_of(self, value: Value) -> Group:
         if value.dtype not in KERNEL_DTYPES:
-            raise _NotFusible(f"writes {value.dtype} values")
+            raise NotFusible(f"writes {value.dtype} values")
         row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
         if len({node.space for node in row_nodes}) > 1:
-            raise _NotFusible("reductions over rows of different shapes in one expression")
+            raise NotFusible("reductions over rows of different shapes in one expression")
         row_dims, inner_dims = 1, 0
         if row_nodes:
-            if not _fits_rows(value.shape, value.rows, row_nodes[0]):
-                raise _NotFusible("a row reduction broadcast to a different shape")
+            if not fits_rows(value.shape, value.rows, row_nodes[0]):
+                raise NotFusible("a row reduction broadcast to a different shape")
             shape, row_dims, inner_dims = row_nodes[0].space
             kind = "column" if inner_dims else "row"
-            per_row = value.rows or inner_dims > 0 or not _splits(value.shape, shape)
+            per_row = value.rows or inner_dims > 0 or not splits(value.shape, shape)
         else:
             kind, shape, per_row = "elementwise", value.shape, False
         output = Source("group", f"g{len(self.groups)}", value.shape, value.dtype)
         group = Group(output.name, kind, list(value.ops), [], output, shape, value.expr, per_row=per_row,
                       row_dims=row_dims, inner_dims=inner_dims)  # fmt: skip
-        _resolve_accesses(group)
+        resolve_accesses(group)
         if not group.tensors:
-            raise _NotFusible("an output that reads no tensor")
+            raise NotFusible("an output that reads no tensor")
         return group
 
 
@@ -731,7 +332,7 @@ def _fold_into_matmul(node: Any, name: str, args: list, kwargs: dict, faithful: 
     matmul = pending.matmul
     value = node.meta.get("val")
     shape = tuple(getattr(value, "shape", ()))
-    if pending.users != 1 or _dtype_name(getattr(value, "dtype", None)) != matmul.dtype:
+    if pending.users != 1 or dtype_name(getattr(value, "dtype", None)) != matmul.dtype:
         return None
     if name in _RESHAPES:
         if shape[-1:] != matmul.shape[-1:]:
@@ -770,10 +371,10 @@ def _with_addend(matmul: Matmul, addend: Any) -> Matmul | None:
     if not isinstance(addend, Leaf) or addend.source.dtype != matmul.dtype or addend.offset != 0:
         return None
     try:
-        strides = _broadcast_strides(addend.shape, addend.strides, matmul.shape)
-    except _NotFusible:
+        strides = broadcast_strides(addend.shape, addend.strides, matmul.shape)
+    except NotFusible:
         return None
-    if strides == _contiguous_strides(matmul.shape) and matmul.residual is None:
+    if strides == contiguous_strides(matmul.shape) and matmul.residual is None:
         return replace(matmul, residual=addend)
     if strides[-1:] == (1,) and not any(strides[:-1]) and matmul.bias is None:
         return replace(matmul, bias=addend)
@@ -789,682 +390,16 @@ def _readable_in_place(leaf: Leaf) -> bool:
     return (leaf.offset * item_size) % MATMUL_ALIGNMENT == 0
 
 
-def matrix_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bool, int] | None:
-    """(transposed, leading dimension) of a rows x cols view: row-major when its columns are adjacent (leading
-    dimension: its row stride), transposed when its rows are; None when neither is."""
-    rows, cols = shape
-    if (cols == 1 or strides[1] == 1) and (rows == 1 or strides[0] >= cols):
-        return False, strides[0] if rows > 1 else cols
-    if (rows == 1 or strides[0] == 1) and (cols == 1 or strides[1] >= rows):
-        return True, strides[1] if cols > 1 else rows
-    return None
-
-
 def _is_plain_view(leaf: Leaf) -> bool:
     """True for a group output, or a reshape of one that needs no copy."""
-    return leaf.source.kind == "group" and leaf.offset == 0 and leaf.strides == _contiguous_strides(leaf.shape)
-
-
-class _NotFusible(Exception):
-    """An op whose arguments cannot be folded into one kernel; the message says why."""
-
-
-class _Ops:
-    """Builds the Value of one fusible aten node, or returns None when there is no template for it."""
-
-    def __init__(self, builder: _GroupBuilder, node: Any, args: list, kwargs: dict):
-        self.builder, self.node, self.args, self.kwargs = builder, node, args, kwargs
-        value = node.meta.get("val")
-        if isinstance(value, (tuple, list)):  # native_layer_norm, native_group_norm: (output, mean, rstd)
-            value = value[0]
-        self.shape = tuple(value.shape) if hasattr(value, "shape") else ()
-        self.dtype = _dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
-
-    def build(self, name: str) -> Value | tuple | None:
-        if name in _IN_PLACE:
-            name = self._out_of_place(name)
-        if name in _ALIASES:
-            return self.elementwise(_ALIASES[name], self.args[:1])
-        if name in _REDUCTIONS:
-            return _REDUCTIONS[name](self)
-        if name in ("full_like", "ones_like", "zeros_like", "full", "ones", "zeros", "scalar_tensor"):
-            return self._constant(name)
-        if name == "_to_copy":
-            return self.elementwise(_cast_op(self.kwargs.get("dtype")), self.args[:1])
-        special = _SPECIAL_ELEMENTWISE.get(name)
-        if special is not None:
-            op, operands = special(self.args, self.kwargs)
-            return self.elementwise(op, operands)
-        if name in C_OPS and name not in _INTERNAL_OPS:
-            return self.elementwise(name, self.args)
-        return None
-
-    def _out_of_place(self, name: str) -> str:
-        """The functional op of an in-place one that decompositions write into a value they computed (cross-entropy
-        with label smoothing zeroes ignored rows with masked_fill_): the same value when nothing else reads the
-        overwritten tensor, which then exists only in the kernel."""
-        if not isinstance(self.args[0], Value) or len(self.node.args[0].users) != 1:
-            raise _NotFusible(f"{name} overwrites a tensor that is read elsewhere or is not computed in forward")
-        return _IN_PLACE[name]
-
-    # --------------------------------------------------------------------------------- elementwise
-
-    def elementwise(self, op: str, operands: list) -> Value:
-        """`op` applied to `operands` (Leaves, Values, numbers), broadcast to this node's shape."""
-        if self.dtype not in KERNEL_DTYPES:
-            raise _NotFusible(f"computes {self.dtype} values")
-        operands = self._separate_row_groups(operands)
-        rows = any(isinstance(item, Value) and item.rows for item in operands)
-        exprs = tuple(self._expr(item, rows) for item in operands)
-        ops = tuple(op_name for item in operands if isinstance(item, Value) for op_name in item.ops)
-        return Value(Call(op, exprs), self.shape, self.dtype, ops + (f"aten.{_op_name(self.node.target)}",), rows)
-
-    def _separate_row_groups(self, operands: list) -> list:
-        """Materialise operands whose reductions cannot share a kernel with the others or with this shape."""
-        kept_space = None
-        result = []
-        for item in operands:
-            if isinstance(item, Value) and walk_reduces(item.expr):
-                reduce = walk_reduces(item.expr)[0]
-                fits = kept_space in (None, reduce.space) and _fits_rows(self.shape, item.rows, reduce)
-                if not fits:
-                    item = self.builder.materialise(item)
-                else:
-                    kept_space = reduce.space
-            result.append(item)
-        return result
-
-    def _expr(self, item: Any, rows: bool) -> Expr:
-        if isinstance(item, Leaf):
-            self._check_dtype(item.source.dtype)
-            return Load(item, self.shape, rows)  # every operand of this op is broadcast to its output's shape
-        if isinstance(item, Value):
-            if item.rows == rows:
-                return item.expr
-            if rows and not walk_reduces(item.expr):
-                return _to_rows(item.expr)
-            raise _NotFusible("mixes a keepdim=False reduction with full rows")
-        if isinstance(item, bool) or isinstance(item, (int, float)):
-            return Const(float(item))
-        if item is None:
-            raise _NotFusible("an argument is the result of an unsupported op")
-        raise _NotFusible(f"an argument of type {type(item).__name__}")
-
-    def _check_dtype(self, dtype: str) -> None:
-        if dtype not in KERNEL_DTYPES + READ_ONLY_DTYPES:
-            raise _NotFusible(f"reads a {dtype} tensor")
-
-    def _constant(self, name: str) -> Value:
-        value = {"ones_like": 1.0, "zeros_like": 0.0, "ones": 1.0, "zeros": 0.0}.get(name)
-        if value is None:
-            value = float(self.args[1] if name in ("full_like", "full") else self.args[0])
-        return Value(Const(value), self.shape, self.dtype, (f"aten.{name}",))
-
-    # ---------------------------------------------------------------------------------- reductions
-
-    def row_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
-        """The reduced argument as an expression over rows (its last dim), with its shape and ops."""
-        item = self.args[0]
-        reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
-        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1, 0))):
-            item = self.builder.materialise(item)
-        expr, shape, ops = self._reduced_expr(item)
-        if not shape:
-            raise _NotFusible("reduces a 0-d tensor")
-        if not 0 < shape[-1] < 2**31:  # columns are 32-bit in the kernels
-            raise _NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
-        return expr, shape, ops
-
-    def _reduced_expr(self, item: Any) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
-        """A reduction's argument (a tensor read from memory, or a fused value) as an expression, shape and ops."""
-        if isinstance(item, Leaf):
-            self._check_dtype(item.source.dtype)
-            return Load(item, item.shape), item.shape, ()
-        if isinstance(item, Value):
-            return item.expr, item.shape, item.ops
-        raise _NotFusible("reduces the result of an unsupported op")
-
-    def last_dim_only(self, dims: Any, ndim: int) -> None:
-        """Raise unless `dims` names exactly the last dimension."""
-        if _normalised_dims(dims, ndim) != [ndim - 1]:
-            shown = ", ".join(str(d) for d in ([dims] if isinstance(dims, int) else dims or range(ndim)))
-            raise _NotFusible(f"reduces dim {shown}; only last-dimension reductions are generated")
-
-    def reduced_input(self, dims: Any, kind: str) -> tuple[Expr, tuple[int, ...], tuple[str, ...], int, int]:
-        """The argument of a `kind` reduction over `dims` as an expression, with its shape and ops, and how many
-        dims are reduced and how many follow them: (1, 0) for the last dim (a row reduction), (k, m) for k
-        adjacent dims before the last m (a column reduction)."""
-        ndim = len(getattr(self.args[0], "shape", ()))
-        reduced = _normalised_dims(dims, ndim)
-        if ndim == 0 or reduced == [ndim - 1]:
-            expr, shape, ops = self.row_input()
-            return expr, shape, ops, 1, 0
-        if len(reduced) == ndim:  # sums, means, max and min over every dim are split by `whole_reduction`
-            raise _NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max "
-                              "and min only; write a norm as x.abs().sum() or x.pow(2).sum().sqrt()")  # fmt: skip
-        _check_column_dims(reduced, ndim, kind)
-        expr, shape, ops = self.column_input()
-        return expr, shape, ops, len(reduced), ndim - 1 - reduced[-1]
-
-    def column_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
-        """The argument of a column reduction as an expression over its whole shape. A value holding reductions
-        of its own is written first: one kernel reduces over one space, and a column kernel writes no rows."""
-        item = self.args[0]
-        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr)):
-            item = self.builder.materialise(item)
-        expr, shape, ops = self._reduced_expr(item)
-        if 0 in shape:
-            raise _NotFusible("reduces an empty tensor")
-        return expr, shape, ops
-
-    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
-        ndim = len(getattr(self.args[0], "shape", ()))
-        if ndim > 1 and kind in COLUMN_STATS and len(_normalised_dims(dims, ndim)) == ndim:
-            return self.whole_reduction(kind, keepdim, finish)
-        expr, shape, ops, reduced, inner = self.reduced_input(dims, kind)
-        stat = Field(Reduce(kind, expr, shape, reduced, inner), field_name)
-        result = finish(stat, math.prod(shape[len(shape) - reduced - inner : len(shape) - inner])) if finish else stat
-        return self._row_value(result, shape, keepdim, ops, reduced, inner)
-
-    def whole_reduction(self, kind: str, keepdim: bool, finish=None) -> Value:
-        """A sum, mean, max or min over every element of a tensor of two or more dims: each row's statistic (over
-        its last dim) is written first, in float32, then a one-row kernel reduces those partial results, as the
-        mean of row losses is (a few microseconds for 10^4 rows). Values that are already one per row (row
-        losses) are written as they are and reduced in the one-row kernel alone."""
-        item = self.args[0]
-        if isinstance(item, Value) and item.rows:
-            partials = self.builder.materialise(item)
-        else:
-            expr, shape, ops = self.row_input()
-            partials = self.builder.materialise(Value(Field(Reduce(kind, expr, shape), kind), shape[:-1], "float32",
-                                                      ops, rows=True))  # fmt: skip
-        count, shape = math.prod(partials.shape), item.shape
-        row_shape = (1,) * (len(shape) - 1) + (count,) if keepdim else (count,)
-        flat = Leaf(partials.source, row_shape, _contiguous_strides(row_shape), partials.offset)
-        stat = Field(Reduce(kind, Load(flat, row_shape), row_shape), kind)
-        return self._row_value(finish(stat, math.prod(shape)) if finish else stat, row_shape, keepdim, ())
-
-    def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
-                   inner: int = 0) -> Value:  # fmt: skip
-        op = f"aten.{_op_name(self.node.target)}"
-        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values():
-            raise _NotFusible(f"computes {self.dtype} values")
-        return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
-
-    def _counts_true_values(self) -> bool:
-        """True for an int64 sum of a bool tensor of fewer than 2^24 elements: a count (cross-entropy's count of
-        rows not ignored), summed in float32, exactly. It may feed float ops in the same kernel; a kernel never
-        writes it (`_group_of` refuses int64 outputs)."""
-        item = self.args[0]
-        dtype = item.source.dtype if isinstance(item, Leaf) else getattr(item, "dtype", None)
-        counted = math.prod(getattr(item, "shape", ()))
-        return _op_name(self.node.target) == "sum" and self.dtype == "int64" and dtype == "bool" and counted < 2**24
-
-
-def fuses_elementwise(name: str | None) -> bool:
-    """True when `_Ops` folds the op `name` into an expression (elementwise ops and row reductions)."""
-    if name is None:
-        return False
-    elementwise = name in _SPECIAL_ELEMENTWISE or (name in C_OPS and name not in _INTERNAL_OPS)
-    return elementwise or name in _ALIASES or name in _REDUCTIONS or name == "_to_copy"
-
-
-def _sum(o: _Ops) -> Value:
-    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
-
-
-def _mean(o: _Ops) -> Value:
-    keepdim = _arg(o, 2, "keepdim", False)
-    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, keepdim, _divide_by_length)
-
-
-def _amax(o: _Ops, kind: str) -> Value:
-    return o.reduction(kind, kind, o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
-
-
-def _max_or_min(o: _Ops, kind: str) -> Value | tuple:
-    """max/min(x) over every element, (values, indices) = max/min(x, dim), or the elementwise max/min(x, other)."""
-    if len(o.args) == 1:
-        return o.reduction(kind, kind, None, False)
-    if not isinstance(o.args[1], int):
-        return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
-    if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
-        raise _NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
-    return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
-
-
-def _vector_norm(o: _Ops) -> Value:
-    order = float(_arg(o, 1, "ord", 2.0))
-    dims, keepdim = _arg(o, 2, "dim", None), _arg(o, 3, "keepdim", False)
-    kind = "max" if math.isinf(order) and order > 0 else "sum"
-    if order not in (1.0, 2.0) and kind != "max":
-        raise _NotFusible(f"a vector norm of order {order:g}")
-    expr, shape, ops, reduced, inner = o.reduced_input(dims, kind)
-    if order == 2.0:
-        norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape, reduced, inner), "sum"),))
-    else:
-        norm = Field(Reduce(kind, Call("abs", (expr,)), shape, reduced, inner), kind)
-    return o._row_value(norm, shape, keepdim, ops, reduced, inner)
-
-
-def _variance(o: _Ops, root: bool) -> Value:
-    dims = _arg(o, 1, "dim", None)
-    correction = o.kwargs.get("correction", 1.0)
-    correction = 1.0 if correction is None else float(correction)
-    keepdim = bool(o.kwargs.get("keepdim", False))
-
-    def finish(m2: Field, length: int) -> Expr:
-        variance = Call("div", (m2, Const(max(length - correction, 0.0))))
-        return Call("sqrt", (variance,)) if root else variance
-
-    return o.reduction("welford", "m2", dims, keepdim, finish)
-
-
-def _logsumexp(o: _Ops) -> Value:
-    dims, keepdim = o.args[1], _arg(o, 2, "keepdim", False)
-    expr, shape, ops = o.row_input()
-    o.last_dim_only(dims, len(shape))
-    stat = Reduce("online_softmax", expr, shape)
-    return o._row_value(Call("logsumexp_finish", (Field(stat, "max"), Field(stat, "sum"))), shape, keepdim, ops)
-
-
-def _softmax(o: _Ops, log: bool) -> Value:
-    expr, shape, ops = o.row_input()
-    o.last_dim_only(o.args[1], len(shape))
-    stat = Reduce("online_softmax", expr, shape)
-    maximum, total = Field(stat, "max"), Field(stat, "sum")
-    if log:
-        result = Call("sub", (expr, Call("add", (maximum, Call("log", (total,))))))
-    else:
-        result = Call("mul", (Call("exp_fast", (Call("sub", (expr, maximum)),)), Call("reciprocal", (total,))))
-    op = f"aten.{_op_name(o.node.target)}"
-    return Value(result, shape, o.dtype, ops + (op,))
-
-
-def _layer_norm(o: _Ops) -> tuple:
-    _, normalized_shape, weight, bias, eps = o.args
-    expr, shape, ops = o.row_input()
-    if len(normalized_shape) != 1:
-        raise _NotFusible("normalises over more than the last dimension")
-    stat = Reduce("welford", expr, shape)
-    mean = Field(stat, "mean")
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(shape[-1])))), Const(float(eps)))),))
-    result = Call("mul", (Call("sub", (expr, mean)), rstd))
-    for operand, op in ((weight, "mul"), (bias, "add")):
-        if operand is not None:
-            result = Call(op, (result, o._expr(operand, False)))
-    op = f"aten.{_op_name(o.node.target)}"
-    row_shape = shape[:-1] + (1,)
-    return (
-        Value(result, shape, o.dtype, ops + (op,)),
-        Value(mean, row_shape, "float32", ops + (op,)),
-        Value(rstd, row_shape, "float32", ops + (op,)),
-    )
-
-
-def _group_norm(o: _Ops) -> tuple:
-    """One row per (sample, group): in NCHW the C/G channels x H*W positions of a group are contiguous."""
-    item, weight, bias, batch, channels, _, groups, eps = o.args
-    if isinstance(item, Value) and walk_reduces(item.expr):
-        o.args[0] = o.builder.materialise(item)  # its statistics run over other rows than the groups'
-    expr, shape, ops = o.row_input()
-    spatial = shape[2:]
-    rows_shape = (batch, groups, channels // groups) + spatial  # splits C of (N, C, *spatial) into (G, C/G)
-    length = math.prod(rows_shape[2:])
-    if not 0 < length < 2**31:  # columns are 32-bit in the kernels
-        raise _NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
-    stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
-    mean = Field(stat, "mean")
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
-    result = Call("mul", (Call("sub", (expr, mean)), rstd))
-    for operand, op in ((weight, "mul"), (bias, "add")):
-        if operand is not None:
-            result = Call(op, (result, _per_channel(o, operand, len(spatial))))
-    op = f"aten.{_op_name(o.node.target)}"
-    _, mean_meta, rstd_meta = o.node.meta["val"]
-    return (
-        Value(result, shape, o.dtype, ops + (op,)),
-        Value(mean, (batch, groups), _dtype_name(mean_meta.dtype), ops + (op,), rows=True),
-        Value(rstd, (batch, groups), _dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
-    )
-
-
-def _per_channel(o: _Ops, operand: Any, spatial_dims: int) -> Expr:
-    """A (C,) weight or bias as an expression over (N, C, *spatial): viewed as (C, 1, ...) to broadcast."""
-    leaf = o.builder.materialise(operand) if isinstance(operand, Value) else operand
-    if not isinstance(leaf, Leaf):
-        raise _NotFusible("an affine parameter is the result of an unsupported op")
-    padding = (1,) * spatial_dims
-    return o._expr(Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset), False)
-
-
-# nll_loss_forward's reduction argument (at::Reduction); 1 is 'mean'.
-_REDUCTION_NONE, _REDUCTION_SUM = 0, 2
-
-
-def _nll_loss(o: _Ops) -> tuple[Value, Value]:
-    """nll_loss_forward(log_probs, target, weight, reduction, ignore_index) -> (loss, total_weight).
-
-    Each row's loss is minus its (weighted) log-probability at the target column, a `Gather`, so the log_softmax
-    feeding it is never written: one row kernel reads the logits once. 'sum' and 'mean' reduce the row losses (and,
-    for 'mean', the row weights) to a scalar in a second, one-row kernel: a few microseconds for 10^4 rows.
-    """
-    _, target, weight, reduction, ignore_index = o.args
-    log_probs, shape, ops = o.row_input()
-    if len(shape) != 2:
-        raise _NotFusible(f"a {len(shape)}-d input; only (batch, classes) log-probabilities are generated")
-    if not (isinstance(target, Leaf) and target.source.dtype == "int64"):
-        raise _NotFusible("targets that are not an int64 tensor read from memory")
-    if weight is not None and not isinstance(weight, Leaf):
-        raise _NotFusible("class weights computed in forward")
-    if max(abs(ignore_index), shape[-1]) >= 2**24:
-        raise _NotFusible("an ignore_index or class count of 2^24 or more (targets are counted as floats)")
-    op = f"aten.{_op_name(o.node.target)}"
-    rows = shape[:-1]
-    index = Load(target, rows, rows=True)
-    class_weight = None if weight is None else Load(weight, shape)
-    loss = Call("neg", (log_probs,)) if class_weight is None else Call("neg", (Call("mul", (class_weight, log_probs)),))
-    row_losses = Value(Gather(loss, index, ignore_index, shape), rows, o.dtype, ops + (op,), rows=True)
-    if reduction == _REDUCTION_NONE:
-        return row_losses, Value(Const(0.0), (), o.dtype, (op,))
-    total = Field(Reduce("sum", Load(o.builder.materialise(row_losses), rows), rows), "sum")
-    if class_weight is None:
-        row_weights: Expr = Call("ne", (Load(target, rows), Const(float(ignore_index))))
-    else:
-        weights = Value(Gather(class_weight, index, ignore_index, shape), rows, o.dtype, (op,), rows=True)
-        row_weights = Load(o.builder.materialise(weights), rows)
-    total_weight = Field(Reduce("sum", row_weights, rows), "sum")
-    result = total if reduction == _REDUCTION_SUM else Call("div", (total, total_weight))
-    return Value(result, (), o.dtype, (op,), rows=True), Value(total_weight, (), o.dtype, (op,), rows=True)
-
-
-def _gather(o: _Ops) -> Value:
-    """gather(input, dim, index) along the last dim with one column per row (index shaped (..., 1)): a `Gather`,
-    so a log_softmax feeding it is never written and one row kernel reads the row once (selective log-softmax)."""
-    _, dim, index = o.args[:3]
-    values, shape, ops = o.row_input()
-    if dim % len(shape) != len(shape) - 1:
-        raise _NotFusible(f"gathers along dim {dim}; only gathers along the last dimension are generated")
-    if not (isinstance(index, Leaf) and index.source.dtype == "int64"):
-        raise _NotFusible("an index that is not an int64 tensor read from memory")
-    rows = shape[:-1]
-    if index.shape != rows + (1,):
-        raise _NotFusible(f"a {list(index.shape)} index into {list(shape)}; only one column per row, an index "
-                          f"shaped {list(rows + (1,))}, is generated")  # fmt: skip
-    op = f"aten.{_op_name(o.node.target)}"
-    return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
-
-
-# Statistics a column kernel computes (sum, mean and norms are sums; amax, amin, max and min are max and min).
-COLUMN_STATS = ("sum", "max", "min")
-
-
-def _normalised_dims(dims: Any, ndim: int) -> list[int]:
-    """The dims a reduction's `dim` argument names, non-negative and sorted; None or [] names every dim."""
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        dims = list(range(ndim))
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    return sorted({d % ndim for d in dims}) if ndim else []
-
-
-def _check_column_dims(reduced: list[int], ndim: int, kind: str) -> None:
-    """Raise unless `reduced` are adjacent dims before the last, reduced by a statistic column kernels compute."""
-    shown = ", ".join(map(str, reduced))
-    adjacent = reduced == list(range(reduced[0], reduced[-1] + 1))
-    if reduced[-1] == ndim - 1 or not adjacent:
-        raise _NotFusible(f"reduces dims {shown} of a {ndim}-d tensor: generated reductions run over the last dim "
-                          "alone or over adjacent dims before it; permute the input so that the reduced dims are "
-                          "adjacent")  # fmt: skip
-    if kind not in COLUMN_STATS:
-        raise _NotFusible(f"a variance over dim {shown}, which is not the last; column reductions generate sums, "
-                          "means, norms, max and min only")  # fmt: skip
-
-
-def reduced_shape(shape: tuple[int, ...], dims: int, inner: int, keepdim: bool) -> tuple[int, ...]:
-    """The shape of a reduction over the `dims` dims of `shape` before its last `inner` ones."""
-    start, end = len(shape) - dims - inner, len(shape) - inner
-    return shape[:start] + ((1,) * dims if keepdim else ()) + shape[end:]
-
-
-def column_extents(group: Group) -> tuple[int, int, int]:
-    """A column group's (outer, reduced, inner) element counts: its iteration shape seen as three dims."""
-    end = len(group.shape) - group.inner_dims
-    start = end - group.row_dims
-    return math.prod(group.shape[:start]), math.prod(group.shape[start:end]), math.prod(group.shape[end:])
-
-
-def _divide_by_length(total: Field, length: int) -> Expr:
-    return Call("mul", (total, Const(1.0 / length)))
-
-
-_REDUCTIONS = {
-    "sum": _sum,
-    "mean": _mean,
-    "amax": lambda o: _amax(o, "max"),
-    "amin": lambda o: _amax(o, "min"),
-    "max": lambda o: _max_or_min(o, "max"),
-    "min": lambda o: _max_or_min(o, "min"),
-    "linalg_vector_norm": _vector_norm,
-    "var": lambda o: _variance(o, root=False),
-    "std": lambda o: _variance(o, root=True),
-    "logsumexp": _logsumexp,
-    "_softmax": lambda o: _softmax(o, log=False),
-    "_log_softmax": lambda o: _softmax(o, log=True),
-    "native_layer_norm": _layer_norm,
-    "native_group_norm": _group_norm,
-    "nll_loss_forward": _nll_loss,
-    "gather": _gather,
-}
-
-
-def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:
-    """add/sub with alpha: a + alpha * b."""
-    alpha = kwargs.get("alpha", 1)
-    if alpha == 1:
-        return op, args[:2]
-    return f"{op}_scaled", [args[0], args[1], alpha]
-
-
-def _pow(args: list, kwargs: dict) -> tuple[str, list]:
-    base, exponent = args[0], args[1]
-    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-        named = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", 1.0: "identity", -1.0: "reciprocal"}.get(float(exponent))
-        if named:
-            return named, [base]
-    return "pow", [base, exponent]
-
-
-def _clamp(args: list, kwargs: dict) -> tuple[str, list]:
-    low = args[1] if len(args) > 1 else kwargs.get("min")
-    high = args[2] if len(args) > 2 else kwargs.get("max")
-    if low is not None and high is not None:
-        return "clamp", [args[0], low, high]
-    if low is not None:
-        return "maximum", [args[0], low]
-    if high is not None:
-        return "minimum", [args[0], high]
-    return "identity", [args[0]]
-
-
-def _div(args: list, kwargs: dict) -> tuple[str, list]:
-    if kwargs.get("rounding_mode") is not None:
-        raise _NotFusible(f"division with rounding_mode={kwargs['rounding_mode']!r}")
-    return "div", args[:2]
-
-
-_SPECIAL_ELEMENTWISE = {
-    "add": lambda a, k: _scaled(a, k, "add"),
-    "sub": lambda a, k: _scaled(a, k, "sub"),
-    "rsub": lambda a, k: _scaled([a[1], a[0]], k, "sub"),
-    "div": _div,
-    "pow": _pow,
-    "clamp": _clamp,
-    "clamp_min": lambda a, k: ("maximum", a[:2]),
-    "clamp_max": lambda a, k: ("minimum", a[:2]),
-    "hardtanh": lambda a, k: ("clamp", [a[0], a[1] if len(a) > 1 else -1.0, a[2] if len(a) > 2 else 1.0]),
-    "relu6": lambda a, k: ("clamp", [a[0], 0.0, 6.0]),
-    "leaky_relu": lambda a, k: ("leaky_relu", [a[0], a[1] if len(a) > 1 else 0.01]),
-    "softplus": lambda a, k: ("softplus", [a[0], a[1] if len(a) > 1 else 1.0, a[2] if len(a) > 2 else 20.0]),
-    "gelu": lambda a, k: ("gelu_tanh" if k.get("approximate", "none") == "tanh" else "gelu", a[:1]),
-    "masked_fill": lambda a, k: ("where", [a[1], a[2], a[0]]),
-    "where": lambda a, k: ("where", a[:3]),
-}
-
-
-def _cast_op(dtype: Any) -> str:
-    import torch
-
-    return {torch.bfloat16: "to_bfloat16", torch.float16: "to_float16", torch.bool: "to_bool"}.get(dtype, "identity")
-
-
-# ------------------------------------------------------------------------------------ access strides
-
-
-def _resolve_accesses(group: Group) -> None:
-    """Give each distinct tensor view the group loads its strides over the group's iteration shape."""
-    accesses: dict[Access, int] = {}
-    for node in walk(group.expr):
-        if not isinstance(node, Load):
-            continue
-        source = node.leaf.source
-        if source not in group.tensors:
-            group.tensors.append(source)
-        strides, offset = _strides_in(node, group.shape, group.inner_dims)
-        access = Access(group.tensors.index(source), strides, offset)
-        group.loads[node] = accesses.setdefault(access, len(accesses))
-    group.accesses = list(accesses)
-
-
-def _strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
-    """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`,
-    which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W)).
-
-    `inner`: how many trailing dims of `shape` follow the reduced dims (a column reduction's)."""
-    leaf = load.leaf
-    use_strides = _broadcast_strides(leaf.shape, leaf.strides, load.use_shape)
-    use_shape = load.use_shape
-    if load.rows:  # a keepdim=False result: its reduced dims come back as size-1 dims, before the inner ones
-        row_dims, at = len(shape) - len(use_shape), len(use_shape) - inner
-        use_shape = use_shape[:at] + (1,) * row_dims + use_shape[at:]
-        use_strides = use_strides[:at] + (0,) * row_dims + use_strides[at:]
-    split = _split_strides(use_shape, use_strides, shape) if math.prod(use_shape) == math.prod(shape) else None
-    return split if split is not None else _broadcast_strides(use_shape, use_strides, shape), leaf.offset
-
-
-def _split_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Strides over `target` of a (shape, strides) view when `target` only splits its dims into consecutive
-    factors (C into G, C/G; size-1 dims aside), or None when it does not."""
-    dims = iter([(size, stride) for size, stride in zip(shape, strides) if size != 1])
-    result: list[int] = []
-    remaining, stride = 1, 0
-    for size in target:
-        if size == 1:
-            result.append(0)
-            continue
-        if remaining == 1:
-            remaining, stride = next(dims, (1, 0))
-        if remaining % size:
-            return None
-        remaining //= size
-        result.append(stride * remaining)
-    return tuple(result) if remaining == 1 and next(dims, None) is None else None
-
-
-def _splits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """True when `target` is `shape` with some dims split into consecutive factors (or `shape` itself)."""
-    return _split_strides(shape, _contiguous_strides(shape), target) is not None
-
-
-def _broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides of a (shape, strides) view broadcast, numpy-style, to `target`."""
-    if len(shape) > len(target):
-        raise _NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
-    padding = len(target) - len(shape)
-    result = [0] * padding
-    for size, stride, wanted in zip(shape, strides, target[padding:]):
-        if size == wanted:
-            result.append(stride if size != 1 else 0)
-        elif size == 1:
-            result.append(0)
-        else:
-            raise _NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
-    return tuple(result)
+    return leaf.source.kind == "group" and leaf.offset == 0 and leaf.strides == contiguous_strides(leaf.shape)
 
 
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def rebuilt(expr: Expr, rule: Callable[[Expr], Expr | None], done: dict[Expr, Expr] | None = None) -> Expr:
-    """`expr` with each node that `rule` maps to a replacement replaced (the replacement is not visited again) and
-    the others rebuilt from their rewritten parts. `done` memoises, so a shared subexpression is rewritten once."""
-    done = {} if done is None else done
-    if expr in done:
-        return done[expr]
-    result = rule(expr)
-    if result is None:
-        def again(node: Expr) -> Expr:
-            return rebuilt(node, rule, done)
-
-        if isinstance(expr, Call):
-            result = Call(expr.op, tuple(again(arg) for arg in expr.args))
-        elif isinstance(expr, Reduce):
-            weighted = None if expr.weighted is None else again(expr.weighted)
-            result = replace(expr, value=again(expr.value), weighted=weighted)
-        elif isinstance(expr, Field):
-            result = replace(expr, reduce=again(expr.reduce))
-        elif isinstance(expr, Gather):
-            result = replace(expr, value=again(expr.value), index=again(expr.index))
-        elif isinstance(expr, Stack):
-            result = Stack(tuple(again(value) for value in expr.values))
-        else:
-            result = expr
-    done[expr] = result
-    return result
-
-
-def walk(expr: Expr | None) -> list[Expr]:
-    """Every node of `expr` once, children before parents (a Reduce after the nodes of its value)."""
-    seen: dict[Expr, None] = {}
-
-    def visit(node: Expr) -> None:
-        if node in seen:
-            return
-        if isinstance(node, Call):
-            for arg in node.args:
-                visit(arg)
-        elif isinstance(node, Reduce):
-            for operand in node.operands:
-                visit(operand)
-        elif isinstance(node, Field):
-            visit(node.reduce)
-        elif isinstance(node, Gather):
-            visit(node.value)
-            visit(node.index)
-        elif isinstance(node, Stack):
-            for value in node.values:
-                visit(value)
-        seen[node] = None
-
-    if expr is not None:
-        visit(expr)
-    return list(seen)
-
-
-def walk_reduces(expr: Expr) -> list[Reduce]:
-    return [node for node in walk(expr) if isinstance(node, Reduce)]
-
-
-def _to_rows(expr: Expr) -> Expr:
-    """A reduction-free expression re-read as living in a keepdim=False result's shape."""
-    if isinstance(expr, Load):
-        return replace(expr, rows=True)
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_to_rows(arg) for arg in expr.args))
-    return expr
-
-
 def _to_full(expr: Expr) -> Expr:
-    """The inverse of `_to_rows`, for a keepdim=False result given its last dim back."""
+    """The inverse of `to_rows`, for a keepdim=False result given its last dim back."""
     if isinstance(expr, Load) and expr.rows:
         return Load(expr.leaf, expr.use_shape + (1,))
     if isinstance(expr, Call):
@@ -1480,15 +415,6 @@ def _is_one_per_row(value: Value) -> bool:
     return value.shape == row_nodes[0].shape[:-1] + (1,)
 
 
-def _fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bool:
-    """True when a value of `shape` can be computed in the kernel of `reduce`: one number per element of its
-    iteration shape (or of a shape that one splits), or one per row (a column kernel: only one per column)."""
-    if rows:
-        return shape == reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=False)
-    kept = reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=True)
-    return shape == kept or (not reduce.inner and _splits(shape, reduce.shape))
-
-
 def _lookup(arg: Any, env: dict) -> Any:
     from torch.fx import Node
 
@@ -1497,29 +423,6 @@ def _lookup(arg: Any, env: dict) -> Any:
     if isinstance(arg, (list, tuple)):
         return type(arg)(_lookup(item, env) for item in arg)
     return arg
-
-
-def _arg(o: _Ops, position: int, name: str, default: Any) -> Any:
-    if len(o.args) > position:
-        return o.args[position]
-    return o.kwargs.get(name, default)
-
-
-def _op_name(target: Any) -> str:
-    packet = getattr(target, "overloadpacket", None)
-    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _unique(sources: Any) -> list[Source]:

@@ -15,25 +15,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kernelpilot.policy.analysis import STAT_FIELDS, Field, Group, walk
 from kernelpilot.policy.codegen import (
     CTYPES,
     MAX_CLUSTER_BLOCKS,
     STAT_IDENTITIES,
     STAT_WORDS,
-    ColumnConfig,
-    _describe_source,
-    _dtype_context,
-    _element_loads,
-    _Emitter,
-    _merge_dims,
-    _next_power_of_two,
-    _tensor_context,
-    _vector_width,
+    Emitter,
+    describe_source,
+    dtype_context,
+    element_loads,
     index_terms,
     kernel_stem,
     launcher_name,
+    merge_dims,
+    next_power_of_two,
+    tensor_context,
+    vector_width,
 )
+from kernelpilot.policy.ir import STAT_FIELDS, Field, Group, walk
 
 # Threads that keep an H100 (132 SMs) streaming from memory: half its resident threads, each with a few 16-byte
 # loads in flight. Fewer columns than this split the reduced dim over a cluster.
@@ -41,6 +40,29 @@ SM_COUNT = 132
 BUSY_THREADS = SM_COUNT * 1024
 # The block's partial statistics live in static shared memory, at most 48 KB.
 STATIC_SHARED_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class ColumnConfig:
+    """One launch geometry of a column kernel (policy/columns.py): blocks of `columns` x `splits` threads, each
+    thread owning one vector of adjacent inner columns; the `splits` threads of a column share its reduced dim,
+    `cluster` blocks (a thread block cluster when more than one) split it again, and each thread has `items`
+    vectors in flight."""
+
+    columns: int
+    splits: int
+    cluster: int = 1
+    items: int = 4
+
+    @property
+    def threads(self) -> int:
+        return self.columns * self.splits
+
+    @property
+    def label(self) -> str:
+        split = f", each column split over a cluster of {self.cluster} blocks" if self.cluster > 1 else ""
+        return (f"{self.columns} column vector(s) x {self.splits} thread(s) along the reduced dim per block{split}, "
+                f"{self.items} vector(s) in flight")  # fmt: skip
 
 
 @dataclass
@@ -69,7 +91,7 @@ def column_layout(group: Group) -> ColumnLayout:
     start = end - group.row_dims
     parts = []
     for low, high in ((0, start), (start, end), (end, len(group.shape))):
-        sizes, strides = _merge_dims(group.shape[low:high], [a.strides[low:high] for a in group.accesses])
+        sizes, strides = merge_dims(group.shape[low:high], [a.strides[low:high] for a in group.accesses])
         if not sizes:  # every dim of the part has size 1
             sizes, strides = (1,), [(0,) for _ in group.accesses]
         parts.append((sizes, strides))
@@ -78,7 +100,7 @@ def column_layout(group: Group) -> ColumnLayout:
     offsets = [a.offset for a in group.accesses]
     vectors = [i for i, s in enumerate(inner_strides) if s[-1] == 1]
     dtypes = [group.tensors[group.accesses[i].tensor].dtype for i in vectors] + [group.output.dtype]
-    vec = _vector_width(dtypes)
+    vec = vector_width(dtypes)
     fits = (
         inner[-1] % vec == 0
         and all(s[-1] in (0, 1) for s in inner_strides)
@@ -97,7 +119,7 @@ def column_candidates(group: Group) -> list[ColumnConfig]:
     outer, reduced, inner = layout.extents
     columns = outer * inner // layout.vec
     slots = len(group.reduces())
-    width = min(32, _next_power_of_two(columns))  # a warp across 32 vectors: 512 adjacent bytes per row
+    width = min(32, next_power_of_two(columns))  # a warp across 32 vectors: 512 adjacent bytes per row
 
     def config(columns_per_block: int, threads: int, items: int, cluster: int | None = None) -> ColumnConfig:
         return _column_config(columns, reduced, slots, layout.vec, columns_per_block, threads, items, cluster)
@@ -121,7 +143,7 @@ def _column_config(columns: int, reduced: int, slots: int, vec: int, width: int,
                    cluster: int | None) -> ColumnConfig:  # fmt: skip
     """`width` columns per block, `threads` threads at most (no more splits than the reduced dim has values, and
     the partials within static shared memory), and the smallest cluster that keeps the GPU busy (or `cluster`)."""
-    splits = max(1, min(threads // width, _next_power_of_two(reduced)))
+    splits = max(1, min(threads // width, next_power_of_two(reduced)))
     while splits > 1 and slots * splits * width * vec * 4 > STATIC_SHARED_BYTES:
         splits //= 2
     if cluster is None:
@@ -155,18 +177,18 @@ def column_context(group: Group, config: ColumnConfig) -> dict[str, Any]:
             raise ValueError(f"group {group.name}: a column kernel computes sums, max and min of its input only")
     accesses = [_access(group, layout, i) for i in range(len(group.accesses))]
     counter = itertools.count()
-    prologue_loads = {load for reduce in reduces for load in _element_loads(reduce.value)}
-    prologue = _Emitter({load: f"e{group.loads[load]}" for load in prologue_loads}, counter)
+    prologue_loads = {load for reduce in reduces for load in element_loads(reduce.value)}
+    prologue = Emitter({load: f"e{group.loads[load]}" for load in prologue_loads}, counter)
     stats = []
     for k, reduce in enumerate(reduces):
         (field_name,) = STAT_FIELDS[reduce.kind]
         identity = STAT_IDENTITIES[(reduce.kind, field_name)]
         stats.append({"name": f"st{k}", "kind": reduce.kind, "field": field_name, "identity": identity,
                       "value": prologue.value(reduce.value), "slot": k})  # fmt: skip
-    epilogue_loads = _element_loads(group.expr)
+    epilogue_loads = element_loads(group.expr)
     names = {load: f"e{group.loads[load]}" for load in epilogue_loads}
     names.update({Field(reduce, s["field"]): f"{s['name']}_{s['field']}" for reduce, s in zip(reduces, stats)})
-    epilogue = _Emitter(names, counter)
+    epilogue = Emitter(names, counter)
     result = epilogue.value(group.expr)
     epilogue_accesses = sorted({group.loads[load] for load in epilogue_loads})
     if any(not layout.per_column(i) for i in epilogue_accesses):
@@ -192,9 +214,9 @@ def column_context(group: Group, config: ColumnConfig) -> dict[str, Any]:
         "result": result,
         "kernel": f"{kernel_stem(group)}_kernel",
         "launcher": launcher_name(group),
-        "tensors": _tensor_context(group, vector_tensors),
+        "tensors": tensor_context(group, vector_tensors),
         "out_ctype": CTYPES[group.output.dtype],
-        **_dtype_context(group),
+        **dtype_context(group),
     }
 
 
@@ -211,7 +233,7 @@ def _access(group: Group, layout: ColumnLayout, index: int) -> dict[str, Any]:
         "outer_terms": index_terms(layout.outer, outer_strides),
         "reduced_terms": index_terms(layout.reduced, reduced_strides),
         "inner_terms": index_terms(layout.inner, inner_strides),
-        "comment": f"Access {index}: {_describe_source(source)}, element strides {outer_strides}, {reduced_strides}, "
+        "comment": f"Access {index}: {describe_source(source)}, element strides {outer_strides}, {reduced_strides}, "
         f"{inner_strides} over (outer, reduced, inner) = {space}",
     }
 

@@ -27,21 +27,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.policy.analysis import (
-    MATMUL_DTYPES,
-    Call,
-    Conv,
-    Leaf,
-    Load,
-    Value,
-    _contiguous_strides,
-    _dtype_name,
-    _NotFusible,
-)
-from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, ConvConfig, launcher_name
+from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, launcher_name
+from kernelpilot.policy.ir import MATMUL_DTYPES, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name
 
 if TYPE_CHECKING:
-    from kernelpilot.policy.analysis import Group, _GroupBuilder
+    from kernelpilot.policy.analysis import GroupBuilder
+    from kernelpilot.policy.ir import Group
 
 # Operand dtypes cuDNN convolves here, as cuBLASLt multiplies (float32 accumulation in every case).
 CONV_DTYPES = MATMUL_DTYPES
@@ -50,6 +41,32 @@ CONV_ALIGNMENT = 16
 CUDNN_DATA_TYPES = {"float32": "CUDNN_DATA_FLOAT", "float16": "CUDNN_DATA_HALF", "bfloat16": "CUDNN_DATA_BFLOAT16"}
 # The most workspace an algorithm may ask for: beyond this (FFT on large images) the next algorithm runs.
 CONV_MAX_WORKSPACE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Which of cuDNN's ranked forward algorithms a conv group runs: the `algorithm`-th usable one, best first.
+
+    `fused_relu`: the ReLU runs in the call, which cuDNN allows with one algorithm only (implicit precomputed GEMM).
+    `channels_last`: cuDNN convolves NHWC copies of the input and weight, and a generated kernel writes the NHWC
+    result back as the NCHW output with the bias and ReLU applied (templates/policy/channels_last.cuh.j2).
+    `graph` (NHWC only): through cuDNN's graph API, `algorithm` then ranks the engine configurations of its
+    heuristics (templates/policy/cudnn_graph.cuh.j2) rather than the legacy API's algorithms.
+    """
+
+    algorithm: int
+    fused_relu: bool = False
+    channels_last: bool = False
+    graph: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.fused_relu:
+            return "cuDNN NCHW, its implicit precomputed GEMM algorithm (the only one with a fused ReLU)"
+        layout = "NHWC" if self.channels_last else "NCHW"
+        ranked = "graph API engine configuration" if self.graph else "heuristic algorithm"
+        label = f"cuDNN {layout}, {ranked} {self.algorithm + 1} of {CONV_CANDIDATES}"
+        return label + " (input and weight transposed to NHWC, output back to NCHW)" * self.channels_last
 
 
 @dataclass(frozen=True)
@@ -63,35 +80,35 @@ class PendingConv:
 # ------------------------------------------------------------------------------------------ analysis
 
 
-def convolution(builder: _GroupBuilder, node: Any, args: list) -> PendingConv:
+def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv:
     """aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)."""
     source, weight, bias, stride, padding, dilation, transposed, _, groups = args
     if transposed:
-        raise _NotFusible("a transposed convolution; only forward convolutions are generated (through cuDNN)")
+        raise NotFusible("a transposed convolution; only forward convolutions are generated (through cuDNN)")
     value = node.meta["val"]
-    dtype = _dtype_name(value.dtype)
+    dtype = dtype_name(value.dtype)
     if dtype not in CONV_DTYPES:
-        raise _NotFusible(f"convolves {dtype} tensors; generated convolutions take float32, float16 or bfloat16")
+        raise NotFusible(f"convolves {dtype} tensors; generated convolutions take float32, float16 or bfloat16")
     if not 3 <= value.dim() <= 5:
-        raise _NotFusible(f"a convolution over {value.dim() - 2} spatial dims; cuDNN convolutions here take 1 to 3")
+        raise NotFusible(f"a convolution over {value.dim() - 2} spatial dims; cuDNN convolutions here take 1 to 3")
     if 0 in value.shape or 0 in getattr(source, "shape", ()):
-        raise _NotFusible("convolves an empty tensor")
+        raise NotFusible("convolves an empty tensor")
     operands = [_operand(builder, item, dtype) if item is not None else None for item in (source, weight, bias)]
     conv = Conv(*operands[:2], tuple(value.shape), dtype, ("aten.convolution",), tuple(stride), tuple(padding),
                 tuple(dilation), int(groups), bias=operands[2])  # fmt: skip
     return PendingConv(conv, len(node.users))
 
 
-def _operand(builder: _GroupBuilder, item: Any, dtype: str) -> Leaf:
+def _operand(builder: GroupBuilder, item: Any, dtype: str) -> Leaf:
     """An operand cuDNN can read in place (contiguous, aligned); a computed value or another view is copied."""
     if isinstance(item, Leaf) and item.source.dtype != dtype:
-        raise _NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
+        raise NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
     return builder.library_operand(item, _readable_in_place, "convolves")
 
 
 def _readable_in_place(leaf: Leaf) -> bool:
     aligned = (leaf.offset * ITEM_SIZES[leaf.source.dtype]) % CONV_ALIGNMENT == 0
-    return aligned and leaf.strides == _contiguous_strides(leaf.shape)
+    return aligned and leaf.strides == contiguous_strides(leaf.shape)
 
 
 def fold_into_conv(node: Any, name: str, args: list) -> PendingConv | None:
@@ -104,12 +121,12 @@ def fold_into_conv(node: Any, name: str, args: list) -> PendingConv | None:
     value = node.meta.get("val")
     if name != "relu" or pending.users != 1 or conv.bias is None or conv.activation is not None:
         return None
-    if _dtype_name(getattr(value, "dtype", None)) != conv.dtype:
+    if dtype_name(getattr(value, "dtype", None)) != conv.dtype:
         return None
     return PendingConv(replace(conv, activation="relu", ops=conv.ops + ("aten.relu",)), len(node.users))
 
 
-def settle_conv(builder: _GroupBuilder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
+def settle_conv(builder: GroupBuilder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
     """The convolution's output; a folded ReLU read by an op that is fused into an elementwise or row kernel
     anyway goes to that kernel (relu(Load(conv))), so cuDNN may run any algorithm (see the module docstring)."""
     conv = pending.conv
@@ -118,27 +135,6 @@ def settle_conv(builder: _GroupBuilder, pending: PendingConv, epilogue_follows: 
         output = builder.library_call("conv", plain, [plain.input, plain.weight, plain.bias], conv=plain)
         return Value(Call("relu", (Load(output, output.shape),)), conv.shape, conv.dtype, ("aten.relu",))
     return builder.library_call("conv", conv, [conv.input, conv.weight, conv.bias], conv=conv)
-
-
-def describe_conv(conv: Conv) -> str:
-    """E.g. "one cuDNN convolution, 32x64x128x128 * 128x64x3x3 (padding 1) with a fused bias, ReLU epilogue"."""
-    settings = [f"{name} {_sizes(values)}" for name, values, plain in
-                (("stride", conv.stride, 1), ("padding", conv.padding, 0), ("dilation", conv.dilation, 1))
-                if any(v != plain for v in values)]  # fmt: skip
-    settings += [f"{conv.groups} groups"] if conv.groups > 1 else []
-    shown = f" ({', '.join(settings)})" if settings else ""
-    epilogue = conv.epilogue()
-    fused = f" with a fused {epilogue} epilogue" if epilogue else ""
-    shapes = f"{_shape(conv.input.shape)} * {_shape(conv.weight.shape)}"
-    return f"one cuDNN convolution, {shapes}{shown}{fused} ({conv.dtype})"
-
-
-def _sizes(values: tuple[int, ...]) -> str:
-    return str(values[0]) if len(set(values)) == 1 else "x".join(map(str, values))
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape))
 
 
 # ---------------------------------------------------------------------------------------- generation
@@ -243,3 +239,12 @@ def _channels_last_context(conv: Conv, config: ConvConfig) -> dict[str, Any]:
 def workspace_query_name(group: Group) -> str:
     """The .cu function the binding asks for the workspace the chosen algorithm needs."""
     return f"{launcher_name(group)}_workspace_bytes"
+
+
+def conv_binding_context(group: Group) -> dict[str, Any]:
+    """A conv group's launcher asks for the workspace its algorithm needs, and takes torch's TF32 switch for
+    cuDNN convolutions (float32 only: the math a reference convolution runs with)."""
+    allow_tf32 = "at::globalContext().allowTF32CuDNN(at::Float32Op::CONV)" if group.conv.dtype == "float32" else "false"
+    setting = {"type": "bool", "name": "allow_tf32", "value": allow_tf32,
+               "comment": "TF32 for float32 convolutions, as torch.backends.cudnn.allow_tf32 says"}  # fmt: skip
+    return {"workspace_query": workspace_query_name(group), "settings": [setting]}

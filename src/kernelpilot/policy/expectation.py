@@ -29,20 +29,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kernelpilot.policy.analysis import (
-    Call,
-    Const,
-    Expr,
-    Field,
-    Gather,
-    Group,
-    Load,
-    Reduce,
-    _resolve_accesses,
-    _strides_in,
-    rebuilt,
-    walk,
-)
+from kernelpilot.policy.ir import Call, Const, Expr, Field, Gather, Group, Load, Reduce, rebuilt, walk
+from kernelpilot.policy.strides import resolve_accesses, strides_in
 
 # Statistics whose max and sum of exp(value - max) a softmax weight may read.
 _SOFTMAX_KINDS = ("online_softmax", "softmax_weighted")
@@ -81,7 +69,7 @@ def _folded(group: Group) -> Group:
     if expr == group.expr:
         return group
     folded = replace(group, expr=expr, tensors=[], accesses=[], loads={})
-    _resolve_accesses(folded)
+    resolve_accesses(folded)
     return folded
 
 
@@ -182,7 +170,7 @@ class _RowInvariance:
     def __call__(self, expr: Expr) -> bool:
         if expr not in self._known:
             if isinstance(expr, Load):
-                strides, _ = _strides_in(expr, self.group.shape, self.group.inner_dims)
+                strides, _ = strides_in(expr, self.group.shape, self.group.inner_dims)
                 self._known[expr] = not any(strides[len(strides) - self.group.row_dims :])
             elif isinstance(expr, Call):
                 self._known[expr] = all(self(arg) for arg in expr.args)

@@ -13,16 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernelpilot.policy.analysis import (
-    Expr,
-    Group,
-    Leaf,
-    Load,
-    Source,
-    Stack,
-    _resolve_accesses,
-    rebuilt,
-)
+from kernelpilot.policy.ir import Expr, Group, Leaf, Load, Source, Stack, rebuilt
+from kernelpilot.policy.strides import resolve_accesses
 
 # Kinds of group whose reads are Loads in an expression, which `_relocate` can point at the stacked output.
 _EXPRESSION_KINDS = ("elementwise", "row", "column")
@@ -67,7 +59,7 @@ def _merged(groups: list[Group], first: int, later: int) -> tuple[list[Group], d
     # Where each old output's values now start in the stacked one.
     moves = {a.output: (output, 0), b.output: (output, len(_stacked(a)) * a.rows)}
     merged = Group(a.name, "row", a.ops + b.ops, [], output, a.shape, Stack(values), per_row=True, row_dims=a.row_dims)
-    _resolve_accesses(merged)
+    resolve_accesses(merged)
     result = []
     for index, group in enumerate(groups):
         if index == first:
@@ -94,7 +86,7 @@ def _reading_moved(group: Group, moves: dict[Source, tuple[Source, int]]) -> Gro
     if not set(moves) & set(group.tensors):
         return group
     relocated = replace(group, expr=_relocate(group.expr, moves, {}), tensors=[], accesses=[], loads={})
-    _resolve_accesses(relocated)
+    resolve_accesses(relocated)
     return relocated
 
 

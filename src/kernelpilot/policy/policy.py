@@ -8,48 +8,44 @@ scale or an add, as eager rounds it) differs, it writes that form once and goes 
 cannot generate entirely ends after the plan with a Finish naming what is unsupported: it never falls back to
 torch ops in ModelNew.forward.
 
-The policy keeps no state between calls beyond a cache of the analysis: where it is in the run, and what the
-tools answered, is read back from the conversation (its tool call ids name the step), so a resumed run goes on
-where it stopped.
+The policy is given its problem and the judge tools' typed results by call id (BuildResult, VerifyOutcome,
+EvalResult; the loop fills that mapping, and rebuilds it from the transcript on a resume). It never reads the text
+the model would read. Beyond a cache of the analysis it keeps no state between calls: where it is in the run is
+read back from the conversation (its tool call ids name the step), so a resumed run goes on where it stopped.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.agent import ModelReply, ToolCall
-from kernelpilot.errors import KernelpilotError
+from kernelpilot.agent import JudgeResult, ModelReply, ToolCall, VerifyOutcome
+from kernelpilot.agent.observations import build_text, speedup_text, verify_text
+from kernelpilot.policy.search import LaunchSearch
+from kernelpilot.results import BuildResult, EvalResult
 
 if TYPE_CHECKING:
-    from kernelpilot.policy.analysis import Analysis, Group
-    from kernelpilot.policy.codegen import GeneratedFile, KernelConfig
+    from kernelpilot.policy.ir import Analysis, Group
+    from kernelpilot.policy.codegen import GeneratedFile
+    from kernelpilot.policy.families import KernelConfig
     from kernelpilot.problem import Problem
 
 CALL_PREFIX = "kp"
 # The stage that writes the faithful analysis' files; every reply after it works on that analysis.
 FAITHFUL_STAGE = "faithful"
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
-WORKSPACE_LINE = re.compile(r"^Workspace:\s*`?(?P<path>[^`\n]+?)`?\s*$", re.MULTILINE)
-_CANDIDATE_MS = re.compile(r"^\s*candidate\s+(?P<ms>[0-9.]+(?:e[+-]?\d+)?) ms", re.MULTILINE | re.IGNORECASE)
-_SPEEDUP_LINE = re.compile(r"^Speedup: (?P<text>.+?)\.?$", re.MULTILINE)
-
-
-class PolicyError(KernelpilotError):
-    """The built-in policy cannot find the problem it is asked to optimise."""
 
 
 @dataclass
 class _Step:
-    """One earlier reply of this policy: its number, its stage, and each call's name and result text."""
+    """One earlier reply of this policy: its number, its stage, and each call's name and typed result."""
 
     number: int
     stage: str
-    results: dict[str, str] = field(default_factory=dict)  # tool name -> result text ('' while missing)
+    results: dict[str, JudgeResult | None] = field(default_factory=dict)  # tool name -> result (None: none yet)
 
 
 @dataclass
@@ -65,9 +61,9 @@ class _Plan:
     def groups(self) -> list[Group]:
         return self.analysis.generated_groups
 
-    def tries(self) -> list[tuple[str, int]]:
-        """(group, candidate index) for every launch configuration beyond each group's first, in order."""
-        return [(g.name, i) for g in self.groups for i in range(1, len(self.candidates[g.name]))]
+    def search(self, first_ms: float | None) -> LaunchSearch:
+        """A launch search over this plan's candidates, its first configuration timed at `first_ms`."""
+        return LaunchSearch({g.name: len(self.candidates[g.name]) for g in self.groups}, first_ms)
 
 
 class BuiltinPolicy:
@@ -75,98 +71,94 @@ class BuiltinPolicy:
 
     name = "builtin"
 
-    def __init__(self, problem_path: str | Path | None = None):
-        self.problem_path = Path(problem_path) if problem_path is not None else None
-        self._plans: dict[tuple[Path, bool], _Plan] = {}  # (problem, faithful) -> its plan
+    def __init__(self, problem_path: str | Path, judge_results: Mapping[str, JudgeResult] | None = None):
+        self.problem_path = Path(problem_path)
+        self.judge_results = judge_results if judge_results is not None else {}  # call id -> the judge's result
+        self._plans: dict[bool, _Plan] = {}  # faithful -> the plan
 
     def query(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
-        path = self.problem_path or _workspace_model(messages)
-        steps = _steps(messages)
+        steps = _steps(messages, self.judge_results)
         faithful = any(step.stage == FAITHFUL_STAGE for step in steps)
-        run = _Run(self._plan(path, faithful), steps, _tool_names(tools), fallback=lambda: self._plan(path, True))
+        run = _Run(self._plan(faithful), steps, _tool_names(tools), fallback=lambda: self._plan(True))
         return run.next_reply(1 + max((s.number for s in steps), default=0))
 
-    def _plan(self, path: Path, faithful: bool = False) -> _Plan:
+    def _plan(self, faithful: bool = False) -> _Plan:
         from kernelpilot.policy.analysis import analyze
-        from kernelpilot.policy.codegen import launch_candidates
+        from kernelpilot.policy.families import launch_candidates
         from kernelpilot.problem import load_problem
 
-        if (path, faithful) not in self._plans:
-            problem = load_problem(path)
+        if faithful not in self._plans:
+            problem = load_problem(self.problem_path)
             analysis = analyze(problem, faithful=faithful)
             candidates = {g.name: launch_candidates(g) for g in analysis.generated_groups}
-            self._plans[path, faithful] = _Plan(problem, analysis, candidates, faithful)
-        return self._plans[path, faithful]
-
-
-def _workspace_model(messages: list[dict[str, Any]]) -> Path:
-    """model.py of the workspace named by the task's "Workspace: <path>" line."""
-    for message in messages:
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
-            found = WORKSPACE_LINE.search(message["content"])
-            if found:
-                return Path(found["path"].strip()) / "model.py"
-    raise PolicyError(
-        "The built-in policy found no 'Workspace: <path>' line in the task, so it does not know the problem.",
-        hint="Start it through `kernelpilot optimize`, or pass BuiltinPolicy(problem_path=...).",
-    )
+            self._plans[faithful] = _Plan(problem, analysis, candidates, faithful)
+        return self._plans[faithful]
 
 
 def _tool_names(tools: list[dict[str, Any]]) -> set[str]:
     return {schema.get("function", {}).get("name") for schema in tools}
 
 
-def _steps(messages: list[dict[str, Any]]) -> list[_Step]:
-    """This policy's earlier replies, from the ids of their tool calls, with the results the loop appended."""
+def _steps(messages: list[dict[str, Any]], judge_results: Mapping[str, JudgeResult]) -> list[_Step]:
+    """This policy's earlier replies, from the ids of their tool calls, with the judge's result of each call."""
     steps: dict[int, _Step] = {}
-    call_targets: dict[str, tuple[_Step, str]] = {}
     for message in messages:
-        if message.get("role") == "assistant":
-            for call in message.get("tool_calls") or []:
-                parts = str(call.get("id", "")).split(".")
-                if len(parts) != 4 or parts[0] != CALL_PREFIX or not parts[1].isdigit():
-                    continue
-                step = steps.setdefault(int(parts[1]), _Step(int(parts[1]), parts[2]))
-                name = call.get("function", {}).get("name", "")
-                step.results.setdefault(name, "")
-                call_targets[call["id"]] = (step, name)
-        elif message.get("role") == "tool" and message.get("tool_call_id") in call_targets:
-            step, name = call_targets[message["tool_call_id"]]
-            step.results[name] = str(message.get("content") or "")
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            parts = str(call.get("id", "")).split(".")
+            if len(parts) != 4 or parts[0] != CALL_PREFIX or not parts[1].isdigit():
+                continue
+            step = steps.setdefault(int(parts[1]), _Step(int(parts[1]), parts[2]))
+            step.results[call.get("function", {}).get("name", "")] = judge_results.get(call["id"])
     return sorted(steps.values(), key=lambda step: step.number)
 
 
 # --------------------------------------------------------------------------------------------- results
 
 
-def build_ok(text: str) -> bool:
-    return re.search(r"^Build ok\b", text, re.MULTILINE) is not None
+def build_ok(result: JudgeResult | None) -> bool:
+    return isinstance(result, BuildResult) and result.ok
 
 
-def verify_ok(text: str) -> bool:
-    return re.search(r"^Verify PASSED\b", text, re.MULTILINE) is not None
+def verify_ok(result: JudgeResult | None) -> bool:
+    """True when the judge verified the candidate: a Verify that passed, or a Profile whose verification did."""
+    verify = result.verify if isinstance(result, (VerifyOutcome, EvalResult)) else None
+    return verify is not None and verify.ok
 
 
-def verify_mismatch(text: str) -> bool:
+def verify_mismatch(result: JudgeResult | None) -> bool:
     """True when the outputs were compared and some were wrong: not a crash, a guard finding or a timeout."""
-    return re.search(r"^Verify FAILED \(mismatch\)", text, re.MULTILINE) is not None
+    verify = result.verify if isinstance(result, (VerifyOutcome, EvalResult)) else None
+    return verify is not None and not verify.ok and (verify.error_kind or "mismatch") == "mismatch"
 
 
-def candidate_ms(text: str) -> float | None:
+def candidate_ms(result: JudgeResult | None) -> float | None:
     """The candidate's median time in a Profile result, or None when it was not timed (broken or wrong)."""
-    if not verify_ok(text):
+    if not isinstance(result, EvalResult) or not verify_ok(result):
         return None
-    found = _CANDIDATE_MS.search(text)
-    return float(found["ms"]) if found else None
+    bench = result.bench
+    return bench.candidate.median_ms if bench is not None and bench.ok and bench.candidate is not None else None
 
 
-def _first_problem_line(text: str) -> str:
-    """The line of a failed tool result that says what went wrong, for the summary."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in lines:
-        if "FAILED" in line or "error" in line.lower() or line.startswith("Error"):
-            return line[:300]
-    return lines[0][:300] if lines else "no result was returned"
+def problem_line(result: JudgeResult | None) -> str:
+    """What went wrong in a failed judge result, in one line for the summary: the first compiler error, else the
+    verdict of the build or of the verification."""
+    if result is None:
+        return "no result was returned"
+    build = result if isinstance(result, BuildResult) else result.build
+    verify = None if isinstance(result, BuildResult) else result.verify
+    if build is not None and not build.ok:
+        errors = [d for d in build.errors if d.tool != "ninja"] or build.errors
+        if errors:
+            place = f"{errors[0].file}:{errors[0].line}: " if errors[0].file and errors[0].line else ""
+            return f"Build FAILED: {place}{errors[0].message}"[:300]
+        return build_text(build).splitlines()[0][:300]
+    if verify is not None:
+        return verify_text(verify).splitlines()[0][:300]
+    if isinstance(result, EvalResult) and result.error_kind:
+        return f"{result.error_kind}: {result.message}"[:300]
+    return "no result was returned"
 
 
 # ------------------------------------------------------------------------------------------------- run
@@ -193,11 +185,11 @@ class _Run:
         if last.stage in ("write", FAITHFUL_STAGE):
             return self._reply("compile", "Compile the generated kernels.", [("Compile", {})])
         if last.stage == "compile":
-            if not build_ok(last.results.get("Compile", "")):
-                return self._finish(self._failure("did not compile", last.results.get("Compile", "")))
+            if not build_ok(last.results.get("Compile")):
+                return self._finish(self._failure("did not compile", last.results.get("Compile")))
             return self._reply("verify", "Check the kernels against the reference.", [("Verify", {})])
         if last.stage == "verify":
-            verified = last.results.get("Verify", "")
+            verified = last.results.get("Verify")
             if not verify_ok(verified):
                 faithful = self._faithful_fallback(verified)
                 if faithful is not None:
@@ -230,7 +222,7 @@ class _Run:
         if analysis.supported:
             todos += [
                 {"content": "Write the kernels, bindings and model_new.py; compile; verify", "status": "pending"},
-                {"content": f"Time {1 + len(self.plan.tries())} launch configuration(s); keep the fastest", "status": "pending"},
+                {"content": f"Time {1 + len(self.plan.search(None).tries)} launch configuration(s); keep the fastest", "status": "pending"},
             ]
         else:
             todos.append({"content": analysis.blockers(), "status": "pending"})
@@ -238,12 +230,12 @@ class _Run:
         return self._reply("plan", intro, [("TodoWrite", {"todos": todos})])
 
     def _write(self) -> ModelReply:
-        from kernelpilot.policy.codegen import render_all
+        from kernelpilot.policy.families import render_all
 
         files = render_all(self.plan.problem, self.plan.analysis)
         return self._reply("write", "Write the generated files.", [("Write", _write_args(f)) for f in files])
 
-    def _faithful_fallback(self, verified: str) -> _Plan | None:
+    def _faithful_fallback(self, verified: JudgeResult | None) -> _Plan | None:
         """The plan to write after a mismatch of the first answer, or None: only once, only for a mismatch (a
         crash or a guard finding is no rounding), and only when rounding as eager does changes the kernels."""
         if self.plan.faithful or self.fallback is None or not verify_mismatch(verified):
@@ -252,7 +244,7 @@ class _Run:
         return faithful if faithful.analysis != self.plan.analysis else None
 
     def _write_faithful(self, faithful: _Plan) -> ModelReply:
-        from kernelpilot.policy.codegen import render_all
+        from kernelpilot.policy.families import render_all
 
         # The faithful analysis only splits groups off, so its files overwrite every kernel of the first answer.
         files = render_all(faithful.problem, faithful.analysis)
@@ -264,32 +256,30 @@ class _Run:
 
     # ---------------------------------------------------------------------------------- the search
 
+    def _search(self) -> tuple[LaunchSearch, str]:
+        """The launch search replayed from the Profile results so far, and the stage of its fastest time."""
+        profile = self.by_stage.get("profile")
+        search = self.plan.search(candidate_ms(profile.results.get("Profile")) if profile else None)
+        best_stage = "profile"
+        while (next_try := search.next_try()) is not None and (step := self.by_stage.get(_try_stage(*next_try))):
+            if search.record(candidate_ms(step.results.get("Profile"))):
+                best_stage = step.stage
+        return search, best_stage
+
     def _timings(self) -> tuple[dict[str, int], float | None, str]:
         """The fastest configuration per group so far, its time (None when nothing was timed) and its stage."""
-        best = {group.name: 0 for group in self.plan.groups}
-        profile = self.by_stage.get("profile")
-        best_ms, best_stage = (candidate_ms(profile.results.get("Profile", "")) if profile else None), "profile"
-        for group_name, index in self.plan.tries():
-            stage = _try_stage(group_name, index)
-            step = self.by_stage.get(stage)
-            if step is None:
-                break
-            ms = candidate_ms(step.results.get("Profile", ""))
-            if ms is not None and (best_ms is None or ms < best_ms):
-                best[group_name], best_ms, best_stage = index, ms, stage
-        return best, best_ms, best_stage
+        search, best_stage = self._search()
+        return search.best, search.best_ms, best_stage
 
     def _next_try_or_final(self) -> ModelReply:
-        best, _, _ = self._timings()
-        if "Profile" in self.tools:
-            for group_name, index in self.plan.tries():
-                stage = _try_stage(group_name, index)
-                if stage not in self.by_stage:
-                    choice = {**best, group_name: index}
-                    config = self.plan.candidates[group_name][index]
-                    # Profile builds, verifies and times: a configuration that breaks the kernel gets no time.
-                    calls = [("Write", _write_args(f)) for f in self._kernels(choice)] + [("Profile", {})]
-                    return self._reply(stage, f"Time {group_name} with {config.label}.", calls)
+        search, _ = self._search()
+        next_try = search.next_try()
+        if "Profile" in self.tools and next_try is not None:
+            group_name, index = next_try
+            config = self.plan.candidates[group_name][index]
+            # Profile builds, verifies and times: a configuration that breaks the kernel gets no time.
+            calls = [("Write", _write_args(f)) for f in self._kernels(search.choice(*next_try))] + [("Profile", {})]
+            return self._reply(_try_stage(*next_try), f"Time {group_name} with {config.label}.", calls)
         return self._final(0)
 
     def _final_choices(self) -> list[dict[str, int]]:
@@ -305,14 +295,14 @@ class _Run:
 
     def _after_final(self, step: _Step) -> ModelReply:
         index = int(step.stage.removeprefix("final"))
-        if verify_ok(step.results.get("Verify", "")):
+        if verify_ok(step.results.get("Verify")):
             return self._finish(self._success_summary(verified=True, final_index=index))
         if index + 1 < len(self._final_choices()):
             return self._final(index + 1)
-        return self._finish(self._failure("failed verification when written back", step.results.get("Verify", "")))
+        return self._finish(self._failure("failed verification when written back", step.results.get("Verify")))
 
     def _kernels(self, choice: dict[str, int]) -> list[GeneratedFile]:
-        from kernelpilot.policy.codegen import render_kernel
+        from kernelpilot.policy.families import render_kernel
 
         return [render_kernel(g, self.plan.candidates[g.name][choice[g.name]]) for g in self.plan.groups]
 
@@ -328,10 +318,10 @@ class _Run:
                          "part with torch, so nothing was generated.")  # fmt: skip
         return " ".join(parts)
 
-    def _failure(self, what: str, text: str) -> str:
+    def _failure(self, what: str, result: JudgeResult | None) -> str:
         fallback = " (the unfused form written after the fused epilogue failed verification)" * self.plan.faithful
         return (f"The generated kernels for {self.plan.analysis.problem_name}{fallback} {what}: "
-                f"{_first_problem_line(text)} model_new.py holds them as written; no verified candidate came out "
+                f"{problem_line(result)} model_new.py holds them as written; no verified candidate came out "
                 "of this run.")  # fmt: skip
 
     def _success_summary(self, verified: bool, final_index: int = 0) -> str:
@@ -356,8 +346,9 @@ class _Run:
     def _speedups(self, stage: str) -> str:
         """' (1.20x vs eager, 0.95x vs torch.compile)' from the Profile result of the kept configuration."""
         step = self.by_stage.get(stage)
-        found = _SPEEDUP_LINE.search(step.results.get("Profile", "")) if step else None
-        return f" ({found['text']})" if found else ""
+        result = step.results.get("Profile") if step else None
+        bench = result.bench if isinstance(result, EvalResult) else None
+        return f" ({speedup_text(bench)})" if bench is not None and bench.ok else ""
 
 
 def _faithful_reason(analysis: Analysis) -> str:

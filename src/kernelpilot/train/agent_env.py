@@ -65,7 +65,7 @@ class TrajectoryWorkspaces:
     def best_reward(self, trajectory_id: str) -> int:
         """The best milestone reward the judge gave in this trajectory so far; -1 before any verified candidate."""
         ctx = self._contexts.get(trajectory_id)
-        evals = ctx.state.get("evals", []) if ctx is not None else []
+        evals = ctx.judged.evals if ctx is not None else []
         return max((result.reward for result in evals), default=-1)
 
     def release(self, trajectory_id: str) -> None:
@@ -85,6 +85,6 @@ class TrajectoryWorkspaces:
             folder = Path(tempfile.mkdtemp(prefix="traj-", dir=self._root))
             (folder / "task.py").write_text(task_code, encoding="utf-8")
             ws, _ = init_workspace(folder / "task.py", folder / "ws")
-            ctx = ToolContext(workspace=ws, judge=self._judge, state={"settings": self._settings or Settings()})
+            ctx = ToolContext(workspace=ws, judge=self._judge, settings=self._settings or Settings())
             self._contexts[trajectory_id] = ctx
             return ctx

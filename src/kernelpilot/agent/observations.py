@@ -1,0 +1,216 @@
+"""What the model reads of a judge tool's result: the one place typed results (BuildResult, VerifyOutcome,
+EvalResult, and Ncu's launches) become text. Nothing parses this text back; callers that decide (the loop, the
+built-in policy) read the typed results."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.agent import JudgeResult, VerifyOutcome
+from kernelpilot.results import (
+    HARNESS_ERROR,
+    BenchResult,
+    BuildResult,
+    Diagnostic,
+    EvalResult,
+    Timing,
+    TrialResult,
+    VerifyResult,
+)
+
+if TYPE_CHECKING:
+    from kernelpilot.agent.tools.shell import ProcessRun
+
+MAX_ERRORS_SHOWN = 20
+TOP_KERNELS_SHOWN = 10
+MAX_LAUNCHES_SHOWN = 20
+BUSY_PERCENT = 60.0  # a unit above this share of its peak is what limits the kernel
+
+
+def render(result: JudgeResult) -> str:
+    """The text the model reads for a judge tool's result."""
+    if isinstance(result, BuildResult):
+        return build_text(result)
+    if isinstance(result, VerifyOutcome):
+        return verify_outcome_text(result)
+    return eval_text(result)
+
+
+def verify_outcome_text(outcome: VerifyOutcome) -> str:
+    """Verify's answer: the verification, or that it was skipped because the build failed."""
+    if outcome.verify is None:
+        return "Verify skipped: the build failed.\n" + build_text(outcome.build)
+    return verify_text(outcome.verify)
+
+
+def build_text(build: BuildResult) -> str:
+    """A build for the model: verdict, what recompiled, errors (file:line: message), per-kernel resources."""
+    recompiled = ", ".join(build.compiled) or "nothing (up to date)"
+    if build.ok:
+        lines = [f"Build ok for sm_{build.arch.replace('.', '')} in {build.seconds:.1f} s; recompiled: {recompiled}."]
+    else:
+        lines = [f"Build FAILED: {build.error or 'see the errors below'}", f"Recompiled: {recompiled}."]
+    errors = _compiler_first([d for d in build.diagnostics if d.severity == "error"])
+    if errors:
+        lines.append(f"Errors ({len(errors)}):")
+        lines += [f"  {_location(d)}: {d.message}" for d in errors[:MAX_ERRORS_SHOWN]]
+        if len(errors) > MAX_ERRORS_SHOWN:
+            lines.append(f"  ({len(errors) - MAX_ERRORS_SHOWN} more errors not shown; fix these first)")
+    elif not build.ok and build.log:
+        lines += ["Last lines of the build log:", *build.log.splitlines()[-30:]]
+    warnings = [d for d in build.diagnostics if d.severity == "warning"]
+    if warnings:
+        lines.append(f"Warnings ({len(warnings)}), first: {_location(warnings[0])}: {warnings[0].message}")
+    if build.resources:
+        lines.append("Kernels (ptxas): registers, shared memory, stack, spill stores/loads")
+        for kernel in build.resources:
+            spilling = " (SPILLING)" if kernel.spill_stores or kernel.spill_loads else ""
+            spills = f"spills {kernel.spill_stores}/{kernel.spill_loads}{spilling}"
+            lines.append(f"  {kernel.kernel}: {kernel.registers} regs, {kernel.shared_bytes} B smem, "
+                         f"{kernel.stack_bytes} B stack, {spills}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _compiler_first(errors: list[Diagnostic]) -> list[Diagnostic]:
+    """ninja's "FAILED: x.o" only repeats a compiler's message; keep it when it is all there is."""
+    from_compilers = [d for d in errors if d.tool != "ninja"]
+    return from_compilers or errors
+
+
+def _location(diagnostic: Diagnostic) -> str:
+    if not diagnostic.file:
+        return diagnostic.tool
+    place = diagnostic.file
+    if diagnostic.line:
+        place += f":{diagnostic.line}" + (f":{diagnostic.column}" if diagnostic.column else "")
+    return place
+
+
+def verify_text(verify: VerifyResult) -> str:
+    """A verification for the model: verdict, each trial's errors and worst element, guard findings."""
+    passed = sum(1 for trial in verify.trials if trial.ok)
+    if verify.error_kind == HARNESS_ERROR:  # no verdict on the kernel: the model must not "fix" it for this
+        lines = [f"Verify did not judge the candidate: kernelpilot's verifier failed, not your kernel "
+                 f"({passed} trials passed before it did)."]  # fmt: skip
+    else:
+        verdict = "PASSED" if verify.ok else f"FAILED ({verify.error_kind or 'mismatch'})"
+        lines = [f"Verify {verdict}: {passed}/{len(verify.trials)} trials within |actual - expected| <= "
+                 f"{verify.atol:g} + {verify.rtol:g} * |expected|."]  # fmt: skip
+    if not verify.ok and verify.message and not any(finding.message in verify.message for finding in verify.guards):
+        lines.append(verify.message)
+    if verify.max_abs_error is not None:
+        lines.append(f"Max abs error {verify.max_abs_error:.3g}, max rel error {verify.max_rel_error:.3g}.")
+    for trial in verify.trials:
+        lines.append(f"  trial seed {trial.seed}: {_trial_text(trial)}")
+    for finding in verify.guards:
+        lines.append(f"  guard {finding.guard} [{finding.severity}]: {finding.message}")
+    return "\n".join(lines)
+
+
+def _trial_text(trial: TrialResult) -> str:
+    parts = ["ok" if trial.ok else "FAILED"]
+    if trial.max_abs_error is not None:
+        parts.append(f"max abs {trial.max_abs_error:.3g}, max rel {trial.max_rel_error:.3g}")
+    if trial.worst_index is not None:
+        output = f" of output {trial.output}" if trial.output else ""
+        parts.append(f"worst at index {trial.worst_index}{output}")
+    if trial.message:
+        parts.append(trial.message)
+    return "; ".join(parts)
+
+
+def eval_text(result: EvalResult) -> str:
+    """A whole judgement for the model: reward, what failed, and the timings when there are some."""
+    lines = [f"Profile: reward {result.reward} (-1 broken or wrong, 1 correct, 2 faster than eager, "
+             "3 faster than eager and torch.compile)."]  # fmt: skip
+    build_failed = result.build is not None and not result.build.ok
+    verify_failed = result.verify is not None and not result.verify.ok
+    if result.error_kind and not (build_failed or verify_failed):  # those two explain themselves below
+        lines.append(f"{result.error_kind}: {result.message}")
+    if build_failed:
+        lines.append(build_text(result.build))
+    if result.verify is not None:
+        lines.append(verify_text(result.verify) if verify_failed else verify_text(result.verify).splitlines()[0])
+    if result.bench is not None and result.bench.ok:
+        lines.append(bench_text(result.bench))
+    return "\n".join(lines)
+
+
+def bench_text(bench: BenchResult) -> str:
+    """Times against eager and torch.compile, speedups, % of speed-of-light and the candidate's top kernels."""
+    lines = [f"Times on {bench.gpu or 'this device'} (median; p10-p90; spread):"]
+    rows = (("candidate", bench.candidate, bench.sol_candidate), ("eager", bench.eager, bench.sol_eager),
+            ("torch.compile", bench.compiled, bench.sol_compile))  # fmt: skip
+    for label, timing, sol in rows:
+        if timing is not None:
+            of_light = f"; {sol * 100:.1f}% of speed-of-light" if sol is not None else ""
+            lines.append(f"  {label:<14}{_timing_text(timing)}{of_light}")
+    lines.append(f"Speedup: {speedup_text(bench)}.")
+    if bench.roofline is not None:
+        floor = bench.roofline
+        lines.append(f"Speed-of-light floor: {floor.floor_ms:.4g} ms ({floor.bound}-bound: {floor.bytes / 1e9:.3g} GB, "
+                     f"{floor.flops / 1e9:.3g} GFLOP).")  # fmt: skip
+    if bench.kernels:
+        total = sum(kernel.total_ms for kernel in bench.kernels) or 1.0
+        lines.append("Top kernels of the candidate (total ms, calls, share):")
+        for kernel in sorted(bench.kernels, key=lambda k: -k.total_ms)[:TOP_KERNELS_SHOWN]:
+            lines.append(f"  {kernel.total_ms:.4g} ms  x{kernel.calls}  {kernel.total_ms / total:.0%}  {kernel.name}")
+    if bench.message:
+        lines.append(f"Note: {bench.message}")
+    return "\n".join(lines)
+
+
+def _timing_text(timing: Timing) -> str:
+    return (f"{timing.median_ms:.4g} ms; {timing.p10_ms:.4g}-{timing.p90_ms:.4g} ms; "
+            f"{timing.spread:.1%} ({timing.runs} runs)")  # fmt: skip
+
+
+def _speedup(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def speedup_text(bench: BenchResult) -> str:
+    """'1.20x vs eager, 0.95x vs torch.compile'."""
+    return f"{_speedup(bench.speedup_vs_eager)} vs eager, {_speedup(bench.speedup_vs_compile)} vs torch.compile"
+
+
+def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None, timeout_s: float) -> str:
+    """ncu's findings for the model, or why it found nothing."""
+    if run.timed_out:
+        return f"ncu did not finish within {timeout_s:g} s and was stopped; profile fewer kernels with `kernel`."
+    if not launches:
+        reason = f"no kernel matched {kernel!r}" if kernel and run.returncode == 0 else f"exit code {run.returncode}"
+        tail = "\n".join(run.output.strip().splitlines()[-30:])
+        return f"ncu profiled no kernel ({reason}).\n{tail}".rstrip()
+    lines = [f"ncu: {len(launches)} kernel launch(es) in one forward call:"]
+    lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_LAUNCHES_SHOWN]]
+    if len(launches) > MAX_LAUNCHES_SHOWN:
+        lines.append(f"  ({len(launches) - MAX_LAUNCHES_SHOWN} more launches not shown; narrow them with `kernel`)")
+    return "\n".join(lines)
+
+
+def _launch_text(launch: dict[str, Any]) -> str:
+    def shown(key: str, template: str) -> str | None:
+        return template.format(launch[key]) if launch.get(key) is not None else None
+
+    parts = [
+        shown("duration_us", "{:.4g} us"),
+        shown("dram_pct", "DRAM {:.1f}%"),
+        shown("sm_pct", "SM {:.1f}%"),
+        shown("occupancy_pct", "occupancy {:.1f}%"),
+        shown("registers", "{:.0f} regs"),
+        shown("block_size", "block {:.0f}"),
+        shown("grid_size", "grid {:.0f}"),
+    ]
+    return f"{launch['kernel']}: " + ", ".join(part for part in parts if part) + f" -> {_limiter(launch)}"
+
+
+def _limiter(launch: dict[str, Any]) -> str:
+    if launch.get("dram_pct") is None and launch.get("sm_pct") is None:
+        return "limit unknown (no throughput counters)"
+    dram, sm = launch.get("dram_pct") or 0.0, launch.get("sm_pct") or 0.0
+    if dram >= BUSY_PERCENT and dram >= sm:
+        return "memory-bound (DRAM busy): move fewer bytes"
+    if sm >= BUSY_PERCENT:
+        return "compute-bound (SM busy): fewer or cheaper instructions, tensor cores"
+    return "latency-bound (neither DRAM nor SM busy): more parallel work in flight, fewer stalls"

@@ -1,0 +1,87 @@
+"""The judge tools: Compile, Verify and Profile. Each returns the judge's typed result (rendered for the model by
+`agent/observations.py`) and notes it in `ctx.judged`; only those results count, never the model's claims."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelpilot.agent import JudgeResult, RecoverableError, ToolContext, ToolOutput, VerifyOutcome
+from kernelpilot.agent.observations import render
+from kernelpilot.agent.tools.schema import CheckedTool, object_schema
+from kernelpilot.results import BuildResult, to_dict
+
+MAX_TRIALS = 20
+
+
+def require_judge(ctx: ToolContext, tool_name: str) -> Any:
+    if ctx.judge is None:
+        raise RecoverableError(f"{tool_name} needs the judge, and this run has none; only the file tools work here.")
+    return ctx.judge
+
+
+def judging_settings(ctx: ToolContext) -> dict[str, Any]:
+    """The run's trials and tolerances (`ctx.settings`, set by the loop's caller)."""
+    return {"trials": ctx.settings.trials, "atol": ctx.settings.atol, "rtol": ctx.settings.rtol}
+
+
+def build_candidate(ctx: ToolContext, tool_name: str) -> BuildResult:
+    """Build the workspace (incremental: only changed sources recompile) and remember the result."""
+    build = require_judge(ctx, tool_name).build(ctx.workspace.root)
+    ctx.judged.note(build)
+    return build
+
+
+def judged_output(result: JudgeResult) -> ToolOutput:
+    """A judge tool's answer: its typed result, rendered for the model, and as plain data for the transcript."""
+    return ToolOutput(text=render(result), data=to_dict(result), result=result)
+
+
+class CompileTool(CheckedTool):
+    name = "Compile"
+    description = (
+        "Build kernels/ into the kp_kernels extension (incremental: only changed files recompile). Returns ok or "
+        "failed, the files recompiled, compiler errors as file:line: message, and per-kernel registers, shared "
+        "memory and spills from ptxas. Compile after editing kernels, before Verify."
+    )
+    parameters = object_schema({})
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        return judged_output(build_candidate(ctx, self.name))
+
+
+class VerifyTool(CheckedTool):
+    name = "Verify"
+    description = (
+        "Build if needed, then check ModelNew against Model on fresh random inputs (`trials`, default: the run's "
+        "setting, usually 5) and run the anti-cheat guards. Returns pass/fail per trial, max absolute and relative "
+        "error, where the worst element is, and guard findings. A candidate counts only once it passes."
+    )
+    parameters = object_schema(
+        {"trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS, "description": "how many"}}
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        build = build_candidate(ctx, self.name)
+        if not build.ok:
+            return judged_output(VerifyOutcome(build))
+        judging = judging_settings(ctx)
+        judging["trials"] = args.get("trials", judging["trials"])  # the model may ask for more or fewer
+        outcome = VerifyOutcome(build, ctx.judge.verify(ctx.workspace.root, build, **judging))
+        ctx.judged.note(outcome)
+        return judged_output(outcome)
+
+
+class ProfileTool(CheckedTool):
+    name = "Profile"
+    description = (
+        "The full judgement: build, verify, then time the candidate against PyTorch eager and torch.compile on the "
+        "GPU. Returns the times (median and spread), speedups, % of speed-of-light, the reward (-1 broken or wrong, "
+        "1 correct, 2 faster than eager, 3 faster than eager and torch.compile) and the candidate's top kernels. "
+        "Run it before and after each optimisation."
+    )
+    parameters = object_schema({})
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        result = require_judge(ctx, self.name).evaluate(ctx.workspace.root, **judging_settings(ctx))
+        ctx.judged.note(result)
+        return judged_output(result)

@@ -1,0 +1,148 @@
+"""Ncu: Nsight Compute over one forward call of the candidate, loaded the way the harness loads it, its CSV report
+parsed into one record per kernel launch and rendered with the limit each launch hits."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.agent import ToolContext, ToolOutput
+from kernelpilot.agent.observations import build_text, ncu_text
+from kernelpilot.agent.shell_guard import SCRATCH_DIR
+from kernelpilot.agent.tools.judge import build_candidate
+from kernelpilot.agent.tools.schema import CheckedTool, object_schema
+from kernelpilot.agent.tools.shell import ProcessRun, run_process
+from kernelpilot.results import BuildResult, to_dict
+
+if TYPE_CHECKING:
+    from kernelpilot.workspace import Workspace
+
+NCU_TIMEOUT_S = 300
+
+NCU_METRICS = {
+    "gpu__time_duration.sum": "duration",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+    "launch__registers_per_thread": "registers",
+    "launch__block_size": "block_size",
+    "launch__grid_size": "grid_size",
+}
+_MICROSECONDS_PER_UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+                          "second": 1e6, "s": 1e6}  # fmt: skip
+
+# Runs in the profiled process: loads the candidate the way the harness does, then profiles one forward call
+# (after a warm-up call, so lazy initialisation stays out) between cudaProfilerStart and cudaProfilerStop.
+# On a CPU device it only loads and calls, which lets tests check the loading without a GPU.
+NCU_DRIVER = """
+import json, sys
+from pathlib import Path
+import torch
+from kernelpilot.harness.candidate import load_candidate, make_candidate_model
+from kernelpilot.results import BuildResult, from_dict
+from kernelpilot.workspace import open_workspace
+
+workspace = open_workspace(sys.argv[1])
+build = from_dict(BuildResult, json.loads(Path(sys.argv[2]).read_text()))
+device = torch.device(sys.argv[3])
+problem = workspace.problem()
+model = make_candidate_model(problem, load_candidate(workspace, build), device)
+inputs = problem.make_inputs(device, seed=0)
+on_gpu = device.type == "cuda"
+with torch.no_grad():
+    model(*inputs)
+    if on_gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.profiler.start()
+    model(*inputs)
+    if on_gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.profiler.stop()
+"""
+
+
+class NcuTool(CheckedTool):
+    name = "Ncu"
+    description = (
+        "Profile the candidate's kernels with Nsight Compute (ncu) over one forward call: per launch its duration, "
+        "DRAM and SM throughput (% of peak), achieved occupancy, registers per thread and launch shape, and which "
+        "limit it hits. `kernel` (a regex) restricts it to matching kernel names. Slow (kernels are replayed); use "
+        "it to learn why a kernel is slow. Where ncu or a GPU is missing it says so."
+    )
+    parameters = object_schema({"kernel": {"type": "string", "minLength": 1, "description": "regex of kernel names"}})
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        unavailable = ncu_unavailable_reason(ctx)
+        if unavailable:
+            return ToolOutput(text=unavailable, data={"available": False, "reason": unavailable})
+        build = build_candidate(ctx, self.name)
+        if not build.ok:
+            text = "Ncu skipped: the build failed.\n" + build_text(build)
+            return ToolOutput(text=text, data={"available": True, "build": to_dict(build)})
+        run, report = run_ncu(ctx.workspace, build, ctx.judge.device, args.get("kernel"))
+        launches = parse_ncu_csv(report + "\n" + run.output)
+        data = {"available": True, "exit_code": run.returncode, "timed_out": run.timed_out, "launches": launches}
+        return ToolOutput(text=ncu_text(run, launches, args.get("kernel"), NCU_TIMEOUT_S), data=data)
+
+
+def ncu_unavailable_reason(ctx: ToolContext) -> str | None:
+    """One sentence saying why ncu cannot run here, or None when it can."""
+    instead = "use Profile for times and the kernel breakdown."
+    if shutil.which("ncu") is None:
+        return f"ncu (Nsight Compute) is not installed on this machine, so Ncu is unavailable; {instead}"
+    if ctx.judge is None or ctx.judge.device == "cpu":
+        return f"This run has no GPU, so ncu cannot profile kernels here; {instead}"
+    return None
+
+
+def run_ncu(ws: Workspace, build: BuildResult, device: str, kernel: str | None) -> tuple[ProcessRun, str]:
+    """Run the driver under ncu; return the run and ncu's CSV report."""
+    scratch = ws.root / SCRATCH_DIR
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="ncu-") as folder:
+        build_json, report = Path(folder) / "build.json", Path(folder) / "report.csv"
+        build_json.write_text(json.dumps(to_dict(build)))
+        command = ["ncu", "--csv", "--log-file", str(report), "--print-units", "base", "--profile-from-start", "off",
+                   "--metrics", ",".join(NCU_METRICS)]  # fmt: skip
+        if kernel:
+            command += ["--kernel-name", f"regex:{kernel}"]
+        command += [sys.executable, "-c", NCU_DRIVER, str(ws.root), str(build_json), device]
+        run = run_process(command, cwd=ws.root, env=driver_environment(), timeout=NCU_TIMEOUT_S)
+        return run, report.read_text(errors="replace") if report.is_file() else ""
+
+
+def driver_environment() -> dict[str, str]:
+    """This environment with this very kernelpilot importable, as the judge's worker has it."""
+    import kernelpilot
+
+    source_root = str(Path(kernelpilot.__file__).resolve().parents[1])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p))
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
+    """ncu's `--csv` rows (one per launch and metric) as one dict per launch: id, kernel and the metrics by label."""
+    rows = csv.DictReader(line for line in text.splitlines() if line.startswith('"'))
+    launches: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        metric = NCU_METRICS.get(row.get("Metric Name") or "")
+        if metric is None or row.get("ID") in (None, "ID"):
+            continue
+        launch = launches.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row.get("Kernel Name", "?")})
+        value = _ncu_number(row.get("Metric Value", ""))
+        if metric == "duration" and value is not None:
+            metric, value = "duration_us", value * _MICROSECONDS_PER_UNIT.get(row.get("Metric Unit", ""), 1e-3)
+        launch[metric] = value
+    return sorted(launches.values(), key=lambda launch: launch["id"])
+
+
+def _ncu_number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))  # ncu groups thousands with commas
+    except ValueError:
+        return None

@@ -1,0 +1,157 @@
+"""Bash and process handling: a command runs in the workspace in its own process group (killed whole on timeout),
+its output capped in the middle; writes and `cd` outside the workspace are refused before it runs
+(shell_guard.py) and protected files are restored after. Guard rails for an honest model that slips, not a
+security sandbox: a program can still write anywhere it likes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.agent import ToolContext, ToolOutput
+from kernelpilot.agent.shell_guard import SCRATCH_DIR, WriteGuard
+from kernelpilot.agent.tools.files import PROTECTED_REASON
+from kernelpilot.agent.tools.schema import CheckedTool, object_schema
+from kernelpilot.workspace import PROTECTED_FILES, tampered_files
+
+if TYPE_CHECKING:
+    from kernelpilot.workspace import Workspace
+
+BASH_DEFAULT_TIMEOUT_S = 120
+BASH_MAX_TIMEOUT_S = 600
+BASH_OUTPUT_LIMIT = 20_000  # characters the model sees of one command's output
+PRISTINE_DIR = ".kernelpilot/pristine"  # known-good copies of the protected files
+
+
+class BashTool(CheckedTool):
+    name = "Bash"
+    description = (
+        "Run a bash command in the workspace root (HOME and TMPDIR are a scratch folder inside it; no stdin). "
+        f"Returns the combined stdout and stderr (long output keeps its head and tail) and the exit code. Timeout "
+        f"{BASH_DEFAULT_TIMEOUT_S} s unless `timeout_s` says otherwise (at most {BASH_MAX_TIMEOUT_S}). Commands that "
+        "would write or cd outside the workspace are refused, and protected files (model.py, setup.py, kp_* files, "
+        "...) are restored if a command changes them. Use it to inspect, grep, run quick Python checks; build and "
+        "test with Compile, Verify and Profile."
+    )
+    parameters = object_schema(
+        {
+            "command": {"type": "string", "minLength": 1, "description": "the bash command line"},
+            "timeout_s": {"type": "integer", "minimum": 1, "maximum": BASH_MAX_TIMEOUT_S, "description": "seconds"},
+        },
+        ["command"],
+    )
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        ws, command = ctx.workspace, args["command"]
+        root, scratch = ws.root.resolve(), ws.root.resolve() / SCRATCH_DIR
+        WriteGuard(root, scratch).check(command)
+        scratch.mkdir(parents=True, exist_ok=True)
+        keep_pristine_copies(ws)
+        environment = dict(os.environ, HOME=str(scratch), TMPDIR=str(scratch), PWD=str(root))
+        timeout = args.get("timeout_s", BASH_DEFAULT_TIMEOUT_S)
+        run = run_process(["bash", "-c", command], cwd=root, env=environment, timeout=timeout)
+        restored, lost = restore_protected(ws)
+        output, cut = cap_middle(run.output, BASH_OUTPUT_LIMIT)
+        text = _bash_text(output, run, timeout, restored, lost)
+        data = {"command": command, "exit_code": run.returncode, "timed_out": run.timed_out,
+                "seconds": run.seconds, "output_chars": len(run.output), "cut_chars": cut,
+                "restored": restored, "not_restored": lost}  # fmt: skip
+        return ToolOutput(text=text, data=data)
+
+
+def _bash_text(output: str, run: ProcessRun, timeout: int, restored: list[str], lost: list[str]) -> str:
+    parts = [output.rstrip("\n") or "(no output)"]
+    if run.timed_out:
+        parts.append(f"[timed out after {timeout} s: the command and its child processes were killed]")
+    elif run.returncode != 0:
+        parts.append(f"[exit code {run.returncode}]")
+    if restored:
+        parts.append(f"[kernelpilot restored {', '.join(restored)}: protected, {PROTECTED_REASON}; "
+                     "put your work in kernels/ and model_new.py]")  # fmt: skip
+    if lost:
+        parts.append(f"[protected files changed and not restorable: {', '.join(lost)}; the judge will reject the "
+                     "workspace until they are restored (`kernelpilot init` brings back deleted ones)]")  # fmt: skip
+    return "\n".join(parts)
+
+
+@dataclass
+class ProcessRun:
+    """What a subprocess did: its merged output, exit code, whether it was killed for time, and how long it took."""
+
+    output: str
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+
+
+def run_process(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> ProcessRun:
+    """Run `argv` with no stdin in its own process group; on timeout kill the whole group (children included)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        raw, _ = process.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            raw, _ = process.communicate(timeout=5)
+        except subprocess.TimeoutExpired as still_open:  # a process that left the group still holds the pipe
+            process.kill()
+            raw = still_open.output or b""
+        timed_out = True
+    seconds = round(time.monotonic() - started, 3)
+    return ProcessRun(raw.decode("utf-8", errors="replace"), process.returncode, timed_out, seconds)
+
+
+def cap_middle(text: str, limit: int) -> tuple[str, int]:
+    """`text` cut to about `limit` characters keeping its head and tail at line boundaries; also how much was cut."""
+    if len(text) <= limit:
+        return text, 0
+    head = text[: limit // 2]
+    head = head[: head.rfind("\n") + 1] or head
+    tail = text[-(limit // 2) :]
+    tail = tail[tail.find("\n") + 1 :] if "\n" in tail[:-1] else tail
+    middle = text[len(head) : len(text) - len(tail)]
+    note = f"[... {len(middle)} characters ({middle.count(chr(10))} lines) cut from the middle of the output ...]\n"
+    return head + note + tail, len(middle)
+
+
+def keep_pristine_copies(ws: Workspace) -> None:
+    """Keep a copy of every protected file that is intact under .kernelpilot/pristine/, to restore it from later."""
+    tampered = set(tampered_files(ws))
+    for name in PROTECTED_FILES:
+        copy, original = ws.root / PRISTINE_DIR / name, ws.root / name
+        if name in tampered or (copy.is_file() and copy.read_bytes() == original.read_bytes()):
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.unlink(missing_ok=True)
+        shutil.copy2(original, copy)
+
+
+def restore_protected(ws: Workspace) -> tuple[list[str], list[str]]:
+    """Put back changed or deleted protected files from their pristine copies; return (restored, not restorable)."""
+    tampered = tampered_files(ws)
+    for name in tampered:
+        copy, target = ws.root / PRISTINE_DIR / name, ws.root / name
+        if not copy.is_file():
+            continue
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(copy, target)  # with its mode: model.py is read-only again
+    still_tampered = set(tampered_files(ws)) if tampered else set()
+    restored = [name for name in tampered if name not in still_tampered]
+    return restored, [name for name in tampered if name in still_tampered]

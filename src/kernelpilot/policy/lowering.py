@@ -1,0 +1,569 @@
+"""Lowering: each aten op of the traced graph becomes IR, through one table per concern: pointwise ops map onto
+C_OPS names (directly, through `_ALIASES`, or through `_SPECIAL_ELEMENTWISE` for ops with settings), reductions
+through `_REDUCTIONS` (sum, mean, amax, norms, var/std, logsumexp, softmax, layer/group norm, nll_loss, gather).
+Adding an op is an entry in one of those tables (and, for a new pointwise op, in C_OPS and its CPU spec)."""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
+from kernelpilot.policy.ir import (
+    Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, contiguous_strides, dtype_name,
+    walk_reduces,
+)  # fmt: skip
+from kernelpilot.policy.strides import splits
+
+if TYPE_CHECKING:
+    from kernelpilot.policy.analysis import GroupBuilder
+
+# Dtypes a generated kernel reads and writes (computing in float32 in between).
+KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
+
+
+# Dtypes a kernel only reads: int64 class targets, gathered from as integers and otherwise converted to float as
+# torch's `.float()` does (exact below 2^24).
+READ_ONLY_DTYPES = ("int64",)
+
+
+# In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
+_IN_PLACE = {"masked_fill_": "masked_fill"}
+
+
+_ALIASES = {"clone": "identity", "contiguous": "identity", "lift_fresh_copy": "identity", "bitwise_not": "logical_not"}
+
+
+class OpLowering:
+    """Builds the Value of one fusible aten node, or returns None when there is no template for it."""
+
+    def __init__(self, builder: GroupBuilder, node: Any, args: list, kwargs: dict):
+        self.builder, self.node, self.args, self.kwargs = builder, node, args, kwargs
+        value = node.meta.get("val")
+        if isinstance(value, (tuple, list)):  # native_layer_norm, native_group_norm: (output, mean, rstd)
+            value = value[0]
+        self.shape = tuple(value.shape) if hasattr(value, "shape") else ()
+        self.dtype = dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
+
+    def build(self, name: str) -> Value | tuple | None:
+        if name in _IN_PLACE:
+            name = self._out_of_place(name)
+        if name in _ALIASES:
+            return self.elementwise(_ALIASES[name], self.args[:1])
+        if name in _REDUCTIONS:
+            return _REDUCTIONS[name](self)
+        if name in ("full_like", "ones_like", "zeros_like", "full", "ones", "zeros", "scalar_tensor"):
+            return self._constant(name)
+        if name == "_to_copy":
+            return self.elementwise(_cast_op(self.kwargs.get("dtype")), self.args[:1])
+        special = _SPECIAL_ELEMENTWISE.get(name)
+        if special is not None:
+            op, operands = special(self.args, self.kwargs)
+            return self.elementwise(op, operands)
+        if name in C_OPS and name not in INTERNAL_OPS:
+            return self.elementwise(name, self.args)
+        return None
+
+    def _out_of_place(self, name: str) -> str:
+        """The functional op of an in-place one that decompositions write into a value they computed (cross-entropy
+        with label smoothing zeroes ignored rows with masked_fill_): the same value when nothing else reads the
+        overwritten tensor, which then exists only in the kernel."""
+        if not isinstance(self.args[0], Value) or len(self.node.args[0].users) != 1:
+            raise NotFusible(f"{name} overwrites a tensor that is read elsewhere or is not computed in forward")
+        return _IN_PLACE[name]
+
+    # --------------------------------------------------------------------------------- elementwise
+
+    def elementwise(self, op: str, operands: list) -> Value:
+        """`op` applied to `operands` (Leaves, Values, numbers), broadcast to this node's shape."""
+        if self.dtype not in KERNEL_DTYPES:
+            raise NotFusible(f"computes {self.dtype} values")
+        operands = self._separate_row_groups(operands)
+        rows = any(isinstance(item, Value) and item.rows for item in operands)
+        exprs = tuple(self._expr(item, rows) for item in operands)
+        ops = tuple(op_name for item in operands if isinstance(item, Value) for op_name in item.ops)
+        return Value(Call(op, exprs), self.shape, self.dtype, ops + (f"aten.{op_name(self.node.target)}",), rows)
+
+    def _separate_row_groups(self, operands: list) -> list:
+        """Materialise operands whose reductions cannot share a kernel with the others or with this shape."""
+        kept_space = None
+        result = []
+        for item in operands:
+            if isinstance(item, Value) and walk_reduces(item.expr):
+                reduce = walk_reduces(item.expr)[0]
+                fits = kept_space in (None, reduce.space) and fits_rows(self.shape, item.rows, reduce)
+                if not fits:
+                    item = self.builder.materialise(item)
+                else:
+                    kept_space = reduce.space
+            result.append(item)
+        return result
+
+    def _expr(self, item: Any, rows: bool) -> Expr:
+        if isinstance(item, Leaf):
+            self._check_dtype(item.source.dtype)
+            return Load(item, self.shape, rows)  # every operand of this op is broadcast to its output's shape
+        if isinstance(item, Value):
+            if item.rows == rows:
+                return item.expr
+            if rows and not walk_reduces(item.expr):
+                return to_rows(item.expr)
+            raise NotFusible("mixes a keepdim=False reduction with full rows")
+        if isinstance(item, bool) or isinstance(item, (int, float)):
+            return Const(float(item))
+        if item is None:
+            raise NotFusible("an argument is the result of an unsupported op")
+        raise NotFusible(f"an argument of type {type(item).__name__}")
+
+    def _check_dtype(self, dtype: str) -> None:
+        if dtype not in KERNEL_DTYPES + READ_ONLY_DTYPES:
+            raise NotFusible(f"reads a {dtype} tensor")
+
+    def _constant(self, name: str) -> Value:
+        value = {"ones_like": 1.0, "zeros_like": 0.0, "ones": 1.0, "zeros": 0.0}.get(name)
+        if value is None:
+            value = float(self.args[1] if name in ("full_like", "full") else self.args[0])
+        return Value(Const(value), self.shape, self.dtype, (f"aten.{name}",))
+
+    # ---------------------------------------------------------------------------------- reductions
+
+    def row_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The reduced argument as an expression over rows (its last dim), with its shape and ops."""
+        item = self.args[0]
+        reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
+        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1, 0))):
+            item = self.builder.materialise(item)
+        expr, shape, ops = self._reduced_expr(item)
+        if not shape:
+            raise NotFusible("reduces a 0-d tensor")
+        if not 0 < shape[-1] < 2**31:  # columns are 32-bit in the kernels
+            raise NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
+        return expr, shape, ops
+
+    def _reduced_expr(self, item: Any) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """A reduction's argument (a tensor read from memory, or a fused value) as an expression, shape and ops."""
+        if isinstance(item, Leaf):
+            self._check_dtype(item.source.dtype)
+            return Load(item, item.shape), item.shape, ()
+        if isinstance(item, Value):
+            return item.expr, item.shape, item.ops
+        raise NotFusible("reduces the result of an unsupported op")
+
+    def last_dim_only(self, dims: Any, ndim: int) -> None:
+        """Raise unless `dims` names exactly the last dimension."""
+        if _normalised_dims(dims, ndim) != [ndim - 1]:
+            shown = ", ".join(str(d) for d in ([dims] if isinstance(dims, int) else dims or range(ndim)))
+            raise NotFusible(f"reduces dim {shown}; only last-dimension reductions are generated")
+
+    def reduced_input(self, dims: Any, kind: str) -> tuple[Expr, tuple[int, ...], tuple[str, ...], int, int]:
+        """The argument of a `kind` reduction over `dims` as an expression, with its shape and ops, and how many
+        dims are reduced and how many follow them: (1, 0) for the last dim (a row reduction), (k, m) for k
+        adjacent dims before the last m (a column reduction)."""
+        ndim = len(getattr(self.args[0], "shape", ()))
+        reduced = _normalised_dims(dims, ndim)
+        if ndim == 0 or reduced == [ndim - 1]:
+            expr, shape, ops = self.row_input()
+            return expr, shape, ops, 1, 0
+        if len(reduced) == ndim:  # sums, means, max and min over every dim are split by `whole_reduction`
+            raise NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max "
+                              "and min only; write a norm as x.abs().sum() or x.pow(2).sum().sqrt()")  # fmt: skip
+        _check_column_dims(reduced, ndim, kind)
+        expr, shape, ops = self.column_input()
+        return expr, shape, ops, len(reduced), ndim - 1 - reduced[-1]
+
+    def column_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The argument of a column reduction as an expression over its whole shape. A value holding reductions
+        of its own is written first: one kernel reduces over one space, and a column kernel writes no rows."""
+        item = self.args[0]
+        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr)):
+            item = self.builder.materialise(item)
+        expr, shape, ops = self._reduced_expr(item)
+        if 0 in shape:
+            raise NotFusible("reduces an empty tensor")
+        return expr, shape, ops
+
+    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
+        ndim = len(getattr(self.args[0], "shape", ()))
+        if ndim > 1 and kind in COLUMN_STATS and len(_normalised_dims(dims, ndim)) == ndim:
+            return self.whole_reduction(kind, keepdim, finish)
+        expr, shape, ops, reduced, inner = self.reduced_input(dims, kind)
+        stat = Field(Reduce(kind, expr, shape, reduced, inner), field_name)
+        result = finish(stat, math.prod(shape[len(shape) - reduced - inner : len(shape) - inner])) if finish else stat
+        return self._row_value(result, shape, keepdim, ops, reduced, inner)
+
+    def whole_reduction(self, kind: str, keepdim: bool, finish=None) -> Value:
+        """A sum, mean, max or min over every element of a tensor of two or more dims: each row's statistic (over
+        its last dim) is written first, in float32, then a one-row kernel reduces those partial results, as the
+        mean of row losses is (a few microseconds for 10^4 rows). Values that are already one per row (row
+        losses) are written as they are and reduced in the one-row kernel alone."""
+        item = self.args[0]
+        if isinstance(item, Value) and item.rows:
+            partials = self.builder.materialise(item)
+        else:
+            expr, shape, ops = self.row_input()
+            partials = self.builder.materialise(Value(Field(Reduce(kind, expr, shape), kind), shape[:-1], "float32",
+                                                      ops, rows=True))  # fmt: skip
+        count, shape = math.prod(partials.shape), item.shape
+        row_shape = (1,) * (len(shape) - 1) + (count,) if keepdim else (count,)
+        flat = Leaf(partials.source, row_shape, contiguous_strides(row_shape), partials.offset)
+        stat = Field(Reduce(kind, Load(flat, row_shape), row_shape), kind)
+        return self._row_value(finish(stat, math.prod(shape)) if finish else stat, row_shape, keepdim, ())
+
+    def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
+                   inner: int = 0) -> Value:  # fmt: skip
+        op = f"aten.{op_name(self.node.target)}"
+        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values():
+            raise NotFusible(f"computes {self.dtype} values")
+        return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
+
+    def _counts_true_values(self) -> bool:
+        """True for an int64 sum of a bool tensor of fewer than 2^24 elements: a count (cross-entropy's count of
+        rows not ignored), summed in float32, exactly. It may feed float ops in the same kernel; a kernel never
+        writes it (`_group_of` refuses int64 outputs)."""
+        item = self.args[0]
+        dtype = item.source.dtype if isinstance(item, Leaf) else getattr(item, "dtype", None)
+        counted = math.prod(getattr(item, "shape", ()))
+        return op_name(self.node.target) == "sum" and self.dtype == "int64" and dtype == "bool" and counted < 2**24
+
+
+def fuses_elementwise(name: str | None) -> bool:
+    """True when `OpLowering` folds the op `name` into an expression (elementwise ops and row reductions)."""
+    if name is None:
+        return False
+    elementwise = name in _SPECIAL_ELEMENTWISE or (name in C_OPS and name not in INTERNAL_OPS)
+    return elementwise or name in _ALIASES or name in _REDUCTIONS or name == "_to_copy"
+
+
+def _sum(o: OpLowering) -> Value:
+    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
+
+
+def _mean(o: OpLowering) -> Value:
+    keepdim = _arg(o, 2, "keepdim", False)
+    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, keepdim, _divide_by_length)
+
+
+def _amax(o: OpLowering, kind: str) -> Value:
+    return o.reduction(kind, kind, o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
+
+
+def _max_or_min(o: OpLowering, kind: str) -> Value | tuple:
+    """max/min(x) over every element, (values, indices) = max/min(x, dim), or the elementwise max/min(x, other)."""
+    if len(o.args) == 1:
+        return o.reduction(kind, kind, None, False)
+    if not isinstance(o.args[1], int):
+        return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
+    if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
+        raise NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
+    return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
+
+
+def _vector_norm(o: OpLowering) -> Value:
+    order = float(_arg(o, 1, "ord", 2.0))
+    dims, keepdim = _arg(o, 2, "dim", None), _arg(o, 3, "keepdim", False)
+    kind = "max" if math.isinf(order) and order > 0 else "sum"
+    if order not in (1.0, 2.0) and kind != "max":
+        raise NotFusible(f"a vector norm of order {order:g}")
+    expr, shape, ops, reduced, inner = o.reduced_input(dims, kind)
+    if order == 2.0:
+        norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape, reduced, inner), "sum"),))
+    else:
+        norm = Field(Reduce(kind, Call("abs", (expr,)), shape, reduced, inner), kind)
+    return o._row_value(norm, shape, keepdim, ops, reduced, inner)
+
+
+def _variance(o: OpLowering, root: bool) -> Value:
+    dims = _arg(o, 1, "dim", None)
+    correction = o.kwargs.get("correction", 1.0)
+    correction = 1.0 if correction is None else float(correction)
+    keepdim = bool(o.kwargs.get("keepdim", False))
+
+    def finish(m2: Field, length: int) -> Expr:
+        variance = Call("div", (m2, Const(max(length - correction, 0.0))))
+        return Call("sqrt", (variance,)) if root else variance
+
+    return o.reduction("welford", "m2", dims, keepdim, finish)
+
+
+def _logsumexp(o: OpLowering) -> Value:
+    dims, keepdim = o.args[1], _arg(o, 2, "keepdim", False)
+    expr, shape, ops = o.row_input()
+    o.last_dim_only(dims, len(shape))
+    stat = Reduce("online_softmax", expr, shape)
+    return o._row_value(Call("logsumexp_finish", (Field(stat, "max"), Field(stat, "sum"))), shape, keepdim, ops)
+
+
+def _softmax(o: OpLowering, log: bool) -> Value:
+    expr, shape, ops = o.row_input()
+    o.last_dim_only(o.args[1], len(shape))
+    stat = Reduce("online_softmax", expr, shape)
+    maximum, total = Field(stat, "max"), Field(stat, "sum")
+    if log:
+        result = Call("sub", (expr, Call("add", (maximum, Call("log", (total,))))))
+    else:
+        result = Call("mul", (Call("exp_fast", (Call("sub", (expr, maximum)),)), Call("reciprocal", (total,))))
+    op = f"aten.{op_name(o.node.target)}"
+    return Value(result, shape, o.dtype, ops + (op,))
+
+
+def _layer_norm(o: OpLowering) -> tuple:
+    _, normalized_shape, weight, bias, eps = o.args
+    expr, shape, ops = o.row_input()
+    if len(normalized_shape) != 1:
+        raise NotFusible("normalises over more than the last dimension")
+    stat = Reduce("welford", expr, shape)
+    mean = Field(stat, "mean")
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(shape[-1])))), Const(float(eps)))),))
+    result = Call("mul", (Call("sub", (expr, mean)), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:
+            result = Call(op, (result, o._expr(operand, False)))
+    op = f"aten.{op_name(o.node.target)}"
+    row_shape = shape[:-1] + (1,)
+    return (
+        Value(result, shape, o.dtype, ops + (op,)),
+        Value(mean, row_shape, "float32", ops + (op,)),
+        Value(rstd, row_shape, "float32", ops + (op,)),
+    )
+
+
+def _group_norm(o: OpLowering) -> tuple:
+    """One row per (sample, group): in NCHW the C/G channels x H*W positions of a group are contiguous."""
+    item, weight, bias, batch, channels, _, groups, eps = o.args
+    if isinstance(item, Value) and walk_reduces(item.expr):
+        o.args[0] = o.builder.materialise(item)  # its statistics run over other rows than the groups'
+    expr, shape, ops = o.row_input()
+    spatial = shape[2:]
+    rows_shape = (batch, groups, channels // groups) + spatial  # splits C of (N, C, *spatial) into (G, C/G)
+    length = math.prod(rows_shape[2:])
+    if not 0 < length < 2**31:  # columns are 32-bit in the kernels
+        raise NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
+    stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
+    mean = Field(stat, "mean")
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
+    result = Call("mul", (Call("sub", (expr, mean)), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:
+            result = Call(op, (result, _per_channel(o, operand, len(spatial))))
+    op = f"aten.{op_name(o.node.target)}"
+    _, mean_meta, rstd_meta = o.node.meta["val"]
+    return (
+        Value(result, shape, o.dtype, ops + (op,)),
+        Value(mean, (batch, groups), dtype_name(mean_meta.dtype), ops + (op,), rows=True),
+        Value(rstd, (batch, groups), dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
+    )
+
+
+def _per_channel(o: OpLowering, operand: Any, spatial_dims: int) -> Expr:
+    """A (C,) weight or bias as an expression over (N, C, *spatial): viewed as (C, 1, ...) to broadcast."""
+    leaf = o.builder.materialise(operand) if isinstance(operand, Value) else operand
+    if not isinstance(leaf, Leaf):
+        raise NotFusible("an affine parameter is the result of an unsupported op")
+    padding = (1,) * spatial_dims
+    return o._expr(Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset), False)
+
+
+# nll_loss_forward's reduction argument (at::Reduction); 1 is 'mean'.
+_REDUCTION_NONE, _REDUCTION_SUM = 0, 2
+
+
+def _nll_loss(o: OpLowering) -> tuple[Value, Value]:
+    """nll_loss_forward(log_probs, target, weight, reduction, ignore_index) -> (loss, total_weight).
+
+    Each row's loss is minus its (weighted) log-probability at the target column, a `Gather`, so the log_softmax
+    feeding it is never written: one row kernel reads the logits once. 'sum' and 'mean' reduce the row losses (and,
+    for 'mean', the row weights) to a scalar in a second, one-row kernel: a few microseconds for 10^4 rows.
+    """
+    _, target, weight, reduction, ignore_index = o.args
+    log_probs, shape, ops = o.row_input()
+    if len(shape) != 2:
+        raise NotFusible(f"a {len(shape)}-d input; only (batch, classes) log-probabilities are generated")
+    if not (isinstance(target, Leaf) and target.source.dtype == "int64"):
+        raise NotFusible("targets that are not an int64 tensor read from memory")
+    if weight is not None and not isinstance(weight, Leaf):
+        raise NotFusible("class weights computed in forward")
+    if max(abs(ignore_index), shape[-1]) >= 2**24:
+        raise NotFusible("an ignore_index or class count of 2^24 or more (targets are counted as floats)")
+    op = f"aten.{op_name(o.node.target)}"
+    rows = shape[:-1]
+    index = Load(target, rows, rows=True)
+    class_weight = None if weight is None else Load(weight, shape)
+    loss = Call("neg", (log_probs,)) if class_weight is None else Call("neg", (Call("mul", (class_weight, log_probs)),))
+    row_losses = Value(Gather(loss, index, ignore_index, shape), rows, o.dtype, ops + (op,), rows=True)
+    if reduction == _REDUCTION_NONE:
+        return row_losses, Value(Const(0.0), (), o.dtype, (op,))
+    total = Field(Reduce("sum", Load(o.builder.materialise(row_losses), rows), rows), "sum")
+    if class_weight is None:
+        row_weights: Expr = Call("ne", (Load(target, rows), Const(float(ignore_index))))
+    else:
+        weights = Value(Gather(class_weight, index, ignore_index, shape), rows, o.dtype, (op,), rows=True)
+        row_weights = Load(o.builder.materialise(weights), rows)
+    total_weight = Field(Reduce("sum", row_weights, rows), "sum")
+    result = total if reduction == _REDUCTION_SUM else Call("div", (total, total_weight))
+    return Value(result, (), o.dtype, (op,), rows=True), Value(total_weight, (), o.dtype, (op,), rows=True)
+
+
+def _gather(o: OpLowering) -> Value:
+    """gather(input, dim, index) along the last dim with one column per row (index shaped (..., 1)): a `Gather`,
+    so a log_softmax feeding it is never written and one row kernel reads the row once (selective log-softmax)."""
+    _, dim, index = o.args[:3]
+    values, shape, ops = o.row_input()
+    if dim % len(shape) != len(shape) - 1:
+        raise NotFusible(f"gathers along dim {dim}; only gathers along the last dimension are generated")
+    if not (isinstance(index, Leaf) and index.source.dtype == "int64"):
+        raise NotFusible("an index that is not an int64 tensor read from memory")
+    rows = shape[:-1]
+    if index.shape != rows + (1,):
+        raise NotFusible(f"a {list(index.shape)} index into {list(shape)}; only one column per row, an index "
+                          f"shaped {list(rows + (1,))}, is generated")  # fmt: skip
+    op = f"aten.{op_name(o.node.target)}"
+    return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
+
+
+# Statistics a column kernel computes (sum, mean and norms are sums; amax, amin, max and min are max and min).
+COLUMN_STATS = ("sum", "max", "min")
+
+
+def _normalised_dims(dims: Any, ndim: int) -> list[int]:
+    """The dims a reduction's `dim` argument names, non-negative and sorted; None or [] names every dim."""
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % ndim for d in dims}) if ndim else []
+
+
+def _check_column_dims(reduced: list[int], ndim: int, kind: str) -> None:
+    """Raise unless `reduced` are adjacent dims before the last, reduced by a statistic column kernels compute."""
+    shown = ", ".join(map(str, reduced))
+    adjacent = reduced == list(range(reduced[0], reduced[-1] + 1))
+    if reduced[-1] == ndim - 1 or not adjacent:
+        raise NotFusible(f"reduces dims {shown} of a {ndim}-d tensor: generated reductions run over the last dim "
+                          "alone or over adjacent dims before it; permute the input so that the reduced dims are "
+                          "adjacent")  # fmt: skip
+    if kind not in COLUMN_STATS:
+        raise NotFusible(f"a variance over dim {shown}, which is not the last; column reductions generate sums, "
+                          "means, norms, max and min only")  # fmt: skip
+
+
+def reduced_shape(shape: tuple[int, ...], dims: int, inner: int, keepdim: bool) -> tuple[int, ...]:
+    """The shape of a reduction over the `dims` dims of `shape` before its last `inner` ones."""
+    start, end = len(shape) - dims - inner, len(shape) - inner
+    return shape[:start] + ((1,) * dims if keepdim else ()) + shape[end:]
+
+
+def _divide_by_length(total: Field, length: int) -> Expr:
+    return Call("mul", (total, Const(1.0 / length)))
+
+
+_REDUCTIONS = {
+    "sum": _sum,
+    "mean": _mean,
+    "amax": lambda o: _amax(o, "max"),
+    "amin": lambda o: _amax(o, "min"),
+    "max": lambda o: _max_or_min(o, "max"),
+    "min": lambda o: _max_or_min(o, "min"),
+    "linalg_vector_norm": _vector_norm,
+    "var": lambda o: _variance(o, root=False),
+    "std": lambda o: _variance(o, root=True),
+    "logsumexp": _logsumexp,
+    "_softmax": lambda o: _softmax(o, log=False),
+    "_log_softmax": lambda o: _softmax(o, log=True),
+    "native_layer_norm": _layer_norm,
+    "native_group_norm": _group_norm,
+    "nll_loss_forward": _nll_loss,
+    "gather": _gather,
+}
+
+
+def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:
+    """add/sub with alpha: a + alpha * b."""
+    alpha = kwargs.get("alpha", 1)
+    if alpha == 1:
+        return op, args[:2]
+    return f"{op}_scaled", [args[0], args[1], alpha]
+
+
+def _pow(args: list, kwargs: dict) -> tuple[str, list]:
+    base, exponent = args[0], args[1]
+    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+        named = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", 1.0: "identity", -1.0: "reciprocal"}.get(float(exponent))
+        if named:
+            return named, [base]
+    return "pow", [base, exponent]
+
+
+def _clamp(args: list, kwargs: dict) -> tuple[str, list]:
+    low = args[1] if len(args) > 1 else kwargs.get("min")
+    high = args[2] if len(args) > 2 else kwargs.get("max")
+    if low is not None and high is not None:
+        return "clamp", [args[0], low, high]
+    if low is not None:
+        return "maximum", [args[0], low]
+    if high is not None:
+        return "minimum", [args[0], high]
+    return "identity", [args[0]]
+
+
+def _div(args: list, kwargs: dict) -> tuple[str, list]:
+    if kwargs.get("rounding_mode") is not None:
+        raise NotFusible(f"division with rounding_mode={kwargs['rounding_mode']!r}")
+    return "div", args[:2]
+
+
+_SPECIAL_ELEMENTWISE = {
+    "add": lambda a, k: _scaled(a, k, "add"),
+    "sub": lambda a, k: _scaled(a, k, "sub"),
+    "rsub": lambda a, k: _scaled([a[1], a[0]], k, "sub"),
+    "div": _div,
+    "pow": _pow,
+    "clamp": _clamp,
+    "clamp_min": lambda a, k: ("maximum", a[:2]),
+    "clamp_max": lambda a, k: ("minimum", a[:2]),
+    "hardtanh": lambda a, k: ("clamp", [a[0], a[1] if len(a) > 1 else -1.0, a[2] if len(a) > 2 else 1.0]),
+    "relu6": lambda a, k: ("clamp", [a[0], 0.0, 6.0]),
+    "leaky_relu": lambda a, k: ("leaky_relu", [a[0], a[1] if len(a) > 1 else 0.01]),
+    "softplus": lambda a, k: ("softplus", [a[0], a[1] if len(a) > 1 else 1.0, a[2] if len(a) > 2 else 20.0]),
+    "gelu": lambda a, k: ("gelu_tanh" if k.get("approximate", "none") == "tanh" else "gelu", a[:1]),
+    "masked_fill": lambda a, k: ("where", [a[1], a[2], a[0]]),
+    "where": lambda a, k: ("where", a[:3]),
+}
+
+
+def _cast_op(dtype: Any) -> str:
+    import torch
+
+    return {torch.bfloat16: "to_bfloat16", torch.float16: "to_float16", torch.bool: "to_bool"}.get(dtype, "identity")
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def to_rows(expr: Expr) -> Expr:
+    """A reduction-free expression re-read as living in a keepdim=False result's shape."""
+    if isinstance(expr, Load):
+        return replace(expr, rows=True)
+    if isinstance(expr, Call):
+        return Call(expr.op, tuple(to_rows(arg) for arg in expr.args))
+    return expr
+
+
+def fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bool:
+    """True when a value of `shape` can be computed in the kernel of `reduce`: one number per element of its
+    iteration shape (or of a shape that one splits), or one per row (a column kernel: only one per column)."""
+    if rows:
+        return shape == reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=False)
+    kept = reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=True)
+    return shape == kept or (not reduce.inner and splits(shape, reduce.shape))
+
+
+def _arg(o: OpLowering, position: int, name: str, default: Any) -> Any:
+    if len(o.args) > position:
+        return o.args[position]
+    return o.kwargs.get(name, default)
+
+
+def op_name(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))

@@ -1,0 +1,42 @@
+"""The launch-configuration search, the one the policy runs and `scripts/bench_policy.py` reproduces.
+
+Every group starts at its first candidate (the expected best), which is timed first. Then each further candidate
+is tried one group at a time, in the groups' order, with the other groups at their best so far. A try that got no
+time (it broke the kernel or verified wrong) changes nothing; a faster one becomes the group's best.
+
+The search only orders tries and keeps score: the caller times each one (the policy by replaying its Profile
+results from the conversation, the script by judging a workspace), so both keep the same configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class LaunchSearch:
+    """Which launch configuration to try next, and the fastest choice so far, per group (candidate indices)."""
+
+    def __init__(self, candidate_counts: Mapping[str, int], first_ms: float | None):
+        """`candidate_counts`: each group's number of candidates, in the order to search them; `first_ms`: the time
+        of every group at its first candidate, or None when that was not timed."""
+        self.best = {name: 0 for name in candidate_counts}
+        self.best_ms = first_ms
+        self.tries = [(name, index) for name, count in candidate_counts.items() for index in range(1, count)]
+        self.recorded = 0  # how many of `tries` have a result
+
+    def next_try(self) -> tuple[str, int] | None:
+        """(group, candidate index) to time next, or None when every try has a result."""
+        return self.tries[self.recorded] if self.recorded < len(self.tries) else None
+
+    def choice(self, group: str, index: int) -> dict[str, int]:
+        """The candidate of every group for a try: `index` for `group`, the best so far for the others."""
+        return {**self.best, group: index}
+
+    def record(self, ms: float | None) -> bool:
+        """The time of the next try (None: not timed); True when it is the fastest so far and was kept."""
+        group, index = self.tries[self.recorded]
+        self.recorded += 1
+        if ms is None or (self.best_ms is not None and ms >= self.best_ms):
+            return False
+        self.best, self.best_ms = self.choice(group, index), ms
+        return True

@@ -1,0 +1,79 @@
+"""Access strides: where each Load of a group reads its tensor, as strides over the group's iteration shape
+(splitting a dim the iteration shape splits, broadcasting the dims a tensor lacks). Run once a group is final."""
+
+from __future__ import annotations
+
+import math
+
+from kernelpilot.policy.ir import Access, Group, Load, NotFusible, contiguous_strides, walk
+
+
+def resolve_accesses(group: Group) -> None:
+    """Give each distinct tensor view the group loads its strides over the group's iteration shape."""
+    accesses: dict[Access, int] = {}
+    for node in walk(group.expr):
+        if not isinstance(node, Load):
+            continue
+        source = node.leaf.source
+        if source not in group.tensors:
+            group.tensors.append(source)
+        strides, offset = strides_in(node, group.shape, group.inner_dims)
+        access = Access(group.tensors.index(source), strides, offset)
+        group.loads[node] = accesses.setdefault(access, len(accesses))
+    group.accesses = list(accesses)
+
+
+def strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
+    """The element strides of `load` over `shape`: its leaf broadcast to its use, then its use into `shape`,
+    which either broadcasts it or splits its dims (group norm's (N, C, H, W) into (N, G, C/G, H, W)).
+
+    `inner`: how many trailing dims of `shape` follow the reduced dims (a column reduction's)."""
+    leaf = load.leaf
+    use_strides = broadcast_strides(leaf.shape, leaf.strides, load.use_shape)
+    use_shape = load.use_shape
+    if load.rows:  # a keepdim=False result: its reduced dims come back as size-1 dims, before the inner ones
+        row_dims, at = len(shape) - len(use_shape), len(use_shape) - inner
+        use_shape = use_shape[:at] + (1,) * row_dims + use_shape[at:]
+        use_strides = use_strides[:at] + (0,) * row_dims + use_strides[at:]
+    split = _split_strides(use_shape, use_strides, shape) if math.prod(use_shape) == math.prod(shape) else None
+    return split if split is not None else broadcast_strides(use_shape, use_strides, shape), leaf.offset
+
+
+def _split_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides over `target` of a (shape, strides) view when `target` only splits its dims into consecutive
+    factors (C into G, C/G; size-1 dims aside), or None when it does not."""
+    dims = iter([(size, stride) for size, stride in zip(shape, strides) if size != 1])
+    result: list[int] = []
+    remaining, stride = 1, 0
+    for size in target:
+        if size == 1:
+            result.append(0)
+            continue
+        if remaining == 1:
+            remaining, stride = next(dims, (1, 0))
+        if remaining % size:
+            return None
+        remaining //= size
+        result.append(stride * remaining)
+    return tuple(result) if remaining == 1 and next(dims, None) is None else None
+
+
+def splits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """True when `target` is `shape` with some dims split into consecutive factors (or `shape` itself)."""
+    return _split_strides(shape, contiguous_strides(shape), target) is not None
+
+
+def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a (shape, strides) view broadcast, numpy-style, to `target`."""
+    if len(shape) > len(target):
+        raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
+    padding = len(target) - len(shape)
+    result = [0] * padding
+    for size, stride, wanted in zip(shape, strides, target[padding:]):
+        if size == wanted:
+            result.append(stride if size != 1 else 0)
+        elif size == 1:
+            result.append(0)
+        else:
+            raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
+    return tuple(result)

@@ -1,0 +1,50 @@
+"""Trace: a problem's forward as an aten graph on meta tensors (shapes and dtypes, no memory) with `make_fx`,
+whatever Python spelling the problem used, and the Source of each of its placeholders."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.policy.ir import Source, dtype_name
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelpilot.problem import Problem
+
+
+def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, list[Source], str]:
+    """The aten graph of forward on meta tensors, the Source of each placeholder, and its output container."""
+    import torch
+    from torch.func import functional_call
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    tensor_positions = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor)]
+
+    def forward(state: dict, *tensors: torch.Tensor) -> Any:
+        arguments = list(inputs)
+        for position, tensor in zip(tensor_positions, tensors):
+            arguments[position] = tensor
+        return functional_call(model, state, tuple(arguments))
+
+    tensors = [inputs[i] for i in tensor_positions]
+    returned = model(*inputs)
+    if not (isinstance(returned, torch.Tensor) or is_flat_tuple_of_tensors(returned)):
+        raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
+    graph_module = make_fx(forward)(state, *tensors)
+    graph_module.graph.eliminate_dead_code()
+    names = forward_names(problem)
+    sources = [Source("parameter", name, tuple(t.shape), dtype_name(t.dtype)) for name, t in state.items()]
+    sources += [Source("input", names[i], tuple(inputs[i].shape), dtype_name(inputs[i].dtype)) for i in tensor_positions]
+    return graph_module.graph, sources, "tensor" if isinstance(returned, torch.Tensor) else type(returned).__name__
+
+
+def is_flat_tuple_of_tensors(value: Any) -> bool:
+    import torch
+
+    return type(value) in (tuple, list) and all(isinstance(item, torch.Tensor) for item in value)
+
+
+def forward_names(problem: Problem) -> list[str]:
+    return list(problem.forward_signature().parameters)
