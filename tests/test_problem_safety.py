@@ -15,7 +15,7 @@ import torch
 from kernelpilot.errors import ProblemError
 from kernelpilot.host_budget import HostBudget, HostBudgetExceeded
 from kernelpilot.problem import load_problem, validated_on_meta
-from kernelpilot.problem_sandbox import ProblemLimits, check_problem, parse_bytes
+from kernelpilot.problem_check import ProblemLimits, check_problem, parse_bytes
 from kernelpilot.problem_size import LARGEST_GPU_BYTES, ProblemSize, measure, require_fits
 
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -100,7 +100,7 @@ def init_workspace(
     edit is overwritten. A workspace of another problem, or one whose protected files were changed, is
     refused with a WorkspaceError.
     """
-    from kernelpilot.problem_sandbox import load_checked_problem
+    from kernelpilot.problem_check import load_checked_problem
 
     problem_path = Path(problem_path)
     problem = load_checked_problem(problem_path, device=device)

@@ -57,7 +57,7 @@ STARTUP_ALLOWANCE_S = 60.0
 STARTUP = "kernelpilot's start-up, before the file ran"
 FORWARD = "Model.forward() on meta tensors"
 
-_CHILD_COMMAND = "from kernelpilot.problem_sandbox import child_main; child_main()"
+_CHILD_COMMAND = "from kernelpilot.problem_check import child_main; child_main()"
 _REPORT_LIMIT = 1 << 20  # bytes of JSON read from the child; a size and a message need a few hundred
 _OUTPUT_TAIL = 4096  # bytes of the file's own printing kept, for the last line in a hint
 # After the child ends, how long its pipes may take to drain: a process the file started outside the child's process
