@@ -39,7 +39,7 @@ EXIT_HINT = (
 )
 MEMORY_HINT = "Make what the file builds on the host smaller (inputs are drawn on meta tensors when it can run there)."
 
-# The stages of loading, in order; the check in a child process reports the one a file was in when it hung, exited or crashed.
+# The stages of loading, in order; the child checking a file reports the one it was in when it hung, exited or crashed.
 TOP_LEVEL = "its top level"
 GET_INIT_INPUTS = "get_init_inputs()"
 MODEL_INIT = "Model(*get_init_inputs())"
