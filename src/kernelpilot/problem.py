@@ -125,11 +125,13 @@ def load_problem(
     return problem
 
 
-def check_source(path: str | Path) -> Path:
-    """The resolved path of a readable Python file that compiles, without running any of it; else ProblemError."""
+def check_source(path: str | Path) -> tuple[Path, str]:
+    """The resolved path and the text of a readable Python file that compiles, without running any of it; else
+    ProblemError."""
     file = Path(path).expanduser().resolve()
-    _compile(_read_source(file), file)
-    return file
+    source = _read_source(file)
+    _compile(source, file)
+    return file, source
 
 
 def _no_stage(stage: str) -> None:

@@ -93,23 +93,25 @@ def init_workspace(
 ) -> tuple[Workspace, list[str]]:
     """Create (or complete) the workspace for a problem; return it and the relative paths written.
 
-    The problem file is first loaded in a child process with a time and a memory limit, and must fit `device`
-    (None: the judge's default GPU), so a file that hangs, crashes or is too large leaves no workspace behind.
+    The problem file is first loaded in a child process with a time and a memory limit (or was, with the same
+    content, limits and device: that check is reused), and must fit `device` (None: the judge's default GPU), so a
+    file that hangs, crashes or is too large leaves no workspace behind.
     An existing workspace of the same problem gets its missing protected files back; nothing the user may
     edit is overwritten. A workspace of another problem, or one whose protected files were changed, is
     refused with a WorkspaceError.
     """
-    from kernelpilot.problem_check import load_checked_problem
+    from kernelpilot.problem_check import check_problem
 
     problem_path = Path(problem_path)
-    problem = load_checked_problem(problem_path, device=device)
+    # The check reports the id and Model's signatures: this process never runs the file.
+    check = check_problem(problem_path, device=device)
     root = Path(dest) if dest is not None else Path.cwd() / f"kp-{problem_path.stem}"
     ws = Workspace(root.expanduser().resolve())
-    is_new = _prepare_root(ws, problem.problem_id)
+    is_new = _prepare_root(ws, check.problem_id)
     # Rendered before anything is written, so a problem it cannot handle leaves no half-made workspace.
-    model_new_source = render_model_new(problem)
+    model_new = model_new_source(check.name, check.signatures)
     try:
-        return ws, _scaffold(ws, problem.path, problem.problem_id, model_new_source, is_new)
+        return ws, _scaffold(ws, check.path, check.problem_id, model_new, is_new)
     except OSError as err:
         raise WorkspaceError(
             f"Cannot write the workspace {ws.root}: {err.strerror or err}.", hint="Pass a writable folder with --dir."
