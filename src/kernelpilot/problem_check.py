@@ -218,6 +218,7 @@ def _driver_gpus() -> list[str]:
 
 @functools.cache
 def _checking_code_digest() -> str:
+    """A hash of the checking code (_CHECKING_CODE) and of torch's version file."""
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for name in _CHECKING_CODE:
