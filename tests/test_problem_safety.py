@@ -1,9 +1,11 @@
 """Tests of loading problem files safely: the child process with its time and memory limits (through the real
-`kernelpilot init` in a subprocess), the size estimate on meta tensors, and the host budget of the CPU fallback."""
+`kernelpilot init` in a subprocess), the reuse of a check that passed, the size estimate on meta tensors, and the
+host budget of the CPU fallback."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,8 +16,8 @@ import torch
 
 from kernelpilot.errors import ProblemError
 from kernelpilot.host_budget import HostBudget, HostBudgetExceeded
-from kernelpilot.problem import load_problem, validated_on_meta
-from kernelpilot.problem_sandbox import ProblemLimits, check_problem, parse_bytes
+from kernelpilot.problem import load_problem, problem_id_of, validated_on_meta
+from kernelpilot.problem_check import ProblemLimits, check_problem, parse_bytes
 from kernelpilot.problem_size import LARGEST_GPU_BYTES, ProblemSize, measure, require_fits
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -40,6 +42,19 @@ TEST_TIMEOUT_S = 3
 TEST_MEMORY = "1GiB"
 
 
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    """A cache folder of the test's own (inherited by the processes it starts): no check is reused from another."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(folder))
+    return folder
+
+
+def counting_runs(runs: Path) -> str:
+    """VALID, with a top level that appends a line to `runs` each time it runs."""
+    return f"with open({str(runs)!r}, 'a') as runs:\n    runs.write('ran\\n')\n" + VALID
+
+
 def write(folder: Path, text: str, name: str = "bad.py") -> Path:
     path = folder / name
     path.write_text(text)
@@ -59,10 +74,12 @@ def with_body(function: str, body: str) -> str:
     return VALID.replace(old, new)
 
 
-def run_init(problem: Path, **env: str) -> tuple[subprocess.CompletedProcess, float, Path]:
+def run_init(
+    problem: Path, workspace: Path | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess, float, Path]:
     """`python -m kernelpilot init PROBLEM --dir WS` in its own process, with the test limits; its result, the seconds
-    it took, and the workspace folder it was asked to make."""
-    workspace = problem.parent / "ws"
+    it took, and the workspace folder it was asked to make (default: ws beside the problem)."""
+    workspace = workspace or problem.parent / "ws"
     environment = dict(os.environ)
     environment.update(
         PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
@@ -226,6 +243,56 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+# ------------------------------------------------------------------------------------ reusing a check
+
+
+def test_a_second_init_of_the_same_file_runs_none_of_its_code(tmp_path):
+    """The file counts its own runs: init runs it once (in the child, never in its own process); a second init in a
+    fresh process reuses that check and runs it not at all; once edited, it is checked again."""
+    runs = tmp_path / "runs.txt"
+    problem = write(tmp_path, counting_runs(runs), name="good.py")
+
+    first, _, first_workspace = run_init(problem, tmp_path / "ws1")
+    assert first.returncode == 0, first.stderr
+    assert runs.read_text() == "ran\n"
+
+    second, _, second_workspace = run_init(problem, tmp_path / "ws2")
+    assert second.returncode == 0, second.stderr
+    assert runs.read_text() == "ran\n"
+    assert (second_workspace / "model_new.py").read_text() == (first_workspace / "model_new.py").read_text()
+    assert (second_workspace / "model.py").read_text() == problem.read_text()
+
+    problem.write_text(problem.read_text() + "\n# edited\n")
+    third, _, _ = run_init(problem, tmp_path / "ws3")
+    assert third.returncode == 0, third.stderr
+    assert runs.read_text() == "ran\nran\n"
+
+
+def test_a_check_is_kept_in_the_process_and_made_again_for_another_device(tmp_path, cache_dir):
+    runs = tmp_path / "runs.txt"
+    problem = write(tmp_path, counting_runs(runs), name="good.py")
+    limits = ProblemLimits(timeout_s=60, memory_bytes=2**30)
+
+    first = check_problem(problem, limits=limits)
+    shutil.rmtree(cache_dir)  # what is left is this process's memory of the check
+    again = check_problem(problem, limits=limits)
+    assert runs.read_text() == "ran\n"
+    assert again == first and again.problem_id == problem_id_of(problem.read_text())
+
+    check_problem(problem, limits=limits, device="cpu")
+    assert runs.read_text() == "ran\n" * 2
+
+
+def test_a_failed_check_is_made_again(tmp_path):
+    runs = tmp_path / "runs.txt"
+    problem = write(tmp_path, counting_runs(runs) + "\nsys.exit(3)\n")
+    limits = ProblemLimits(timeout_s=60, memory_bytes=2**30)
+    for attempt in (1, 2):
+        with pytest.raises(ProblemError, match="exited with code 3"):
+            check_problem(problem, limits=limits)
+        assert runs.read_text() == "ran\n" * attempt
 
 
 # ------------------------------------------------------------------------------------ the estimate

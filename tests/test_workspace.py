@@ -29,6 +29,7 @@ from kernelpilot.workspace import (
     check_protected,
     init_workspace,
     open_workspace,
+    render_model_new,
     tampered_files,
 )
 
@@ -188,7 +189,10 @@ def test_scaffold_of_each_example(tmp_path: Path, problem_path: Path):
     assert ws.model_path.read_bytes() == problem_path.read_bytes()
     sources = [*EXAMPLE_KERNELS, "kernels/kp_module.cpp"]
     assert ws.kernel_sources() == sorted(ws.root / name for name in sources)
-    assert ws.problem().problem_id == load_problem(problem_path).problem_id
+    problem = load_problem(problem_path)
+    assert ws.problem().problem_id == problem.problem_id
+    # Written from the signatures the check's child reported, as if rendered from the problem loaded here.
+    assert ws.model_new_path.read_text() == render_model_new(problem)
 
 
 @pytest.mark.parametrize("problem_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -266,6 +270,7 @@ def test_model_new_has_models_signatures_and_state_dict(tmp_path: Path, name: st
 
     problem = load_problem(write_problem(tmp_path, name))
     ws, _ = init_workspace(problem.path, tmp_path / "ws")
+    assert ws.model_new_path.read_text() == render_model_new(problem)
     model_new = import_model_new(ws.root, f"model_new_{name}")
 
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ A problem file runs in a fresh module namespace, so two problems loaded in one p
 it is validated on meta tensors, so a problem sized for an 80 GB GPU loads in milliseconds on any machine.
 Every way a file can be unusable ends in a `ProblemError`: one sentence naming the file, and a hint.
 
-This module runs the file's code in the calling process; `problem_sandbox` runs the same loading in a child
+This module runs the file's code in the calling process; `problem_check` runs the same loading in a child
 process with a time and a memory limit, for files kernelpilot has not run before.
 """
 
@@ -39,7 +39,7 @@ EXIT_HINT = (
 )
 MEMORY_HINT = "Make what the file builds on the host smaller (inputs are drawn on meta tensors when it can run there)."
 
-# The stages of loading, in order; the sandbox reports the one a file was in when it hung, exited or crashed.
+# The stages of loading, in order; the child checking a file reports the one it was in when it hung, exited or crashed.
 TOP_LEVEL = "its top level"
 GET_INIT_INPUTS = "get_init_inputs()"
 MODEL_INIT = "Model(*get_init_inputs())"
@@ -125,11 +125,13 @@ def load_problem(
     return problem
 
 
-def check_source(path: str | Path) -> Path:
-    """The resolved path of a readable Python file that compiles, without running any of it; else ProblemError."""
+def check_source(path: str | Path) -> tuple[Path, str]:
+    """The resolved path and the text of a readable Python file that compiles, without running any of it; else
+    ProblemError."""
     file = Path(path).expanduser().resolve()
-    _compile(_read_source(file), file)
-    return file
+    source = _read_source(file)
+    _compile(source, file)
+    return file, source
 
 
 def _no_stage(stage: str) -> None:

@@ -7,9 +7,7 @@ the agent's, and `init` never overwrites it.
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import inspect
 import json
 import shutil
 from collections.abc import Sequence
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelpilot.errors import WorkspaceError
+from kernelpilot.problem_signatures import ModelSignatures, model_signatures
 from kernelpilot.resources import data_dir, template_environment
 
 if TYPE_CHECKING:
@@ -92,22 +91,24 @@ def init_workspace(
 ) -> tuple[Workspace, list[str]]:
     """Create (or complete) the workspace for a problem; return it and the relative paths written.
 
-    The problem file is first loaded in a child process with a time and a memory limit, and must fit `device`
-    (None: the judge's default GPU), so a file that hangs, crashes or is too large leaves no workspace behind.
+    The problem file is first loaded in a child process with a time and a memory limit (or was, with the same
+    content, limits and device: that check is reused), and must fit `device` (None: the judge's default GPU), so a
+    file that hangs, crashes or is too large leaves no workspace behind.
     An existing workspace of the same problem gets its missing protected files back; nothing the user may
     edit is overwritten. A workspace of another problem, or one whose protected files were changed, is
     refused with a WorkspaceError.
     """
-    from kernelpilot.problem_sandbox import load_checked_problem
+    from kernelpilot.problem_check import check_problem
 
     problem_path = Path(problem_path)
-    problem = load_checked_problem(problem_path, device=device)
+    # The check reports the id and Model's signatures: this process never runs the file.
+    check = check_problem(problem_path, device=device)
     ws = Workspace(workspace_root(problem_path, dest))
-    is_new = _prepare_root(ws, problem.problem_id)
+    is_new = _prepare_root(ws, check.problem_id)
     # Rendered before anything is written, so a problem it cannot handle leaves no half-made workspace.
-    model_new_source = render_model_new(problem)
+    model_new = model_new_source(check.name, check.signatures)
     try:
-        return ws, _scaffold(ws, problem.path, problem.problem_id, model_new_source, is_new)
+        return ws, _scaffold(ws, check.path, check.problem_id, model_new, is_new)
     except OSError as err:
         raise WorkspaceError(
             f"Cannot write the workspace {ws.root}: {err.strerror or err}.", hint="Pass a writable folder with --dir."
@@ -155,16 +156,17 @@ def render_model_new(problem: Problem, forward_body: str | None = None) -> str:
 
     `forward_body` (indented source lines) replaces the placeholder forward; the built-in policy passes its own.
     """
-    init_parameters = list(problem.init_signature().parameters.values())
-    forward_parameters = list(problem.forward_signature().parameters.values())
-    init_signature, init_fallbacks = _signature_source("__init__", init_parameters)
-    forward_signature, forward_fallbacks = _signature_source("forward", forward_parameters)
+    return model_new_source(problem.name, model_signatures(problem), forward_body)
+
+
+def model_new_source(problem_name: str, signatures: ModelSignatures, forward_body: str | None = None) -> str:
+    """`render_model_new` from the signatures alone, as the problem's check reports them."""
     return template_environment("templates").get_template(MODEL_NEW_TEMPLATE).render(
-        problem_name=problem.name,
-        init_signature=init_signature,
-        init_call=_call_source(init_parameters),
-        forward_signature=forward_signature,
-        uses_model_defaults=bool(init_fallbacks or forward_fallbacks),
+        problem_name=problem_name,
+        init_signature=signatures.init_signature,
+        init_call=signatures.init_call,
+        forward_signature=signatures.forward_signature,
+        uses_model_defaults=signatures.uses_model_defaults,
         forward_body=forward_body,
     )
 
@@ -293,65 +295,3 @@ def display_path(path: Path) -> str:
         return str(absolute.relative_to(Path.cwd())) or "."
     except ValueError:
         return str(absolute)
-
-
-# --------------------------------------------------------------------------------- ModelNew source
-
-
-class _SourceText:
-    """A default value that prints as the given source text (inspect.Signature prints defaults by repr)."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _signature_source(method: str, parameters: list[inspect.Parameter]) -> tuple[str, list[str]]:
-    """`(self, ...)` for a method with these parameters, and the names whose defaults are not literals.
-
-    Annotations are dropped (they may name types model_new.py does not import). A default with a literal
-    spelling is written as that literal; any other default is read from Model's own signature at import
-    time, so it stays the very same object.
-    """
-    kind = inspect.Parameter
-    positional_only = bool(parameters) and parameters[0].kind is kind.POSITIONAL_ONLY
-    self_kind = kind.POSITIONAL_ONLY if positional_only else kind.POSITIONAL_OR_KEYWORD
-    written, fallbacks = [kind("self", self_kind)], []
-    for parameter in parameters:
-        parameter = parameter.replace(annotation=kind.empty)
-        if parameter.default is not kind.empty:
-            literal = _literal_source(parameter.default)
-            if literal is None:
-                literal = f"_model_default({method!r}, {parameter.name!r})"
-                fallbacks.append(parameter.name)
-            parameter = parameter.replace(default=_SourceText(literal))
-        written.append(parameter)
-    return str(inspect.Signature(written)), fallbacks
-
-
-def _literal_source(value: object) -> str | None:
-    """`repr(value)` when it is a Python literal that evaluates back to an equal value of the same type."""
-    text = repr(value)
-    try:
-        parsed = ast.literal_eval(text)
-        return text if type(parsed) is type(value) and parsed == value else None
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-
-
-def _call_source(parameters: list[inspect.Parameter]) -> str:
-    """The argument list that passes every parameter on to Model's constructor unchanged."""
-    kind = inspect.Parameter
-    arguments = []
-    for parameter in parameters:
-        if parameter.kind is kind.VAR_POSITIONAL:
-            arguments.append(f"*{parameter.name}")
-        elif parameter.kind is kind.VAR_KEYWORD:
-            arguments.append(f"**{parameter.name}")
-        elif parameter.kind is kind.KEYWORD_ONLY:
-            arguments.append(f"{parameter.name}={parameter.name}")
-        else:
-            arguments.append(parameter.name)
-    return ", ".join(arguments)

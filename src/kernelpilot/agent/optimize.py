@@ -137,10 +137,12 @@ def checked_run(
     from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.session import find_session
     from kernelpilot.harness.judge import Judge
-    from kernelpilot.problem_sandbox import load_checked_problem
+    from kernelpilot.problem import load_problem
+    from kernelpilot.problem_check import check_problem
     from kernelpilot.workspace import workspace_root
 
-    problem = load_checked_problem(problem_path, device=settings.device)  # in a child process first
+    check_problem(problem_path, device=settings.device)  # in a child process, with time and memory limits, first
+    problem = load_problem(problem_path, validate=False)
     root = workspace_root(problem_path, settings.workspace)
     if (resume or session_id) and not root.is_dir():
         raise KernelpilotError(f"There is no run to resume: the workspace {root} does not exist.",

@@ -6,10 +6,17 @@ silently, a crash takes it down, and a huge input can exhaust the machine. Here 
 its own process group, with an address-space limit; the parent waits with a timeout and kills the group when it
 expires. The child reports back JSON lines on a pipe (the stage it is in, then the problem's size or a ProblemError's
 message and hint), never a pickle, so a stage that never reports is still known: the last one it started.
+
+The child reports all the parent needs (the problem's id, its Model's signatures as source text, its size), so the
+parent never runs the file itself. A check that passed is kept, in this process and in kernelpilot's cache folder,
+under the file's content, the limits, the device and the checking code, and reused: most `init` calls start no child.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -27,18 +34,20 @@ from typing import IO, Any
 
 import kernelpilot
 from kernelpilot.errors import KernelpilotError, ProblemError, ProblemMemoryError
+from kernelpilot.harness.cache import load_entry, store_entry
 from kernelpilot.problem import (
     EXIT_HINT,
     MEMORY_HINT,
     TRACEBACK_HINT,
-    Problem,
     check_source,
     during,
     exit_error,
     load_problem,
+    problem_id_of,
     shown_path,
     validated_on_meta,
 )
+from kernelpilot.problem_signatures import ModelSignatures, model_signatures
 from kernelpilot.problem_size import (
     ProblemSize,
     format_bytes,
@@ -57,7 +66,7 @@ STARTUP_ALLOWANCE_S = 60.0
 STARTUP = "kernelpilot's start-up, before the file ran"
 FORWARD = "Model.forward() on meta tensors"
 
-_CHILD_COMMAND = "from kernelpilot.problem_sandbox import child_main; child_main()"
+_CHILD_COMMAND = "from kernelpilot.problem_check import child_main; child_main()"
 _REPORT_LIMIT = 1 << 20  # bytes of JSON read from the child; a size and a message need a few hundred
 _OUTPUT_TAIL = 4096  # bytes of the file's own printing kept, for the last line in a hint
 # After the child ends, how long its pipes may take to drain: a process the file started outside the child's process
@@ -67,6 +76,16 @@ _UNIT_FACTORS = {
     "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40
 }
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"}
+
+CACHE_KIND = "problem-check"
+# The code a check's report comes from, beside this file; with torch's version file, a part of the cache key, so a
+# report made by another kernelpilot or torch (or before an edit to these files) is made again.
+_CHECKING_CODE = ("problem.py", "problem_check.py", "problem_size.py", "problem_signatures.py", "host_budget.py")
+# The variables that choose which GPU "cuda" is.
+_GPU_SELECTION = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+# Reports of the checks that passed in this process, by their cache key.
+_passed_checks: dict[str, dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -95,12 +114,19 @@ class ProblemLimits:
 
 @dataclass
 class ProblemCheck:
-    """What the child found: the problem's size, and the memory of the GPU it will be judged on when one is seen."""
+    """What the child found: the file's content id, its Model's signatures as ModelNew writes them, the problem's
+    size, and the memory of the GPU it will be judged on when one is seen."""
 
+    path: Path
+    problem_id: str
+    signatures: ModelSignatures
     size: ProblemSize
     gpu_memory_bytes: int | None
     gpu_name: str | None
-    seconds: float
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
 
 
 def default_memory_bytes() -> int:
@@ -113,30 +139,117 @@ def check_problem(path: str | Path, *, device: str | None = None, limits: Proble
     then check that its inputs, outputs and parameters fit `device` (None: the judge's default GPU, "cpu": the host).
 
     Every way it can fail is a ProblemError naming the file and the stage: a timeout, an exit, a signal, the memory
-    limit, and everything `load_problem` reports.
+    limit, and everything `load_problem` reports. A check that passed is reused for the same file content, limits
+    and device (`check_key`) without starting the child; one that failed is made again, so an edited file is too.
     """
     limits = limits or ProblemLimits.from_env()
-    file = check_source(path)  # a missing file or a syntax error needs no child
-    started = time.monotonic()
-    outcome = _run_child(file, device, limits)
+    file, source = check_source(path)  # a missing file or a syntax error needs no child
+    key = check_key(problem_id_of(source), device, limits)
+    report = _recall(key)
+    if report is None:
+        report = _run_child(file, device, limits)
+        if report["problem_id"] != key["problem_id"]:
+            raise ProblemError(
+                f"{shown_path(file)} changed while it was being checked.",
+                hint="Run the command again once the file is saved.",
+            )
     check = ProblemCheck(
-        size=ProblemSize(**outcome["size"]),
-        gpu_memory_bytes=outcome["gpu_memory_bytes"],
-        gpu_name=outcome["gpu_name"],
-        seconds=time.monotonic() - started,
+        path=file,
+        problem_id=report["problem_id"],
+        signatures=ModelSignatures(**report["signatures"]),
+        size=ProblemSize(**report["size"]),
+        gpu_memory_bytes=report["gpu_memory_bytes"],
+        gpu_name=report["gpu_name"],
     )
+    # Measured again every time: the host's free memory, which a CPU judge needs, changes.
     require_fits(
         check.size, shown_path(file), device=device, gpu_memory_bytes=check.gpu_memory_bytes, gpu_name=check.gpu_name
     )
+    _remember(key, report)
     return check
 
 
-def load_checked_problem(
-    path: str | Path, *, device: str | None = None, limits: ProblemLimits | None = None
-) -> Problem:
-    """`check_problem`, then the problem loaded in this process (its checks already passed in the child)."""
-    check_problem(path, device=device, limits=limits)
-    return load_problem(path, validate=False)
+def check_key(problem_id: str, device: str | None, limits: ProblemLimits) -> dict[str, Any]:
+    """What a check's report depends on: the file's content, the limits as set (the default memory limit as the
+    default: the bytes it stands for follow the free memory), the device, and the checking code."""
+    return {
+        "problem_id": problem_id,
+        "timeout_s": limits.timeout_s,
+        "memory_bytes": limits.memory_bytes,
+        "device": target_device(device),
+        "code": _checking_code_digest(),
+    }
+
+
+def target_device(device: str | None) -> str | dict[str, Any]:
+    """The device a check is for: "cpu", or the GPU device named, the GPUs the driver lists and the variables that
+    choose among them.
+
+    Not the GPU's own name and memory, which the child reports: asking CUDA here would cost this process importing
+    torch and starting CUDA, seconds that reusing a check saves. Where the driver lists no GPUs (no NVIDIA driver,
+    or a container that hides /proc/driver), a GPU swapped under unchanged variables keeps the earlier report; its
+    fit is then checked only by the judge, when the problem runs.
+    """
+    if device == "cpu":
+        return "cpu"
+    return {
+        "device": device or "cuda",
+        "gpus": _driver_gpus(),
+        "selection": {name: os.environ[name] for name in _GPU_SELECTION if name in os.environ},
+    }
+
+
+def _driver_gpus() -> list[str]:
+    """'<bus>: <model>, <UUID>' for each GPU the NVIDIA driver lists, read from its files (no CUDA started)."""
+    try:
+        folders = sorted(_NVIDIA_GPUS.iterdir())
+    except OSError:
+        return []
+    listed = []
+    for folder in folders:
+        try:
+            lines = (folder / "information").read_text().splitlines()
+        except OSError:
+            continue
+        facts = [line.split(":", 1)[1].strip() for line in lines if line.startswith(("Model:", "GPU UUID:"))]
+        listed.append(f"{folder.name}: {', '.join(facts)}")
+    return listed
+
+
+@functools.cache
+def _checking_code_digest() -> str:
+    """A hash of the checking code (_CHECKING_CODE) and of torch's version file."""
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in _CHECKING_CODE:
+        digest.update((here / name).read_bytes())
+    torch_spec = importlib.util.find_spec("torch")  # its version file, without importing torch
+    if torch_spec is not None and torch_spec.origin is not None:
+        digest.update(Path(torch_spec.origin).with_name("version.py").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _recall(key: dict[str, Any]) -> dict[str, Any] | None:
+    """The report of a check that passed under `key`: in this process, else in the cache folder."""
+    canonical = json.dumps(key, sort_keys=True)
+    if canonical in _passed_checks:
+        return _passed_checks[canonical]
+    stored = load_entry(CACHE_KIND, key)
+    if stored is not None:
+        _passed_checks[canonical] = stored
+    return stored
+
+
+def _remember(key: dict[str, Any], report: dict[str, Any]) -> None:
+    """Keep the report of a check that passed, in this process and in the cache folder where it can be written."""
+    canonical = json.dumps(key, sort_keys=True)
+    if _passed_checks.get(canonical) == report:
+        return
+    _passed_checks[canonical] = report
+    try:
+        store_entry(CACHE_KIND, key, report)
+    except OSError:  # a read-only or full cache folder: the next process checks the file again, nothing worse
+        pass
 
 
 def parse_bytes(text: str, setting: str) -> int:
@@ -365,7 +478,14 @@ def _check_in_child(request: dict[str, Any], on_stage: Callable[[str], None]) ->
     problem = load_problem(request["path"], validate=False, on_stage=on_stage, host_memory_bytes=memory)
     model, inputs = validated_on_meta(problem, on_stage=on_stage, host_memory_bytes=memory)
     on_stage(FORWARD)
-    return {"size": asdict(measure(model, inputs)), "gpu_memory_bytes": gpu_memory_bytes, "gpu_name": gpu_name}
+    size = measure(model, inputs)
+    return {
+        "problem_id": problem.problem_id,
+        "signatures": asdict(model_signatures(problem)),
+        "size": asdict(size),
+        "gpu_memory_bytes": gpu_memory_bytes,
+        "gpu_name": gpu_name,
+    }
 
 
 def _gpu_memory(device: str | None) -> tuple[int | None, str | None]:
