@@ -1,11 +1,14 @@
-"""The problem files and candidate sources several test files build workspaces from, and the helper that writes a
-problem file: tiny KernelBench-format problems, and a C++ `scale_mul` binding that torch's CUDA build compiles with
-g++ as a CPU stand-in for a CUDA kernel where no GPU is present."""
+"""The repository's root and examples folder; the problem files and candidate sources several test files build
+workspaces from, and the helper that writes a problem file: tiny KernelBench-format problems, and a C++ `scale_mul`
+binding that torch's CUDA build compiles with g++ as a CPU stand-in for a CUDA kernel where no GPU is present."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO_ROOT / "examples"
 
 # y = 2x: the problem the agent loop, `optimize` and the TUI hand to a run.
 DOUBLE_PROBLEM = """

@@ -277,7 +277,7 @@ def test_tui_command_reaches_the_run_with_optimize_defaults(tmp_path):
 @pytest.mark.gpu
 def test_optimize_with_no_model_writes_a_verified_kernel_faster_than_torch_compile(tmp_path):
     """The issue's "done when": `kernelpilot optimize examples/<x>.py` with no model and no key, on a GPU."""
-    from conftest import EXAMPLES
+    from kp_testing import EXAMPLES
 
     env = {key: value for key, value in os.environ.items() if not key.startswith("KERNELPILOT_")}
     output = tmp_path / "out" / "model_new.py"

@@ -21,7 +21,7 @@ from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
 from kp_testing import DOUBLE_PROBLEM, write_problem
 from openai_server import ScriptedOpenAIServer
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Correct, but computed by torch in forward: the torch-compute guard must fail it whatever the numbers say.
 TORCH_CANDIDATE = """

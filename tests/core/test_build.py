@@ -32,7 +32,7 @@ from kernelpilot.cli import app
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.results import BuildResult, from_dict
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCH = "9.0"
 
 

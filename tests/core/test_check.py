@@ -28,10 +28,12 @@ from kp_testing import (
     write_problem,
 )
 
-# The workspaces, results and git set-up of the accept tests; isolated_git is autouse here too.
-from test_vcs import GPU, isolated_git, make_repo, make_workspace, verified_result  # noqa: F401
+# The workspaces, results and git set-up of the accept tests (tests/core/vcs_testing.py, conftest.py).
+from vcs_testing import GPU, make_repo, make_workspace, verified_result
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 def gpu_visible() -> bool:

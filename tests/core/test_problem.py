@@ -12,7 +12,7 @@ import torch
 from kernelpilot.errors import ProblemError
 from kernelpilot.problem import Problem, load_problem, problem_id_of
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 VALID = '''\
 import torch

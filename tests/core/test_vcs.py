@@ -21,61 +21,11 @@ from kernelpilot.lockfile import (
     read_lock,
     write_lock,
 )
-from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, TrialResult, VerifyResult
 from kernelpilot.vcs import VcsError, accept
-from kernelpilot.workspace import (
-    EXAMPLE_KERNELS,
-    GITIGNORE_PATH,
-    MANIFEST_PATH,
-    PROTECTED_FILES,
-    Workspace,
-    init_workspace,
-)
-from kp_testing import scale_shift_problem, write_problem
+from kernelpilot.workspace import GITIGNORE_PATH, MANIFEST_PATH, PROTECTED_FILES, Workspace
+from vcs_testing import GPU, make_repo, make_workspace, verified_result
 
-GPU = "NVIDIA H100 80GB HBM3"
-
-
-def timing(median_ms: float) -> Timing:
-    return Timing(median_ms=median_ms, p10_ms=median_ms * 0.98, p90_ms=median_ms * 1.03, mean_ms=median_ms, runs=100)
-
-
-def verified_result(ws: Workspace, candidate_ms: float = 0.25) -> EvalResult:
-    """An EvalResult as the judge reports a correct, timed candidate of `ws`."""
-    return EvalResult(
-        problem_id=ws.problem_id,
-        workspace=str(ws.root),
-        verify=VerifyResult(
-            ok=True, trials=[TrialResult(seed=seed, ok=True) for seed in (0, 7919, 15838)], atol=1e-3, rtol=1e-3
-        ),
-        bench=BenchResult(
-            ok=True,
-            gpu=GPU,
-            candidate=timing(candidate_ms),
-            eager=timing(0.5),
-            compiled=timing(0.4),
-            speedup_vs_eager=0.5 / candidate_ms,
-            speedup_vs_compile=0.4 / candidate_ms,
-            kernels=[KernelTime(name="scale_shift_kernel", total_ms=candidate_ms, calls=1)],
-        ),
-        reward=3,
-    )
-
-
-@pytest.fixture(autouse=True)
-def isolated_git(tmp_path, monkeypatch):
-    """Git sees neither the user's global nor the system configuration (signing, hooks, default branch)."""
-    (tmp_path / "gitconfig").write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-def make_repo(path: Path) -> git.Repo:
-    repo = git.Repo.init(path, initial_branch="main")
-    with repo.config_writer() as config:
-        config.set_value("user", "name", "Ada Lovelace")
-        config.set_value("user", "email", "ada@example.com")
-    return repo
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 def commit_all(repo: git.Repo, files: dict[str, str], message: str) -> None:
@@ -85,19 +35,6 @@ def commit_all(repo: git.Repo, files: dict[str, str], message: str) -> None:
         path.write_text(text)
     repo.git.add("--", *files)
     repo.git.commit("-m", message)
-
-
-def make_workspace(folder: Path) -> Workspace:
-    """A workspace whose example kernel is replaced by the user's own kernel files."""
-    problem = write_problem(folder, scale_shift_problem(rows=64, columns=64))
-    ws, _ = init_workspace(problem, folder / "kp-affine")
-    problem.unlink()
-    for example in EXAMPLE_KERNELS:
-        (ws.root / example).unlink()
-    (ws.kernels_dir / "affine.cu").write_text("// y = x * 2 + 1\n")
-    (ws.kernels_dir / "affine.cuh").write_text("// launcher declaration\n")
-    (ws.kernels_dir / "affine_binding.cpp").write_text("// binding\n")
-    return ws
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from kernelpilot.workspace import (
     tampered_files,
 )
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 # Small problems covering the constructor shapes ModelNew must reproduce.
 PROBLEMS = {

@@ -291,7 +291,7 @@ def test_cuda_graph_timing_replays_one_graph_per_input_set():
 
 @pytest.mark.gpu
 def test_bench_candidate_on_the_gpu_against_eager_and_compile(tmp_path):
-    from conftest import EXAMPLES
+    from kp_testing import EXAMPLES
 
     example = load_problem(EXAMPLES / "layernorm.py")
     candidate = example.make_model("cuda")

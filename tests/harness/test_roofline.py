@@ -278,7 +278,7 @@ def test_measured_ceilings_are_plausible_for_a_datacenter_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_an_example_problem_has_a_roofline_on_the_gpu(tmp_path):
-    from conftest import EXAMPLES
+    from kp_testing import EXAMPLES
 
     problem = load_problem(EXAMPLES / "matmul_gelu.py")
     result = problem_roofline(problem, device="cuda", cache_dir=tmp_path)

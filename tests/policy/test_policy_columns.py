@@ -10,15 +10,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import EXAMPLES
-from test_policy import (
+from kp_testing import EXAMPLES
+from policy_testing import (
     analysed,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
     check_against_model,
     compile_cu,
     forward_problem,
-    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
     write_problem,

@@ -14,15 +14,14 @@ import subprocess
 
 import pytest
 import torch
-from conftest import EXAMPLES
-from test_policy import (
+from kp_testing import EXAMPLES
+from policy_testing import (
     analysed,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
     built_workspace,
     check_against_model,
     compile_cu,
-    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     _nvcc,
     needs_nvcc,
     only_group,

@@ -7,14 +7,13 @@ class weights, every reduction); the generated CUDA is compiled here and verifie
 from __future__ import annotations
 
 import pytest
-from conftest import EXAMPLES
-from test_policy import (
+from kp_testing import EXAMPLES
+from policy_testing import (
     analysed,
     assert_generated_kernels_verify,
     built_workspace,
     check_against_model,
     compile_cu,
-    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     only_group,
     write_problem,

@@ -14,15 +14,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import EXAMPLES
-from test_policy import (
+from kp_testing import EXAMPLES
+from policy_testing import (
     analysed,
     assert_every_launch_candidate_compiles,
     assert_every_launch_candidate_verifies,
     built_workspace,
     check_against_model,
     forward_problem,
-    judge,  # noqa: F401 - test_policy's GPU judge fixture, shared
     needs_nvcc,
     write_problem,
 )

@@ -1,18 +1,18 @@
 """`train critic`: a value model regressed on the judge's rewards of scored rollouts; verl's critic class loads it."""
 
 import pytest
-from test_train_rft import tiny_model_and_tokenizer, transcripts, write_transcript  # noqa: F401 - fixture
 
 from kernelpilot.train.critic import CriticSettings, run_critic, value_examples
+from train_testing import tiny_model_and_tokenizer
 
 
-def test_every_transcript_is_an_example_labelled_with_the_judges_reward(transcripts):  # noqa: F811
+def test_every_transcript_is_an_example_labelled_with_the_judges_reward(transcripts):
     examples = value_examples(transcripts.values())
     assert sorted(example["reward"] for example in examples) == [-1.0, -1.0, 1.0, 1.0, 2.0, 3.0]
     assert all(example["messages"][0]["role"] == "system" for example in examples)
 
 
-def test_a_tiny_value_model_trains_and_loads_as_a_token_level_critic(transcripts, tmp_path, monkeypatch):  # noqa: F811
+def test_a_tiny_value_model_trains_and_loads_as_a_token_level_critic(transcripts, tmp_path, monkeypatch):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install 'kernelpilot[train]')")
     pytest.importorskip("datasets", reason="datasets is not installed (pip install 'kernelpilot[train]')")
     import torch

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_rft import tiny_model_and_tokenizer
+from train_testing import tiny_model_and_tokenizer
 
 from kernelpilot.config import Settings
 from kernelpilot.train.critic import CriticSettings, run_critic
@@ -27,7 +27,7 @@ from kernelpilot.train.rl import GrpoSettings, run_grpo
 from kernelpilot.train.rollout import run_rollouts
 from kernelpilot.train.synth import SynthReport, synthesize, write_dataset
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _log(stage: str, seconds: float, **figures) -> None:

@@ -112,7 +112,7 @@ def test_train_run_chains_synth_warmup_rft_and_critic_from_one_config(tmp_path, 
     """One `train.toml`, the real CLI and real TRL runs on a tiny local model, on the CPU: every stage leaves its
     checkpoint and the next starts from it; a second run skips them all."""
     pytest.importorskip("trl", reason="trl is not installed (pip install 'kernelpilot[train]')")
-    from test_train_rft import tiny_model_and_tokenizer, write_transcript
+    from train_testing import tiny_model_and_tokenizer, write_transcript
     from typer.testing import CliRunner
 
     from kernelpilot.agent.session import SESSIONS_DIR

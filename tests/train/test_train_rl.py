@@ -16,7 +16,7 @@ from kernelpilot.train.rl import (
 )
 from kernelpilot.train.synth import SynthReport, Task, write_dataset
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK = (EXAMPLES / "silu_scale_shift.py").read_text()
 
 
@@ -106,7 +106,7 @@ def test_a_verifier_failure_scores_minus_one_and_is_logged_as_one(caplog):
 
 def test_a_tiny_grpo_run_reads_tasks_and_logs_rewards(tmp_path, monkeypatch):
     pytest.importorskip("trl", reason="trl is not installed (pip install 'kernelpilot[train]')")
-    from test_train_rft import tiny_model_and_tokenizer
+    from train_testing import tiny_model_and_tokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tasks = [Task(f"t{i}", TASK, ["nn.SiLU"], "rows", {}) for i in range(2)]

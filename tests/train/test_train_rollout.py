@@ -9,7 +9,7 @@ from kernelpilot.train.rft import build_sft_dataset, find_transcripts
 from kernelpilot.train.rollout import ROLLOUTS_FILE, run_rollouts
 from kernelpilot.train.synth import SynthReport, Task, write_dataset
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_rollouts_run_every_task_record_transcripts_and_resume(tmp_path):

@@ -23,7 +23,7 @@ from kernelpilot.train.synth import (
     write_dataset,
 )
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BACKEND = "aot_eager"
 
 

@@ -17,7 +17,7 @@ from kernelpilot.train.verl_config import (
     write_verl_config,
 )
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK = (EXAMPLES / "rmsnorm.py").read_text()
 
 
