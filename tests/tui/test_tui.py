@@ -14,6 +14,7 @@ from pathlib import Path
 import git
 import pytest
 from textual.app import App, ComposeResult
+from textual.css.query import NoMatches
 from textual.widgets import Collapsible, DataTable, Sparkline, Static
 
 from kernelpilot.agent import ModelReply, RunEnded, ToolCall, ToolContext
@@ -111,10 +112,32 @@ def scripted_run(problem_path: Path, model, max_turns: int = 10, judge=None):
     return open_run
 
 
+def holds(condition) -> bool:
+    """The condition, where a widget it reads not mounted yet (or an empty list) counts as not yet."""
+    try:
+        return bool(condition())
+    except (NoMatches, IndexError):
+        return False
+
+
 async def wait_for(pilot, condition, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
-    while not condition():
+    while not holds(condition):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+async def eventually(pilot, check) -> None:
+    """Run `check` (a function of asserts) until it passes: widgets are mounted and refreshed by messages after an
+    action, so a query right after a key press or a file save can run before them. Past WAIT_S its failure stands."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            check()
+            return
+        except (AssertionError, NoMatches, IndexError):
+            if time.monotonic() >= deadline:
+                raise
         await pilot.pause(0.02)
 
 
@@ -154,21 +177,25 @@ async def test_run_fills_transcript_plan_and_diff(problem):
     app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish())))
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_for(pilot, lambda: app.phase == "ended", "the run to end")
-        assert app.outcome.summary.status == "finished" and app.turn == 3
 
-        assert app.query_one(TodoPanel).todos == PLAN
-        plan_text = str(app.query_one(TodoPanel).content)
-        assert "write a fused kernel" in plan_text and "profile it" in plan_text
+        def filled():
+            assert app.outcome.summary.status == "finished" and app.turn == 3
 
-        diff_view = app.query_one(DiffView)
-        assert diff_view.path == "model_new.py"
-        assert "+        return x + x" in diff_view.diff
+            assert app.query_one(TodoPanel).todos == PLAN
+            plan_text = str(app.query_one(TodoPanel).content)
+            assert "write a fused kernel" in plan_text and "profile it" in plan_text
 
-        titles = [str(block.title) for block in app.query_one(Transcript).query(Collapsible)]
-        assert any(title.startswith("→ Write") for title in titles)
-        assert any(title.startswith("→ TodoWrite") for title in titles)
-        assert "next: Finish" in lines(app)
-        assert "run ended: finished" in lines(app)
+            diff_view = app.query_one(DiffView)
+            assert diff_view.path == "model_new.py"
+            assert "+        return x + x" in diff_view.diff
+
+            titles = [str(block.title) for block in app.query_one(Transcript).query(Collapsible)]
+            assert any(title.startswith("→ Write") for title in titles)
+            assert any(title.startswith("→ TodoWrite") for title in titles)
+            assert "next: Finish" in lines(app)
+            assert "run ended: finished" in lines(app)
+
+        await eventually(pilot, filled)
 
     # Everything shown came from the transcript file, which a resume reads.
     records = read_records(next((problem.parent / "kp-double/.kernelpilot/sessions").glob("*.jsonl")))
@@ -182,23 +209,24 @@ async def test_pause_resume_and_stop_keys_drive_the_loop(problem):
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_for(pilot, lambda: model.queries == 1, "the first query")
         await pilot.press("p")
-        assert app.phase == "pausing"  # the turn under way finishes first
+        # The turn under way finishes first: its model query holds no permit, so "pausing" lasts until the release.
+        await wait_for(pilot, lambda: app.phase == "pausing", "the pause key to be handled")
 
         model.permits.release(2)  # one answer for this turn, one the loop must not take while paused
-        await wait_for(pilot, lambda: app.phase == "paused", "the loop to block between turns")
-        assert app.control.loop_waiting
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: app.phase == "paused" and app.control.loop_waiting and app.turn == 1,
+                       "the loop to block between turns")  # fmt: skip
+        await pilot.pause(0.3)  # what must not happen: a paused loop taking the second permit
         assert model.queries == 1 and app.turn == 1
 
         await pilot.press("a")
-        assert "stop it (s) first" in lines(app)[-1]
+        await wait_for(pilot, lambda: "stop it (s) first" in lines(app)[-1], "accept's refusal during a run")
 
         await pilot.press("r")
-        await wait_for(pilot, lambda: model.queries == 3, "turn 2 and the start of turn 3")
-        assert app.phase == "running" and app.turn == 2
+        await wait_for(pilot, lambda: model.queries == 3 and app.turn == 2, "turn 2 and the start of turn 3")
+        assert app.phase == "running"
 
         await pilot.press("s")
-        assert app.phase == "stopping"
+        await wait_for(pilot, lambda: app.phase == "stopping", "the stop key to be handled")  # no permit: it stays
         model.permits.release()
         await wait_for(pilot, lambda: app.phase == "ended", "the stop to end the run")
         assert app.outcome.summary.status == "stopped" and app.outcome.summary.turns == 3
@@ -217,8 +245,8 @@ async def test_accept_commits_the_best_in_a_repository(problem):
         # The eval record the loop writes when the judge verifies a new best (the judge needs a GPU).
         result = judged(ws.problem_id, str(ws.root), 0.25, {"twice": 0.25})
         app.post_message(RecordWritten({"type": "eval", "turn": 2, "improved": True, "eval": to_dict(result)}))
-        await wait_for(pilot, lambda: app.best is not None, "the best to be recorded")
-        assert app.query_one("#attempts", DataTable).row_count == 1
+        await wait_for(pilot, lambda: app.best is not None and app.query_one("#attempts", DataTable).row_count == 1,
+                       "the best to be recorded and shown")  # fmt: skip
 
         await pilot.press("a")
         await wait_for(pilot, lambda: lines(app)[-1].startswith("committed"), "the commit")
@@ -255,19 +283,22 @@ async def test_profile_panel_rows_sparkline_and_kernel_diff():
         panel.add_result("turn 2", judged("p", "ws", 0.5, {"fused": 0.4, "reduce": 0.1}))
         panel.add_result("turn 3", EvalResult("p", "ws", verify=VerifyResult(ok=False), error_kind="mismatch"))
         panel.add_result("turn 5", judged("p", "ws", 0.25, {"fused": 0.2, "reduce": 0.05}))
-        await pilot.pause()
 
-        attempts = app.query_one("#attempts", DataTable)
-        assert [str(cell) for cell in attempts.get_row_at(0)] == ["turn 2", "yes", "0.5", "1.00x", "0.80x", "60.0", "3"]
-        assert [str(cell) for cell in attempts.get_row_at(1)][:3] == ["turn 3", "no (mismatch)", "–"]
-        assert app.query_one(Sparkline).data == [0.8, 0.0, 1.6]
+        def shown():
+            attempts = app.query_one("#attempts", DataTable)
+            assert attempts.row_count == 3
+            assert [str(cell) for cell in attempts.get_row_at(0)] == ["turn 2", "yes", "0.5", "1.00x", "0.80x", "60.0", "3"]
+            assert [str(cell) for cell in attempts.get_row_at(1)][:3] == ["turn 3", "no (mismatch)", "–"]
+            assert app.query_one(Sparkline).data == [0.8, 0.0, 1.6]
 
-        assert "turn 2 → turn 5" in str(app.query_one("#diff-title", Static).content)
-        comparison = app.query_one("#kernel-diff", DataTable)
-        rows = [comparison.get_row_at(index) for index in range(comparison.row_count)]
-        rows = {str(row[0]): [str(cell) for cell in row[1:]] for row in rows}
-        assert rows["kernel fused ms"] == ["0.4", "0.2", "-50.0%"]
-        assert rows["speedup vs compile"] == ["0.80x", "1.60x", "+100.0%"]
+            assert "turn 2 → turn 5" in str(app.query_one("#diff-title", Static).content)
+            comparison = app.query_one("#kernel-diff", DataTable)
+            rows = [comparison.get_row_at(index) for index in range(comparison.row_count)]
+            rows = {str(row[0]): [str(cell) for cell in row[1:]] for row in rows}
+            assert rows["kernel fused ms"] == ["0.4", "0.2", "-50.0%"]
+            assert rows["speedup vs compile"] == ["0.80x", "1.60x", "+100.0%"]
+
+        await eventually(pilot, shown)
 
 
 # ------------------------------------------------------------------------------------------- watch mode
@@ -323,23 +354,30 @@ async def test_watch_only_a_saved_kernel_becomes_a_profile_row(workspace):
         await wait_for(pilot, lambda: app.watch_state == "evaluating…", "the first evaluation")
         assert app.phase == "watch only"
         evaluate.permits.release()
-        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
-        assert app.watch_state == "watching"
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"] and app.watch_state == "watching",
+                       "the starting row")  # fmt: skip
 
         (workspace.root / "kernels" / "twice.cu").write_text(KERNEL)
         await wait_for(pilot, lambda: app.watch_state == "evaluating…", "the save to start an evaluation")
-        assert "watch: evaluating…" in str(app.query_one(RunStatus).render())
-        assert "saved kernels/twice.cu: building, verifying, timing…" in lines(app)
+
+        def evaluating():
+            assert "watch: evaluating…" in str(app.query_one(RunStatus).render())
+            assert "saved kernels/twice.cu: building, verifying, timing…" in lines(app)
+
+        await eventually(pilot, evaluating)
         evaluate.permits.release()
         await wait_for(pilot, lambda: attempt_labels(app) == ["start", "edit 1"], "the edit's row")
 
-        assert "watch: watching" in str(app.query_one(RunStatus).render())
-        assert "profile start → edit 1" in str(app.query_one("#diff-title", Static).content)
-        comparison = app.query_one("#kernel-diff", DataTable)
-        rows = {str(row[0]): [str(cell) for cell in row[1:]]
-                for row in (comparison.get_row_at(index) for index in range(comparison.row_count))}  # fmt: skip
-        assert rows["kernel twice ms"] == ["0.5", "0.25", "-50.0%"]
-        assert app.best.bench.candidate.median_ms == 0.25  # what accept would commit: the workspace as it is now
+        def compared():
+            assert "watch: watching" in str(app.query_one(RunStatus).render())
+            assert "profile start → edit 1" in str(app.query_one("#diff-title", Static).content)
+            comparison = app.query_one("#kernel-diff", DataTable)
+            rows = {str(row[0]): [str(cell) for cell in row[1:]]
+                    for row in (comparison.get_row_at(index) for index in range(comparison.row_count))}  # fmt: skip
+            assert rows["kernel twice ms"] == ["0.5", "0.25", "-50.0%"]
+            assert app.best.bench.candidate.median_ms == 0.25  # what accept would commit: the workspace as it is now
+
+        await eventually(pilot, compared)
 
 
 class EvaluatingJudge:
@@ -369,8 +407,12 @@ async def test_after_the_run_the_app_watches_the_workspace_with_the_runs_judge(p
         await wait_for(pilot, lambda: app.watch_state == "evaluating…", "the save to start an evaluation")
         evaluate.permits.release()
         await wait_for(pilot, lambda: attempt_labels(app) == ["start", "edit 1"], "the edit's row")
-        assert "saved kernels/twice.cu: building, verifying, timing…" in lines(app)
-        assert app.best.bench.candidate.median_ms == 0.2
+
+        def recorded():
+            assert "saved kernels/twice.cu: building, verifying, timing…" in lines(app)
+            assert app.best.bench.candidate.median_ms == 0.2
+
+        await eventually(pilot, recorded)
     assert evaluate.calls == 2 and not watch_threads()
 
 
@@ -386,14 +428,17 @@ async def test_watch_shows_a_compile_errors_diagnostics(workspace):
         (workspace.root / "kernels" / "twice.cu").write_text(KERNEL.replace(";", "", 1))
         await wait_for(pilot, lambda: len(attempt_labels(app)) == 2, "the failed edit's row")
 
-        blocks = list(app.query_one(Transcript).query(Collapsible))
-        assert [str(block.title) for block in blocks][-1] == "edit 1: build failed, 1 error"
-        body = str(blocks[-1].query_one(Collapsible.Contents).query_one(Static).content)
-        assert body == 'kernels/twice.cu:1:42: error: expected a ";"'
-        assert str(app.query_one("#attempts", DataTable).get_row_at(1)[1]) == "no (build)"
+        def diagnosed():
+            # The block and its contents are mounted by messages of their own, after the profile row.
+            blocks = list(app.query_one(Transcript).query(Collapsible))
+            assert [str(block.title) for block in blocks][-1] == "edit 1: build failed, 1 error"
+            body = str(blocks[-1].query_one(Collapsible.Contents).query_one(Static).content)
+            assert body == 'kernels/twice.cu:1:42: error: expected a ";"'
+            assert str(app.query_one("#attempts", DataTable).get_row_at(1)[1]) == "no (build)"
 
+        await eventually(pilot, diagnosed)
         await pilot.press("a")
-        assert "latest edit is not verified correct" in lines(app)[-1]
+        await wait_for(pilot, lambda: "latest edit is not verified correct" in lines(app)[-1], "accept's refusal")
 
 
 @pytest.mark.asyncio
@@ -407,7 +452,7 @@ async def test_w_turns_watching_off_and_on(workspace):
         await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
         first_thread = watch_threads()
         await pilot.press("w")
-        assert app.watch_state == "off" and not app.watch_bridge.running
+        await wait_for(pilot, lambda: app.watch_state == "off" and not app.watch_bridge.running, "watching to stop")
         assert not any(thread.is_alive() for thread in first_thread)
 
         (workspace.root / "kernels" / "twice.cu").write_text(KERNEL)
@@ -415,8 +460,8 @@ async def test_w_turns_watching_off_and_on(workspace):
         assert evaluate.calls == 1
 
         await pilot.press("w")
-        await wait_for(pilot, lambda: attempt_labels(app) == ["start", "start"], "watching to start again")
-        assert app.watch_state == "watching"
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start", "start"] and app.watch_state == "watching",
+                       "watching to start again")  # fmt: skip
 
 
 @pytest.mark.asyncio
@@ -425,7 +470,7 @@ async def test_quitting_stops_the_watcher_thread(workspace):
     evaluate.permits.release()
     app = KernelpilotApp(workspace=workspace, evaluate=evaluate, debounce_s=0.05)
     async with app.run_test(size=(160, 50)) as pilot:
-        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"] and watch_threads(), "the starting row")
         threads = watch_threads()
         assert threads and all(thread.is_alive() for thread in threads)
         await pilot.press("q")
