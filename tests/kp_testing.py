@@ -156,6 +156,13 @@ def scale_mul_binding(offset: float = 0.0, repeats: int = 1) -> str:
     return SCALE_MUL_BINDING.replace("REPEATS", str(repeats)).replace("OFFSET", f"{offset!r}f")
 
 
+def nonempty(items, what: str = "items") -> list:
+    """`items` as a list, asserted not empty: a loop of asserts over nothing would pass without checking anything."""
+    items = list(items)
+    assert items, f"no {what} to check"
+    return items
+
+
 def write_problem(folder: Path, source: str, name: str = "problem.py") -> Path:
     """Write a problem source (dedented) to folder/name, creating the folder; returns the file's path."""
     folder.mkdir(parents=True, exist_ok=True)

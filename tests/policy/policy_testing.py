@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from kernelpilot.policy.analysis import Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack, analyze
 from kernelpilot.policy.codegen import launch_candidates, render_all, render_kernel
 from kernelpilot.problem import load_problem
-from kp_testing import REPO_ROOT
+from kp_testing import REPO_ROOT, nonempty
 
 
 def write_problem(folder: Path, name: str, forward: str, inputs: str, init: str = "") -> Path:
@@ -253,8 +253,8 @@ def assert_every_launch_candidate_compiles(
     """nvcc-compile every launch candidate of every generated group of a problem (compile-only, sm_90; `faithful`:
     of analyze's faithful form); with `without_spills`, ptxas must report no spill for any kernel (both vector
     widths)."""
-    for group in analysed(problem_path, faithful=faithful).generated_groups:
-        for config in launch_candidates(group):
+    for group in nonempty(analysed(problem_path, faithful=faithful).generated_groups, "generated groups"):
+        for config in nonempty(launch_candidates(group), "launch candidates"):
             report = compile_cu(render_kernel(group, config).content, folder)
             spills = re.findall(r"(\d+) bytes spill", report)
             assert not without_spills or (spills and set(spills) == {"0"}), (group.name, config.label, report)
@@ -302,7 +302,7 @@ def assert_every_launch_candidate_verifies(judge, problem_path: Path, folder: Pa
     `faithful`: of analyze's rounding-faithful form; `later_may_mismatch`: candidates after the first may fail
     verification with a mismatch (not with a crash or a guard finding)."""
     ws = policy_workspace(problem_path, folder, faithful)
-    groups = analyze(ws.problem(), faithful=faithful).generated_groups
+    groups = nonempty(analyze(ws.problem(), faithful=faithful).generated_groups, "generated groups")
     for index in range(max(len(launch_candidates(g)) for g in groups)):
         for group in groups:  # the index-th candidate, or the last one a group has
             candidates = launch_candidates(group)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kp_testing import EXAMPLES
+from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
     analysed,
     assert_every_launch_candidate_verifies,
@@ -174,7 +174,7 @@ def test_cluster_kernels_merge_through_distributed_shared_memory_in_rank_order()
 @pytest.mark.parametrize("name", COLUMN_EXAMPLES)
 def test_every_candidate_of_the_column_examples_compiles_without_spills(tmp_path, name):
     (group,) = analysed(EXAMPLES / f"{name}.py").generated_groups
-    for config in launch_candidates(group):
+    for config in nonempty(launch_candidates(group), "launch candidates"):
         report = compile_cu(render_kernel(group, config).content, tmp_path)
         spills = re.findall(r"(\d+) bytes spill", report)
         assert spills and set(spills) == {"0"}

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import torch
-from kp_testing import EXAMPLES
+from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
     analysed,
     assert_every_launch_candidate_verifies,
@@ -401,7 +401,7 @@ def test_a_fused_cudnn_call_counts_as_the_candidates_own_work():
 @needs_nvcc
 @pytest.mark.parametrize("name", ["conv2d_relu_bias"])
 def test_conv_example_sources_compile(tmp_path, name):
-    for group in analysed(EXAMPLES / f"{name}.py").generated_groups:
+    for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups"):
         source = render_kernel(group, launch_candidates(group)[0]).content
         compile_cu(source, tmp_path)
         if group.kind == "conv":
@@ -415,8 +415,8 @@ def test_conv_example_sources_compile(tmp_path, name):
 
 @needs_nvcc
 def test_every_launch_candidate_of_the_conv_zoo_compiles(tmp_path):
-    for group in analysed(conv_zoo_problem(tmp_path)).generated_groups:
-        for config in launch_candidates(group)[: None if group.kind == "conv" else 1]:
+    for group in nonempty(analysed(conv_zoo_problem(tmp_path)).generated_groups, "generated groups"):
+        for config in nonempty(launch_candidates(group), "launch candidates")[: None if group.kind == "conv" else 1]:
             compile_cu(render_kernel(group, config).content, tmp_path)
 
 

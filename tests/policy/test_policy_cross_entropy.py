@@ -7,7 +7,7 @@ class weights, every reduction); the generated CUDA is compiled here and verifie
 from __future__ import annotations
 
 import pytest
-from kp_testing import EXAMPLES
+from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
     analysed,
     assert_generated_kernels_verify,
@@ -121,8 +121,8 @@ def test_unsupported_cross_entropy_forms_name_the_op(tmp_path, call, op):
     "name", ["weighted_mean", "nll_of_log_probs", "loss_times_two"]
 )
 def test_cross_entropy_variants_compile(tmp_path, name):
-    for group in analysed(cross_entropy_problem(tmp_path, name)).generated_groups:
-        for config in launch_candidates(group):
+    for group in nonempty(analysed(cross_entropy_problem(tmp_path, name)).generated_groups, "generated groups"):
+        for config in nonempty(launch_candidates(group), "launch candidates"):
             compile_cu(render_kernel(group, config).content, tmp_path)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kp_testing import EXAMPLES
+from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
     analysed,
     assert_every_launch_candidate_compiles,
@@ -123,7 +123,7 @@ def test_token_logprobs_stream_the_row_once_and_read_the_sampled_column_after_th
     candidates = launch_candidates(group)
     # One level and an output that needs only the statistics: nothing is read twice, so nothing is cached.
     assert all(config.shared_blocks == 0 for config in candidates)
-    for config in candidates:
+    for config in nonempty(candidates, "launch candidates"):
         source = rendered(group, config)
         assert "// Level 0: online softmax" in source and "// Level 1" not in source
         assert "the row is streamed once" in source and row_reads(source) == 1
@@ -138,7 +138,7 @@ def test_entropy_example_is_one_row_pass_accumulating_the_softmax_and_the_weight
     assert weighted.kind == "softmax_weighted" and not any(isinstance(node, Field) for node in walk(weighted.weighted))
     candidates = launch_candidates(group)
     assert all(config.shared_blocks == 0 for config in candidates)  # nothing is read twice: no cluster cache
-    for config in candidates:
+    for config in nonempty(candidates, "launch candidates"):
         source = rendered(group, config)
         assert "// Level 0: online softmax and a softmax-weighted sum" in source and "// Level 1" not in source
         assert "the row is streamed once" in source and row_reads(source) == 1
@@ -166,7 +166,7 @@ def test_logprobs_and_entropy_read_the_row_once_in_every_candidate():
     # Merged first (the log-prob and the entropy share one online softmax), then the entropy's sum folds into
     # that softmax's pass; folded first, the two kernels would no longer share a statistic and would not merge.
     group = only_group(analysed(EXAMPLES / "policy_logprobs_entropy_bf16.py"))
-    for config in launch_candidates(group):
+    for config in nonempty(launch_candidates(group), "launch candidates"):
         source = rendered(group, config)
         assert config.shared_blocks == 0 and row_reads(source) == 1
         assert "out[row] = " in source and "out[1 * kRows + row] = " in source
@@ -178,7 +178,7 @@ def test_log_softmax_of_long_fp32_rows_is_read_once_from_registers(tmp_path):
                             "torch.randn(4096, 32768)")  # fmt: skip
     group = only_group(analysed(problem))
     assert not group.per_row and [r.kind for r in group.reduces()] == ["online_softmax"]
-    for config in launch_candidates(group):
+    for config in nonempty(launch_candidates(group), "launch candidates"):
         source = rendered(group, config)
         assert "cached in registers" in source and "load_elements<VEC, false>(row0" in source
         assert source.count("load_elements<VEC, false>(row0") == 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kp_testing import EXAMPLES
+from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
     analysed,
     assert_every_launch_candidate_compiles,
@@ -145,7 +145,7 @@ def test_distillation_streams_both_rows_once_in_every_candidate():
     kl = analysed(EXAMPLES / "distill_kl_bf16.py").groups[0]
     candidates = launch_candidates(kl)
     assert all(config.shared_blocks == 0 for config in candidates)  # nothing is read twice: no cluster cache
-    for config in candidates:
+    for config in nonempty(candidates, "launch candidates"):
         source = rendered(kl, config)
         assert "// Level 0" in source and "// Level 1" not in source
         assert row_reads(source, 0) == 1 and row_reads(source, 1) == 1
@@ -172,7 +172,7 @@ def test_z_loss_streams_each_row_once_and_writes_both_values():
     rows = analysed(EXAMPLES / "cross_entropy_z_loss_bf16.py").groups[0]
     candidates = launch_candidates(rows)
     assert all(config.shared_blocks == 0 for config in candidates)  # one level, nothing read twice: no cache
-    for config in candidates:
+    for config in nonempty(candidates, "launch candidates"):
         source = rendered(rows, config)
         assert "// Level 0: online softmax" in source and "// Level 1" not in source
         assert "the row is streamed once" in source and row_reads(source, 0) == 1
@@ -202,7 +202,7 @@ def test_label_smoothing_example_is_one_row_kernel_writing_both_losses_then_the_
     softmax, logits_sum = rows.reduces()
     assert (softmax.kind, logits_sum.kind) == ("online_softmax", "sum")
     assert not any(isinstance(node, Field) for node in walk(logits_sum.value))
-    for config in launch_candidates(rows):
+    for config in nonempty(launch_candidates(rows), "launch candidates"):
         source = rendered(rows, config)
         assert "// Level 1" not in source and "128256.0f * " in source
     assert any(isinstance(node, Gather) and node.ignore == -100 for node in walk(rows.expr))

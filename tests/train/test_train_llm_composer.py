@@ -28,6 +28,7 @@ from kernelpilot.train.synth import (
     synthesize,
     write_dataset,
 )
+from kp_testing import nonempty
 
 BACKEND = "aot_eager"
 MODEL = "openai/test-model"
@@ -113,7 +114,7 @@ def test_the_prompts_are_seeded_and_give_each_operator_its_usage_and_shape():
     assert [chain.ops for chain in chains] != [chain.ops for chain in other_seed]
     for chain in chains:
         [message] = compose_messages(chain)
-        for step in chain.steps:
+        for step in nonempty(chain.steps, "steps"):
             assert f"`{step.operator}`: `{step.usage}` -> {step.shape}" in message["content"]
         for name, value in chain.constants.items():
             assert f"`{name} = {value}`" in message["content"]

@@ -16,6 +16,7 @@ from kernelpilot.train.verl_config import (
     tool_names,
     write_verl_config,
 )
+from kp_testing import nonempty
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK = (EXAMPLES / "rmsnorm.py").read_text()
@@ -85,7 +86,7 @@ def test_every_key_we_set_exists_in_verls_trainer_config(tasks, tmp_path, multi_
         model="m", tasks=tasks, output_dir=tmp_path / "verl", multi_turn=multi_turn, algorithm="gae"
     )
     config = yaml.safe_load(write_verl_config(settings)["config"].read_text())
-    for path in _leaf_paths(config):
+    for path in nonempty(_leaf_paths(config), "keys we set"):
         node = schema
         for key in path:
             assert isinstance(node, dict) and key in node, f"verl has no config key {'.'.join(path)}"
