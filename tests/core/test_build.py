@@ -124,6 +124,7 @@ TOO_MUCH_SHARED_CU = """
 """
 
 
+@pytest.mark.cuda_build
 def test_nvcc_syntax_error_gives_file_line_and_message(nvcc, tmp_path):
     diagnostics = parse_diagnostics(_nvcc_output(nvcc, tmp_path, "broken.cu", SYNTAX_ERROR_CU))
 
@@ -134,6 +135,7 @@ def test_nvcc_syntax_error_gives_file_line_and_message(nvcc, tmp_path):
     assert error.message == 'expected a ";"'
 
 
+@pytest.mark.cuda_build
 def test_nvcc_warning_is_a_warning_not_an_error(nvcc, tmp_path):
     diagnostics = parse_diagnostics(_nvcc_output(nvcc, tmp_path, "noisy.cu", UNUSED_VARIABLE_CU))
 
@@ -142,6 +144,7 @@ def test_nvcc_warning_is_a_warning_not_an_error(nvcc, tmp_path):
     assert '"unused" was declared but never referenced' in warning.message
 
 
+@pytest.mark.cuda_build
 def test_ptxas_reports_registers_and_spills_of_a_kernel_under_register_pressure(nvcc, tmp_path):
     log = _nvcc_output(nvcc, tmp_path, "pressure.cu", REGISTER_PRESSURE_CU, "-maxrregcount=24")
 
@@ -154,6 +157,7 @@ def test_ptxas_reports_registers_and_spills_of_a_kernel_under_register_pressure(
     assert kernel.source == "pressure.cu"
 
 
+@pytest.mark.cuda_build
 def test_render_shows_each_kernels_spills(nvcc, tmp_path):
     from rich.console import Console
 
@@ -173,6 +177,7 @@ def test_render_shows_each_kernels_spills(nvcc, tmp_path):
     assert f"{kernel.spill_stores}/{kernel.spill_loads}" in text
 
 
+@pytest.mark.cuda_build
 def test_ptxas_reports_shared_memory_of_a_templated_kernel(nvcc, tmp_path):
     log = _nvcc_output(nvcc, tmp_path, "tile.cu", SHARED_MEMORY_CU)
 
@@ -184,6 +189,7 @@ def test_ptxas_reports_shared_memory_of_a_templated_kernel(nvcc, tmp_path):
     assert (kernel.spill_stores, kernel.spill_loads) == (0, 0)
 
 
+@pytest.mark.cuda_build
 def test_ptxas_error_is_an_error_diagnostic(nvcc, tmp_path):
     diagnostics = parse_diagnostics(_nvcc_output(nvcc, tmp_path, "greedy.cu", TOO_MUCH_SHARED_CU))
 
