@@ -294,7 +294,7 @@ def test_known_facts_read_the_caches_with_the_benches_own_key(workspace, tmp_pat
 
 # ------------------------------------------------------------------------------------------- on a GPU
 
-# The candidate kernel: a thread-block cluster per row reads it from HBM once (sources in tests/data, so nvcc can
+# The candidate kernel: a thread-block cluster per row reads it from HBM once (sources in tests/agent/data, so nvcc can
 # compile them as they are); rows that do not fit the cluster take a two-pass fallback in the same file.
 SOFTMAX_SOURCES = Path(__file__).with_name("data") / "softmax_cluster"
 SOFTMAX_CU = (SOFTMAX_SOURCES / "softmax_rows.cu").read_text()

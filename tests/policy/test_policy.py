@@ -699,7 +699,7 @@ def test_launch_candidates_are_distinct_and_fit_a_block():
                 assert candidates == [MatmulConfig(i) for i in range(4)]  # the heuristic's best four, in order
                 continue
             if group.kind == "conv":
-                continue  # cuDNN's ranked algorithms (tests/test_policy_conv.py)
+                continue  # cuDNN's ranked algorithms (tests/policy/test_policy_conv.py)
             for config in nonempty(candidates, "launch candidates"):
                 assert config.threads * (getattr(config, "rows_per_block", None) or 1) <= 1024
 

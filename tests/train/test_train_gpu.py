@@ -1,7 +1,7 @@
 """The training pipeline's smoke run on a GPU: synth >= 20 tasks -> built-in-policy rollouts -> RFT 1 epoch -> critic
 -> 2 GRPO steps with real harness rewards, on a tiny randomly initialised model (nothing from a hub).
 
-Run with `pytest -m gpu -s tests/test_train_gpu.py` to see the figures (tasks kept per filter, rewards, losses,
+Run with `pytest -m gpu -s tests/train/test_train_gpu.py` to see the figures (tasks kept per filter, rewards, losses,
 seconds per stage) that docs/TRAINING.md reports.
 """
 
