@@ -1,15 +1,26 @@
-"""Shared test configuration: GPU and CUDA-build markers skip with a reason where they cannot run."""
+"""Shared test configuration: the test layers (markers), their skips, and how tests are spread over xdist workers.
+
+Layers, fastest first: `unit` (the default: a test marked with none of the others gets it), `slow` (seconds each:
+subprocesses, tiny training runs, timing loops; marked per test by a folder's conftest.py), `cuda_build`
+(compiles with nvcc or the CUDA build of torch, no GPU) and `gpu`. Tests that cannot run here are skipped with a
+reason: `gpu` without a GPU, `cuda_build` without the CUDA build of torch and nvcc.
+
+With pytest-xdist (`-n auto --dist loadgroup`), tests that share an expensive fixture wider than one test (a
+module- or session-scoped build or judge) run on one worker, so the fixture is made once; GPU tests run on one
+worker, one at a time, so their timings do not disturb each other.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO_ROOT / "examples"
+TESTS = Path(__file__).resolve().parent
+LAYERS = ("slow", "cuda_build", "gpu")
 
 
 def _has_gpu() -> bool:
@@ -34,14 +45,46 @@ def _cuda_build_reason() -> str | None:
     return None
 
 
+def _shared_fixture_group(item) -> str | None:
+    """The xdist group of a test that uses one of our fixtures wider than a test: the fixture's name when it is
+    session-scoped, else the test's module (module-scoped fixtures live there or in a conftest beside it)."""
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    if fixture_info is None:
+        return None
+    module_wide = False
+    for name, definitions in fixture_info.name2fixturedefs.items():
+        definition = definitions[-1]
+        if definition.scope not in ("module", "session") or not _ours(definition.func):
+            continue
+        if definition.scope == "session":
+            return f"session-fixture-{name}"
+        module_wide = True
+    return item.nodeid.split("::")[0] if module_wide else None
+
+
+def _ours(function) -> bool:
+    try:
+        return Path(inspect.getfile(function)).resolve().is_relative_to(TESTS)
+    except (TypeError, OSError):
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
+    # Runs after the folder conftests' pytest_itemcollected (which add `slow`) and before `-m` deselects.
     gpu = _has_gpu()
     cuda_reason = _cuda_build_reason()
+    xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        if "gpu" in item.keywords and not gpu:
+        if not any(item.get_closest_marker(layer) for layer in LAYERS):
+            item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("gpu") and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)"))
-        if "cuda_build" in item.keywords and cuda_reason:
+        if item.get_closest_marker("cuda_build") and cuda_reason:
             item.add_marker(pytest.mark.skip(reason=cuda_reason))
+        if xdist:
+            group = "gpu" if item.get_closest_marker("gpu") else _shared_fixture_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

@@ -1,11 +1,14 @@
-"""The problem files and candidate sources several test files build workspaces from, and the helper that writes a
-problem file: tiny KernelBench-format problems, and a C++ `scale_mul` binding that torch's CUDA build compiles with
-g++ as a CPU stand-in for a CUDA kernel where no GPU is present."""
+"""The repository's root and examples folder; the problem files and candidate sources several test files build
+workspaces from, and the helper that writes a problem file: tiny KernelBench-format problems, and a C++ `scale_mul`
+binding that torch's CUDA build compiles with g++ as a CPU stand-in for a CUDA kernel where no GPU is present."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO_ROOT / "examples"
 
 # y = 2x: the problem the agent loop, `optimize` and the TUI hand to a run.
 DOUBLE_PROBLEM = """
@@ -151,6 +154,13 @@ def scale_mul_candidate(features: int) -> str:
 def scale_mul_binding(offset: float = 0.0, repeats: int = 1) -> str:
     """The C++ `scale_mul` binding; a non-zero offset makes it wrong, more repeats make it slower."""
     return SCALE_MUL_BINDING.replace("REPEATS", str(repeats)).replace("OFFSET", f"{offset!r}f")
+
+
+def nonempty(items, what: str = "items") -> list:
+    """`items` as a list, asserted not empty: a loop of asserts over nothing would pass without checking anything."""
+    items = list(items)
+    assert items, f"no {what} to check"
+    return items
 
 
 def write_problem(folder: Path, source: str, name: str = "problem.py") -> Path:

@@ -1,0 +1,22 @@
+"""Fixtures and markers of the agent tests."""
+
+from __future__ import annotations
+
+import pytest
+
+# Seconds each (CLI subprocesses, litellm retries and time-outs, a command killed at its time-out).
+SLOW = {
+    "test_bash_kills_a_command_and_its_children_at_the_timeout",
+    "test_known_facts_read_the_caches_with_the_benches_own_key",
+    "test_no_model_says_the_built_in_policy_is_used_and_no_gpu_is_one_sentence",
+    "test_optimize_commit_outside_a_repository_refuses_before_the_run",
+    "test_resume_continues_a_session_the_model_broke_off",
+    "test_server_down_is_one_sentence_and_a_nonzero_exit",
+    "test_tui_command_reaches_the_run_with_optimize_defaults",
+}
+
+
+def pytest_itemcollected(item):
+    # Called for the items of this folder only (a collection hook through the item's own path).
+    if item.originalname in SLOW:
+        item.add_marker(pytest.mark.slow)

@@ -1,0 +1,30 @@
+"""Fixtures and markers of the core tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def isolated_git(tmp_path, monkeypatch):
+    """Git sees neither the user's global nor the system configuration (signing, hooks, default branch)."""
+    (tmp_path / "gitconfig").write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+# Seconds each (CLI subprocesses, pre-commit runs, watch debouncing waited out).
+SLOW = {
+    "test_check_without_a_gpu_says_so_and_passes_unless_a_gpu_is_required",
+    "test_cli_init_reports_a_bad_problem_in_one_line",
+    "test_pre_commit_runs_the_hook_from_this_repository_and_it_skips_without_a_gpu",
+    "test_python_m_kernelpilot_init_exits_cleanly_on_a_missing_file",
+    "test_the_installed_hook_with_require_gpu_blocks_the_commit_without_a_gpu",
+    "test_watch_cli_stops_cleanly_on_ctrl_c",
+}
+
+
+def pytest_itemcollected(item):
+    # Called for the items of this folder only (a collection hook through the item's own path).
+    if item.originalname in SLOW:
+        item.add_marker(pytest.mark.slow)

@@ -1,0 +1,1571 @@
+"""The built-in policy: partitioning on meta tensors, generated sources, and its tool calls over a conversation.
+
+The partition is checked for meaning, not only shape: `evaluate` runs each group's expression with torch on the
+CPU (loads as strided views, statistics as torch reductions) and the result must equal Model's output. The CUDA
+itself is compiled with nvcc here and verified on a GPU by the `gpu` tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kernelpilot.agent import VerifyOutcome
+from kernelpilot.agent.loop import assistant_message
+from kernelpilot.agent.observations import render
+from kernelpilot.agent.tools import default_tools, tool_schemas
+from kernelpilot.policy import BuiltinPolicy
+from kernelpilot.policy.analysis import analyze
+from kernelpilot.policy.c_ops import C_OPS
+from kernelpilot.policy.codegen import (
+    ITEM_SIZES,
+    LaunchConfig,
+    column_terms,
+    elementwise_layout,
+    index_terms,
+    row_layout,
+)
+from kernelpilot.policy.cpu_spec import TORCH_OPS, viewed
+from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.ir import Analysis, Call, Const, Field, Group, walk
+from kernelpilot.policy.matmul import MatmulConfig, matmul_context
+from kernelpilot.policy.policy import candidate_ms
+from kernelpilot.policy.search import LaunchSearch
+from kernelpilot.problem import load_problem
+from kernelpilot.results import (
+    HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
+)  # fmt: skip
+
+from kp_testing import EXAMPLES, REPO_ROOT, nonempty
+from policy_testing import (
+    analysed,
+    assert_every_launch_candidate_compiles,
+    assert_every_launch_candidate_verifies,
+    assert_generated_kernels_verify,
+    built_workspace,
+    check_against_model,
+    compile_cu,
+    forward_problem,
+    needs_nvcc,
+    only_group,
+    write_problem,
+)
+
+FUSED_EXAMPLES = [
+    "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
+    "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
+    "cross_entropy", "cross_entropy_bf16_vocab128k", "token_logprobs_bf16", "logits_entropy_bf16", "sum_middle_dim",
+    "channel_amax_bf16", "distill_kl_bf16", "cross_entropy_z_loss_bf16", "policy_logprobs_entropy_bf16",
+    "cross_entropy_label_smoothing_bf16",
+]  # fmt: skip
+MATMUL_EXAMPLES = [
+    "linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16",
+    "coordinate_mlp_relu_fp16", "lora_residual_bf16",
+]  # fmt: skip
+CONV_EXAMPLES = ["conv2d_relu_bias"]
+SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
+
+
+# --------------------------------------------------------------------------- C_OPS against its CPU spec
+
+# Stand-ins for the CUDA intrinsics C_OPS uses, so the host compiler evaluates its expressions as the GPU would
+# (bf16 and fp16 conversions round to nearest even, as __float2bfloat16 and __float2half do).
+C_SPEC_PRELUDE = r"""
+#include <math.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static float fast_expf(float x) { return expf(x); }
+#define __expf fast_expf
+static float __float2bfloat16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
+  u += 0x7fffu + ((u >> 16) & 1u); u &= 0xffff0000u; memcpy(&f, &u, 4); return f;
+}
+static float __bfloat162float(float x) { return x; }
+static float __float2half(float f) { return (float)(_Float16)f; }
+static float __half2float(float x) { return x; }
+"""
+SAMPLES = (-4.0, -1.5, -0.5, 0.0, 0.3, 1.0, 2.5, 7.0, 1.00390625)
+
+
+def arity(op: str) -> int:
+    return 1 + max(int(n) for n in re.findall(r"\{(\d)\}", C_OPS[op]))
+
+
+def sample_arguments(op: str) -> list[tuple[float, ...]]:
+    n = arity(op)
+    values = SAMPLES if n < 3 else SAMPLES[::2]
+    return [tuple(args) for args in itertools.product(values, repeat=n)]
+
+
+@pytest.fixture(scope="module")
+def c_ops_on_the_host(tmp_path_factory) -> dict[str, list[float]]:
+    """Every C_OPS expression compiled by the host C compiler and run on the sample arguments."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no host C compiler (cc) on PATH")
+    lines = [C_SPEC_PRELUDE, "int main(void) {"]
+    for op in sorted(C_OPS):
+        for args in sample_arguments(op):
+            names = [f"a{i}" for i in range(len(args))]
+            declared = " ".join(f"float {name} = {value!r}f;" for name, value in zip(names, args))
+            lines.append(f'  {{ {declared} printf("{op} %.9g\\n", (double)({C_OPS[op].format(*names)})); }}')
+    lines.append("  return 0;\n}")
+    folder = tmp_path_factory.mktemp("c_ops")
+    (folder / "c_ops.c").write_text("\n".join(lines))
+    subprocess.run([compiler, "-O0", "-std=gnu11", "-o", str(folder / "c_ops"), str(folder / "c_ops.c"), "-lm"],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    printed = subprocess.run([str(folder / "c_ops")], check=True, capture_output=True, text=True).stdout
+    results: dict[str, list[float]] = {}
+    for line in printed.splitlines():
+        op, value = line.split()
+        results.setdefault(op, []).append(float(value))
+    return results
+
+
+def test_every_c_op_has_a_cpu_spec():
+    assert set(TORCH_OPS) == set(C_OPS)
+
+
+@pytest.mark.parametrize("op", sorted(C_OPS))
+def test_each_c_op_computes_what_its_cpu_spec_says(c_ops_on_the_host, op):
+    arguments = sample_arguments(op)
+    columns = [torch.tensor(column, dtype=torch.float64) for column in zip(*arguments)]
+    expected = TORCH_OPS[op](*columns).double()
+    actual = torch.tensor(c_ops_on_the_host[op], dtype=torch.float64)
+    torch.testing.assert_close(actual, expected, rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+# aten ops of the same name whose arguments are all tensors: the spec must mean what torch means by them.
+ATEN_NAMED_OPS = sorted(op for op in C_OPS if hasattr(torch, op) and op not in
+                        {"where", "clamp", "xlogy", "relu", "pow", "logical_not", "logical_and", "logical_or"})  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ATEN_NAMED_OPS)
+def test_each_aten_named_c_op_means_what_torch_means(op):
+    arguments = sample_arguments(op)
+    columns = [torch.tensor(column, dtype=torch.float64) for column in zip(*arguments)]
+    torch.testing.assert_close(TORCH_OPS[op](*columns).double(), getattr(torch, op)(*columns).double(), equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["relu", "pow", "where", "clamp", "xlogy", "logical_not", "logical_and", "logical_or",
+                                "leaky_relu", "softplus", "hardsigmoid", "hardswish", "gelu", "silu"])  # fmt: skip
+def test_each_c_op_with_settings_means_what_torch_means(op):
+    x, y = torch.tensor(SAMPLES, dtype=torch.float64), torch.tensor(SAMPLES[::-1], dtype=torch.float64)
+    torch_meaning = {
+        "relu": lambda: torch.relu(x), "pow": lambda: torch.pow(x, y), "where": lambda: torch.where(x != 0, x, y),
+        "clamp": lambda: torch.clamp(x, -1.0, 2.0), "xlogy": lambda: torch.xlogy(x, y),
+        "logical_not": lambda: torch.logical_not(x).double(), "logical_and": lambda: torch.logical_and(x, y).double(),
+        "logical_or": lambda: torch.logical_or(x, y).double(),
+        "leaky_relu": lambda: torch.nn.functional.leaky_relu(x, 0.01),
+        "softplus": lambda: torch.nn.functional.softplus(x, beta=2.0, threshold=5.0),
+        "hardsigmoid": lambda: torch.nn.functional.hardsigmoid(x), "hardswish": lambda: torch.nn.functional.hardswish(x),
+        "gelu": lambda: torch.nn.functional.gelu(x), "silu": lambda: torch.nn.functional.silu(x),
+    }[op]()
+    settings = {"clamp": (torch.tensor(-1.0), torch.tensor(2.0)), "leaky_relu": (torch.tensor(0.01),),
+                "softplus": (torch.tensor(2.0), torch.tensor(5.0))}  # fmt: skip
+    args = {"pow": (x, y), "where": (x, x, y), "xlogy": (x, y), "logical_and": (x, y), "logical_or": (x, y)}
+    spec = TORCH_OPS[op](*args.get(op, (x, *settings.get(op, ()))))
+    torch.testing.assert_close(spec.double(), torch_meaning.double(), equal_nan=True)
+
+
+# ------------------------------------------------------------------------------------ analysis: examples
+
+
+def test_softmax_long_rows_is_one_online_softmax_row_kernel():
+    group = only_group(analysed(EXAMPLES / "softmax_long_rows.py"))
+    assert group.kind == "row" and not group.per_row
+    assert (group.rows, group.row_length) == (2048, 393216)
+    assert [r.kind for r in group.reduces()] == ["online_softmax"]
+
+
+def test_layernorm_is_one_welford_row_kernel_reading_weight_and_bias():
+    group = only_group(analysed(EXAMPLES / "layernorm.py"))
+    assert [r.kind for r in group.reduces()] == ["welford"]
+    assert [(t.kind, t.name) for t in group.tensors] == [("input", "x"), ("parameter", "norm.weight"), ("parameter", "norm.bias")]
+    weight_access = next(a for a in group.accesses if group.tensors[a.tensor].name == "norm.weight")
+    assert weight_access.strides == (0, 0, 1)  # one weight per column, the same for every row
+
+
+def test_rmsnorm_written_out_is_one_row_kernel_with_a_sum_of_squares():
+    group = only_group(analysed(EXAMPLES / "rmsnorm.py"))
+    (reduce,) = group.reduces()
+    assert reduce.kind == "sum" and reduce.value == Call("square", (reduce.value.args[0],))
+    assert group.ops == ["aten.pow", "aten.mean", "aten.add", "aten.rsqrt", "aten.mul", "aten.mul"]
+
+
+def test_silu_scale_shift_is_one_elementwise_kernel_with_the_constants_baked_in():
+    group = only_group(analysed(EXAMPLES / "silu_scale_shift.py"))
+    assert group.kind == "elementwise"
+    constants = {node.value for node in _nodes(group) if isinstance(node, Const)}
+    assert constants == {1.7, -0.25}
+
+
+@pytest.mark.parametrize("name", ["logsumexp", "row_mean"])
+def test_row_reductions_to_one_value_per_row(name):
+    group = only_group(analysed(EXAMPLES / f"{name}.py"))
+    assert group.per_row and group.output.shape == (group.rows,)
+
+
+def test_l2_normalize_is_a_sum_of_squares_and_a_divide():
+    group = only_group(analysed(EXAMPLES / "l2_normalize.py"))
+    assert [r.kind for r in group.reduces()] == ["sum"] and not group.per_row
+
+
+def test_broadcast_scale_and_shift_read_one_value_per_channel():
+    group = only_group(analysed(EXAMPLES / "frozen_batchnorm_residual_relu.py"))
+    strides = {group.tensors[a.tensor].name: a.strides for a in group.accesses}
+    assert strides["scale"] == strides["shift"] == (0, 1, 0, 0)
+    layout = elementwise_layout(group)
+    assert layout.shape == (32, 256, 96 * 96) and layout.vec == 4  # H and W merged; float4 along them
+
+
+def test_softmax_then_mask_fuses_the_broadcast_mask_into_the_row_kernel():
+    group = only_group(analysed(EXAMPLES / "softmax_then_mask.py"))
+    mask = next(a for a in group.accesses if group.tensors[a.tensor].name == "keep_mask")
+    assert mask.strides == (0, 0, 1024, 1)
+    assert row_layout(group).shape == (16 * 16, 1024, 1024)  # batch and heads merged; the mask needs the query dim
+
+
+def test_bf16_elementwise_uses_eight_wide_vectors():
+    group = only_group(analysed(EXAMPLES / "geglu_bf16.py"))
+    assert group.output.dtype == "bfloat16" and elementwise_layout(group).vec == 8
+
+
+def test_linear_bias_relu_is_one_matmul_with_bias_and_relu_in_its_epilogue():
+    group = only_group(analysed(EXAMPLES / "linear_bias_relu.py"))
+    assert group.kind == "matmul" and group.ops == ["aten.addmm", "aten.relu"]
+    matmul = group.matmul
+    assert (matmul.bias.source.name, matmul.activation, matmul.residual) == ("linear.bias", "relu", None)
+    assert matmul.b.source.name == "linear.weight" and matmul.b.strides == (1, 8192)  # weight.t(), no copy
+
+
+def test_bf16_mlp_up_projection_folds_bias_and_tanh_gelu_through_the_linear_views():
+    group = only_group(analysed(EXAMPLES / "mlp_up_gelu_bf16.py"))
+    assert group.matmul.epilogue() == "bias, GELU (tanh)" and group.output.shape == (4, 2048, 16384)
+    assert group.matmul.mnk == (8192, 16384, 4096) and group.output.dtype == "bfloat16"
+
+
+def test_bf16_out_projection_takes_the_residual_as_cublaslt_c():
+    group = only_group(analysed(EXAMPLES / "out_proj_residual_bf16.py"))
+    assert group.matmul.epilogue() == "bias, residual" and group.matmul.residual.source.name == "residual"
+
+
+def test_coordinate_mlp_layer_is_one_memory_bound_matmul_with_bias_and_relu_in_its_epilogue():
+    group = only_group(analysed(EXAMPLES / "coordinate_mlp_relu_fp16.py"))
+    assert group.kind == "matmul" and group.matmul.mnk == (1048576, 256, 64)
+    assert (group.matmul.epilogue(), group.output.dtype) == ("bias, ReLU", "float16")
+    assert group.matmul.bias.source.name == "layer.bias"
+
+
+def test_lora_update_takes_its_scale_as_alpha_and_the_frozen_output_as_cublaslt_c():
+    analysis = analysed(EXAMPLES / "lora_residual_bf16.py")
+    assert analysis.supported, analysis.blockers()
+    down, up = analysis.groups
+    assert (down.kind, down.matmul.mnk, down.matmul.epilogue()) == ("matmul", (8192, 16, 4096), "")
+    assert (up.kind, up.matmul.mnk, up.matmul.alpha) == ("matmul", (8192, 4096, 16), 2.0)
+    assert up.matmul.residual.source.name == "base_out" and up.matmul.bias is None
+    assert up.matmul.a.source.name == down.name  # the rank-16 intermediate, read in place
+    source = render_kernel(up, launch_candidates(up)[0]).content
+    assert "const float alpha = 2.0f;" in source and "const float beta = 1.0f;" in source
+    assert "D = 2 * (A @ B) + C" in source
+
+
+def test_exact_gelu_after_a_matmul_is_a_fused_kernel_reading_its_output():
+    matmul, gelu = analysed(EXAMPLES / "matmul_gelu.py").groups
+    assert matmul.kind == "matmul" and matmul.matmul.epilogue() == ""
+    assert gelu.kind == "elementwise" and gelu.ops == ["aten.gelu"] and gelu.tensors == [matmul.output]
+
+
+def test_small_mlp_block_is_a_matmul_then_one_row_kernel():
+    matmul, row = analysed(EXAMPLES / "small_mlp_block.py").groups
+    assert matmul.matmul.epilogue() == "bias"  # the erf GELU is not cuBLASLt's: it joins the LayerNorm kernel
+    assert row.kind == "row" and row.ops == ["aten.gelu", "aten.add", "aten.native_layer_norm"]
+
+
+# Every example is supported now: a running sum along the rows is a pattern the policy does not generate.
+UNSUPPORTED_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=-1) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 1024)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def unsupported_problem(folder: Path) -> Path:
+    path = folder / "model.py"
+    path.write_text(UNSUPPORTED_PROBLEM)
+    return path
+
+
+def test_unsupported_ops_are_named(tmp_path):
+    analysis = analysed(unsupported_problem(tmp_path))
+    assert not analysis.supported
+    blockers = analysis.blockers()
+    assert blockers.startswith("Not supported by the built-in policy: ") and "aten.cumsum" in blockers
+
+
+def test_group_norm_is_one_welford_row_kernel_per_sample_and_group():
+    group = only_group(analysed(EXAMPLES / "group_norm.py"))
+    assert [r.kind for r in group.reduces()] == ["welford"] and not group.per_row
+    assert (group.rows, group.row_length) == (32 * 32, 8 * 64 * 64)  # a group: 8 channels x 64x64, contiguous in NCHW
+    assert group.shape == (32, 32, 8, 64, 64) and group.row_dims == 3  # C split into groups x channels per group
+    strides = {group.tensors[a.tensor].name: a.strides for a in group.accesses}
+    assert strides["norm.weight"] == strides["norm.bias"] == (0, 8, 1, 0, 0)  # channel = group * 8 + channel in group
+
+
+def test_group_norm_weight_is_one_load_per_vector_along_contiguous_rows():
+    group = only_group(analysed(EXAMPLES / "group_norm.py"))
+    layout = row_layout(group)
+    assert layout.shape == (32, 32, 8, 4096) and layout.row_dims == 2 and layout.vec == 4  # H and W merged
+    x, weight, bias = range(3)
+    assert not layout.vector_broadcast(x) and layout.vector_broadcast(weight) and layout.vector_broadcast(bias)
+    assert column_terms(layout, x) == [{"size": 32768, "stride": 1, "last": True}]
+    assert offset_from_terms(4096 * 5 + 17, 0, column_terms(layout, weight)) == 5  # column -> channel in group
+
+
+def test_group_norm_silu_fuses_the_epilogue():
+    group = only_group(analysed(EXAMPLES / "group_norm_silu.py"))
+    assert group.ops == ["aten.native_group_norm", "aten.silu"] and group.row_length == 20 * 32 * 32
+
+
+# ---------------------------------------------------------------------- analysis: meaning, on CPU tensors
+
+LINEAR = "self.linear = nn.Linear(24, 16)"
+# name: (forward, inputs, __init__, the epilogues of its matmul groups, the kinds of all its groups)
+MATMUL_PROBLEMS = {
+    "linear_relu": ("def forward(self, x):\n    return torch.relu(self.linear(x))", "torch.randn(8, 24)", LINEAR,
+                    ["bias, ReLU"], ["matmul"]),
+    "linear_tanh_gelu_3d": ("def forward(self, x):\n    return F.gelu(self.linear(x), approximate='tanh')",
+                            "torch.randn(2, 5, 24)", LINEAR, ["bias, GELU (tanh)"], ["matmul"]),
+    "residual_before_relu": ("def forward(self, x, r):\n    return torch.relu(r + x @ self.w)", "torch.randn(8, 24), torch.randn(8, 16)",
+                             "self.w = nn.Parameter(torch.randn(24, 16))", ["residual, ReLU"], ["matmul"]),
+    "residual_after_relu": ("def forward(self, x, r):\n    return torch.relu(self.linear(x)) + r", "torch.randn(8, 24), torch.randn(8, 16)",
+                            LINEAR, ["bias, ReLU"], ["matmul", "elementwise"]),
+    "erf_gelu": ("def forward(self, x):\n    return F.gelu(self.linear(x))", "torch.randn(8, 24)", LINEAR,
+                 ["bias"], ["matmul", "elementwise"]),
+    "column_bias": ("def forward(self, a, b, c):\n    return torch.relu(a @ b + c)", "torch.randn(8, 24), torch.randn(24, 16), torch.randn(8, 1)",
+                    "", [""], ["matmul", "elementwise"]),
+    "bias_of_another_dtype": ("def forward(self, a, b, c):\n    return a @ b + c", "torch.randn(8, 24).half(), torch.randn(24, 16).half(), torch.randn(16)",
+                              "", [""], ["matmul", "elementwise"]),
+    "product_read_twice": ("def forward(self, a, b):\n    y = a @ b\n    return torch.relu(y), y", "torch.randn(8, 24), torch.randn(24, 16)",
+                           "", [""], ["matmul", "elementwise"]),
+    "bmm_of_a_transpose": ("def forward(self, a, b):\n    return torch.bmm(a, b.transpose(1, 2))", "torch.randn(3, 8, 24), torch.randn(3, 16, 24)",
+                           "", [""], ["matmul"]),
+    "matmul_of_a_slice": ("def forward(self, a, b):\n    return a[:, 4:] @ b[1:]", "torch.randn(8, 28), torch.randn(25, 16)",
+                          "", [""], ["matmul"]),
+    "matmul_of_a_computed_value": ("def forward(self, a, b):\n    return torch.relu(torch.exp(a) @ b.t() + 1.5)",
+                                   "torch.randn(8, 24), torch.randn(16, 24)", "", [""], ["elementwise", "matmul", "elementwise"]),
+    "bf16_linear_residual": ("def forward(self, x, r):\n    return self.linear(x) + r",
+                             "torch.randn(8, 24).bfloat16(), torch.randn(8, 16).bfloat16()",
+                             "self.linear = nn.Linear(24, 16).to(torch.bfloat16)", ["bias, residual"], ["matmul"]),
+    # A number times the bare product is cuBLASLt's alpha; after a bias it is not (alpha would scale A @ B alone).
+    "scaled_product_plus_residual": ("def forward(self, x, r):\n    return r + (x @ self.w) * 0.5", "torch.randn(8, 24), torch.randn(8, 16)",
+                                     "self.w = nn.Parameter(torch.randn(24, 16))", ["scale 0.5, residual"], ["matmul"]),
+    "scaled_before_relu": ("def forward(self, a, b):\n    return torch.relu(3.0 * (a @ b) * 0.5)", "torch.randn(8, 24), torch.randn(24, 16)",
+                           "", ["scale 1.5, ReLU"], ["matmul"]),
+    "scaled_after_bias": ("def forward(self, x):\n    return self.linear(x) * 3.0", "torch.randn(8, 24)", LINEAR,
+                          ["bias"], ["matmul", "elementwise"]),
+    "scaled_by_a_tensor": ("def forward(self, a, b, s):\n    return (a @ b) * s", "torch.randn(8, 24), torch.randn(24, 16), torch.randn(1)",
+                           "", [""], ["matmul", "elementwise"]),
+    "lora_bf16_3d": ("def forward(self, x, base):\n    return base + self.b(self.a(x)) * 2.0",
+                     "torch.randn(2, 5, 24).bfloat16(), torch.randn(2, 5, 16).bfloat16()",
+                     "self.a = nn.Linear(24, 4, bias=False).to(torch.bfloat16)\nself.b = nn.Linear(4, 16, bias=False).to(torch.bfloat16)",
+                     ["", "scale 2, residual"], ["matmul", "matmul"]),
+}  # fmt: skip
+LOW_PRECISION_MATMULS = {"bias_of_another_dtype", "bf16_linear_residual", "lora_bf16_3d"}
+
+SMALL_PROBLEMS = {
+    "softmax": ("def forward(self, x):\n    return torch.softmax(x, dim=-1)", "torch.randn(4, 1000) * 5"),
+    "log_softmax": ("def forward(self, x):\n    return F.log_softmax(x, dim=1)", "torch.randn(3, 37)"),
+    "layernorm": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(2, 3, 64) * 3 + 1",
+        "self.norm = nn.LayerNorm(64)\nwith torch.no_grad():\n    self.norm.weight.uniform_(0.5, 1.5)\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "rmsnorm": (
+        "def forward(self, x):\n    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight",
+        "torch.randn(2, 8, 32)",
+        "self.weight = nn.Parameter(torch.rand(32) + 0.5)",
+    ),
+    "silu_scale_shift": ("def forward(self, x):\n    return x * torch.sigmoid(x) * 1.7 - 0.25", "torch.randn(5, 7)"),
+    "logsumexp_plus_row_bias": (
+        "def forward(self, x, b):\n    return torch.logsumexp(x, dim=-1) + b",
+        "torch.randn(6, 50) * 40, torch.randn(6)",
+    ),
+    "l2_normalize": ("def forward(self, x):\n    return F.normalize(x, dim=-1)", "torch.randn(8, 33)"),
+    "row_stats": (
+        "def forward(self, x):\n    return x.mean(-1), x.amax(-1, keepdim=True), x.amin(-1), x.sum(-1), x.var(-1)",
+        "torch.randn(3, 17)",
+    ),
+    "broadcast_channels": (
+        "def forward(self, x, r):\n    return torch.relu(x * self.scale + self.shift + r)",
+        "torch.randn(2, 4, 3, 5), torch.randn(2, 4, 3, 5)",
+        "self.scale = nn.Parameter(torch.rand(4, 1, 1))\nself.shift = nn.Parameter(torch.randn(4, 1, 1))",
+    ),
+    "softmax_then_mask": (
+        "def forward(self, s, m):\n    return torch.softmax(s, dim=-1) * m",
+        "torch.randn(2, 2, 4, 8), (torch.rand(4, 8) > 0.3).float()",
+    ),
+    "two_pass_variance": (
+        "def forward(self, x):\n    return ((x - x.mean(-1, keepdim=True)) ** 2).mean(-1)",
+        "torch.randn(5, 40) + 100",
+    ),
+    "max_without_keepdim_then_unsqueeze": (
+        "def forward(self, x):\n    return torch.exp(x - x.amax(-1)[..., None])",
+        "torch.randn(4, 9)",
+    ),
+    "softmax_of_a_transpose": ("def forward(self, x):\n    return torch.softmax(x.t(), dim=-1)", "torch.randn(12, 5)"),
+    "transposed_elementwise": ("def forward(self, x, y):\n    return x.t() * 2 + y", "torch.randn(6, 3), torch.randn(3, 6)"),
+    "where_and_compare": (
+        "def forward(self, x):\n    return torch.where(x > 0, x, 0.1 * x).clamp(-1, 1)",
+        "torch.randn(7, 3)",
+    ),
+    "clone_then_scale": ("def forward(self, x):\n    return x.clone() * 2", "torch.randn(3, 3)"),
+    "gelu_residual_layernorm": (
+        "def forward(self, x, y):\n    return F.layer_norm(F.gelu(x) + y, (16,))",
+        "torch.randn(4, 16), torch.randn(4, 16)",
+    ),
+    "group_norm": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(2, 12, 5, 6) * 3 + 1",
+        "self.norm = nn.GroupNorm(4, 12)\nwith torch.no_grad():\n    self.norm.weight.uniform_(0.5, 1.5)\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "group_norm_without_affine": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(3, 6, 4, 4) + 2",
+        "self.norm = nn.GroupNorm(3, 6, affine=False)",
+    ),
+    "group_norm_one_channel_per_group": (
+        "def forward(self, x):\n    return F.group_norm(x, 5, self.weight)",
+        "torch.randn(2, 5, 3, 7)",
+        "self.weight = nn.Parameter(torch.rand(5) + 0.5)",
+    ),
+    "group_norm_of_vectors": ("def forward(self, x):\n    return F.group_norm(x, 4)", "torch.randn(6, 16)"),
+    "prologue_group_norm_silu_residual": (
+        "def forward(self, x, r):\n    return F.silu(self.norm(x * 2 + 1)) + r",
+        "torch.randn(2, 8, 3, 4), torch.randn(2, 8, 3, 4)",
+        "self.norm = nn.GroupNorm(2, 8)\nwith torch.no_grad():\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "group_norm_statistics": (
+        (
+            "def forward(self, x):\n    out, mean, rstd = torch.native_group_norm(x, None, None, 2, 8, 9, 4, 1e-5)\n"
+            "    return out, mean, rstd * 2"
+        ),
+        "torch.randn(2, 8, 3, 3) * 4",
+    ),
+    "layernorm_then_group_norm": (
+        "def forward(self, x):\n    return F.group_norm(F.layer_norm(x, (6,)), 2)",
+        "torch.randn(2, 4, 5, 6)",
+    ),
+    "returns_its_input_and_a_view": (
+        "def forward(self, x):\n    return x, x.sum(-1).view(2, 3)",
+        "torch.randn(6, 4)",
+    ),
+}
+
+
+def small_problem(folder: Path, name: str) -> Path:
+    forward, inputs, *init = SMALL_PROBLEMS[name]
+    return write_problem(folder, name, forward, inputs, init[0] if init else "")
+
+
+def matmul_problem(folder: Path, name: str) -> Path:
+    forward, inputs, init, *_ = MATMUL_PROBLEMS[name]
+    return write_problem(folder, name, forward, inputs, init)
+
+
+# Every matmul layout and epilogue in one problem, so the build and GPU tests make one workspace for all of them.
+MATMUL_ZOO = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(256, 512).to(torch.bfloat16)
+        self.proj = nn.Linear(512, 256)
+        self.down = nn.Linear(128, 192).half()
+
+    def forward(self, x, h, r, a, b, c, q):
+        return (
+            F.gelu(self.up(x), approximate="tanh"),  # bf16: bias and tanh GELU through the 3-D views
+            torch.relu(self.proj(h) + r),  # fp32: bias, residual and ReLU
+            torch.bmm(a, b.transpose(1, 2)),  # batched, B transposed
+            F.gelu(a[0] @ c[:, 8:]),  # B a slice (leading dimension 136, offset 8); exact GELU in its own kernel
+            a[1].t() @ a[2],  # A transposed, at an offset
+            self.down(q),  # fp16 bias
+        )
+
+
+def get_inputs():
+    return [
+        torch.randn(2, 64, 256, dtype=torch.bfloat16),
+        torch.randn(128, 512),
+        torch.randn(128, 256),
+        torch.randn(4, 96, 64),
+        torch.randn(4, 80, 64),
+        torch.randn(64, 136),
+        torch.randn(32, 128, dtype=torch.float16),
+    ]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def matmul_zoo_problem(folder: Path) -> Path:
+    path = folder / "matmul_zoo.py"
+    path.write_text(MATMUL_ZOO)
+    return path
+
+
+# Every unusual layout in one problem, so the GPU test builds one workspace for all of them.
+ZOO = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-1, 1)
+        self.scale = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+        self.shift = nn.Parameter(torch.randn(4, 1, 1))
+        self.group_norm = nn.GroupNorm(3, 12)
+        with torch.no_grad():
+            self.group_norm.weight.uniform_(0.5, 1.5)
+            self.group_norm.bias.uniform_(-1, 1)
+
+    def forward(self, x, odd, wide, img, half, tiny, maps):
+        return (
+            torch.softmax(x * 5, dim=-1),  # rows cached in registers
+            F.log_softmax(odd, dim=1),  # a row length with no vectors (37)
+            torch.softmax(odd.t(), dim=-1),  # strided rows
+            ((odd - odd.mean(-1, keepdim=True)) ** 2).mean(-1),  # two levels, one value per row
+            torch.logsumexp(wide * 40, dim=-1),  # rows streamed twice
+            torch.softmax(wide, dim=-1),  # rows cached in the shared memory of a 2-block cluster
+            ((wide - wide.mean(-1, keepdim=True)) ** 2).mean(-1),  # the same, two levels, one value per row
+            self.norm(x[:, :64]),  # rows of a slice
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+            F.normalize(odd, dim=-1),
+            torch.relu(img * self.scale + self.shift),  # per-channel broadcast
+            x.t() * 2 + 1,  # transposed elementwise
+            torch.where(odd > 0, odd, 0.1 * odd).clamp(-1, 1),
+            F.gelu(half, approximate="tanh") * half,  # bf16 elementwise
+            torch.softmax(half, dim=-1),  # bf16 rows
+            tiny * torch.sigmoid(tiny),  # a scalar tail after the vectors
+            F.silu(self.group_norm(maps)) + maps,  # rows of 4 channels x 7x7: no vectors, a weight per channel
+        )
+
+
+def get_inputs():
+    return [
+        torch.randn(300, 1000),
+        torch.randn(3, 37),
+        torch.randn(6, 70000),
+        torch.randn(2, 4, 3, 5),
+        torch.randn(40, 512, dtype=torch.bfloat16),
+        torch.randn(5, 7),
+        torch.randn(2, 12, 7, 7),
+    ]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def zoo_problem(folder: Path) -> Path:
+    path = folder / "zoo.py"
+    path.write_text(ZOO)
+    return path
+
+
+def test_zoo_of_layouts_computes_what_the_model_computes(tmp_path):
+    analysis = check_against_model(zoo_problem(tmp_path), atol=1e-2)  # bf16 outputs round
+    kinds = [g.kind for g in analysis.groups]
+    assert len(kinds) == 17 and kinds.count("elementwise") == 5
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_PROBLEMS))
+def test_groups_compute_what_the_model_computes(tmp_path, name):
+    check_against_model(small_problem(tmp_path, name))
+
+
+def test_group_norm_epilogue_reads_the_residual_split_into_groups(tmp_path):
+    group = only_group(analysed(small_problem(tmp_path, "prologue_group_norm_silu_residual")))
+    assert group.shape == (2, 2, 4, 3, 4) and group.ops[-2:] == ["aten.silu", "aten.add"]
+    strides = {group.tensors[a.tensor].name: a.strides for a in group.accesses}
+    assert strides["r"] == strides["x"] == (96, 48, 12, 4, 1)
+
+
+def test_group_norm_statistics_are_one_value_per_row(tmp_path):
+    analysis = analysed(small_problem(tmp_path, "group_norm_statistics"))
+    # The returned mean and rstd share their statistics: one kernel writes both, returned as its two rows.
+    assert [(g.kind, g.per_row) for g in analysis.groups] == [("row", False), ("row", True)]
+    assert [g.output.shape for g in analysis.groups] == [(2, 8, 3, 3), (2, 8)]  # [values, rows]
+    assert [leaf.offset for leaf in analysis.outputs[1:]] == [0, 8]
+
+
+@pytest.mark.parametrize("name", sorted(MATMUL_PROBLEMS))
+def test_matmul_groups_compute_what_the_model_computes(tmp_path, name):
+    *_, epilogues, kinds = MATMUL_PROBLEMS[name]
+    analysis = check_against_model(matmul_problem(tmp_path, name), atol=1e-2 if name in LOW_PRECISION_MATMULS else 1e-5)
+    assert [g.kind for g in analysis.groups] == kinds
+    assert [g.matmul.epilogue() for g in analysis.groups if g.kind == "matmul"] == epilogues
+
+
+def test_matmul_zoo_computes_what_the_model_computes(tmp_path):
+    analysis = check_against_model(matmul_zoo_problem(tmp_path), atol=1e-2)  # bf16 and fp16 outputs round
+    assert [g.kind for g in analysis.groups].count("matmul") == 6
+    transposed = [g.matmul for g in analysis.groups if g.kind == "matmul" and g.matmul.a.strides == (1, 64)]
+    assert transposed and transposed[0].a.offset == 96 * 64  # a[1].t(): read in place, no copy
+
+
+# ------------------------------------------------------------------ analysis: rounding-faithful matmuls
+
+
+def test_faithful_lora_writes_the_bf16_product_then_scales_and_adds_in_one_elementwise_kernel():
+    analysis = analysed(EXAMPLES / "lora_residual_bf16.py", faithful=True)
+    assert analysis.supported, analysis.blockers()
+    down, up, update = analysis.groups
+    assert [down.matmul.epilogue(), up.matmul.epilogue()] == ["", ""]  # no alpha, no C: eager's bf16 product
+    assert up.matmul.alpha == 1.0 and up.matmul.residual is None and up.output.dtype == "bfloat16"
+    assert (update.kind, update.ops, update.output.dtype) == ("elementwise", ["aten.mul", "aten.add"], "bfloat16")
+    assert {(t.kind, t.name) for t in update.tensors} == {("group", up.name), ("input", "base_out")}
+    assert {node.value for node in _nodes(update) if isinstance(node, Const)} == {2.0}
+    assert analysis.outputs[0].source.name == update.name
+
+
+def test_faithful_out_projection_keeps_its_linear_bias_and_adds_the_residual_in_an_elementwise_kernel():
+    analysis = analysed(EXAMPLES / "out_proj_residual_bf16.py", faithful=True)
+    projection, residual_add = analysis.groups
+    # addmm's bias stays: eager's addmm adds it before its one rounding too.
+    assert projection.matmul.epilogue() == "bias" and projection.matmul.residual is None
+    assert (residual_add.kind, residual_add.ops) == ("elementwise", ["aten.add"])
+    assert {t.name for t in residual_add.tensors} == {projection.name, "residual"}
+
+
+@pytest.mark.parametrize("name", ["linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16",
+                                  "coordinate_mlp_relu_fp16", "layernorm", "conv2d_relu_bias"])  # fmt: skip
+def test_faithful_analysis_changes_nothing_without_a_half_precision_scale_or_add_after_a_product(name):
+    """fp32 products, and the bias and activation folds of half-precision ones, are kept as they are."""
+    path = EXAMPLES / f"{name}.py"
+    assert analysed(path, faithful=True) == analysed(path)
+
+
+@pytest.mark.parametrize("name", ["scaled_product_plus_residual", "scaled_before_relu", "linear_relu"])
+def test_faithful_analysis_keeps_fp32_epilogues(tmp_path, name):
+    path = matmul_problem(tmp_path, name)
+    assert analysed(path, faithful=True) == analysed(path)
+
+
+@pytest.mark.parametrize("name", sorted(LOW_PRECISION_MATMULS))
+def test_faithful_matmul_groups_compute_what_the_model_computes(tmp_path, name):
+    analysis = check_against_model(matmul_problem(tmp_path, name), atol=1e-2, faithful=True)
+    matmuls = [g.matmul for g in analysis.groups if g.kind == "matmul"]
+    assert all(m.residual is None and m.alpha == 1.0 for m in matmuls)
+
+
+# The bf16 product 256 + 1 = 257 rounds to 256 (a tie, to even): eager then adds -256 (or halves it and adds -128)
+# and gets 0, while one rounding of the whole sum gets 1 (or 0.5), beyond atol = rtol = 1e-2.
+CANCELLING_PRODUCTS = {
+    "residual": ("r + a @ b", "torch.full((8, 16), -256.0).bfloat16()"),
+    "scaled_residual": ("r + (a @ b) * 0.5", "torch.full((8, 16), -128.0).bfloat16()"),
+}
+CANCELLING_OPERANDS = "torch.tensor([[256.0, 1.0] + [0.0] * 6] * 8).bfloat16(), torch.ones(8, 16).bfloat16(), "
+
+
+@pytest.mark.parametrize("name", sorted(CANCELLING_PRODUCTS))
+def test_faithful_analysis_rounds_the_product_as_eager_where_the_fused_epilogue_cannot(tmp_path, name):
+    returned, residual = CANCELLING_PRODUCTS[name]
+    path = forward_problem(tmp_path, name, "a, b, r", returned, CANCELLING_OPERANDS + residual)
+    with pytest.raises(AssertionError, match="Mismatched elements: 128 / 128"):
+        check_against_model(path, atol=1e-2)
+    check_against_model(path, atol=1e-2, faithful=True)
+
+
+@pytest.mark.parametrize("name", ["linear_relu", "linear_tanh_gelu_3d", "bmm_of_a_transpose", "matmul_of_a_slice"])
+def test_cublaslt_layouts_read_the_operands_as_the_product_needs(tmp_path, name):
+    """cuBLASLt's column-major layouts and ops, applied to the operands' memory, give D^T = B^T A^T."""
+    (group,) = [g for g in analysed(matmul_problem(tmp_path, name)).groups if g.kind == "matmul"]
+    context = matmul_context(group, MatmulConfig(0))
+    memory = {(s.kind, s.name): torch.randn(s.shape, dtype=torch.float64) for s in group.tensors}
+
+    def column_major(operand: dict) -> torch.Tensor:
+        source = group.tensors[operand["tensor"]]
+        flat = memory[(source.kind, source.name)].flatten()
+        size, stride = (context["batch"], operand["rows"], operand["cols"]), (operand["batch_stride"], 1, operand["ld"])
+        stored = torch.as_strided(flat, size, stride, operand["offset_bytes"] // ITEM_SIZES[source.dtype])
+        return stored.transpose(1, 2) if operand["op"] == "CUBLAS_OP_T" else stored
+
+    transposed_product = column_major(context["lt_a"]) @ column_major(context["lt_b"])  # per batch: m x n
+    assert transposed_product.shape[1:] == (context["m"], context["n"])
+    expected = viewed(group.matmul.a, memory) @ viewed(group.matmul.b, memory)
+    torch.testing.assert_close(transposed_product.transpose(1, 2).reshape(expected.shape), expected)
+
+
+def test_a_second_level_statistic_reads_the_first(tmp_path):
+    group = only_group(analysed(small_problem(tmp_path, "two_pass_variance")))
+    inner, outer = group.reduces()
+    assert any(isinstance(node, Field) and node.reduce == inner for node in walk(outer.value))
+
+
+def test_transposed_rows_are_read_with_a_stride_and_no_vectors(tmp_path):
+    group = only_group(analysed(small_problem(tmp_path, "softmax_of_a_transpose")))
+    (access,) = group.accesses
+    assert access.strides == (1, 5) and row_layout(group).vec == 1
+
+
+def test_returned_input_is_copied_and_a_tuple_stays_a_tuple(tmp_path):
+    analysis = analysed(small_problem(tmp_path, "returns_its_input_and_a_view"))
+    assert analysis.output_container == "tuple"
+    assert [g.ops for g in analysis.groups] == [["aten.sum"], ["copy"]]
+
+
+@pytest.mark.parametrize(
+    ("forward", "op"),
+    [
+        ("def forward(self, x):\n    return torch.sort(x, dim=-1)[0]", "aten.sort"),
+        ("def forward(self, x):\n    return x.var(dim=0)", "aten.var"),
+        ("def forward(self, x):\n    return (x.long() @ x.long()).float()", "aten.mm"),
+        ("def forward(self, x):\n    return torch.addmm(x, x, x, beta=0.5)", "aten.addmm"),
+        ("def forward(self, x):\n    return x.cumsum(-1)", "aten.cumsum"),
+        ("def forward(self, x):\n    return x * x.sum().item()", "forward"),
+    ],
+)
+def test_small_unsupported_forwards_name_the_op(tmp_path, forward, op):
+    analysis = analysed(write_problem(tmp_path, "unsupported", forward, "torch.randn(4, 4)"))
+    assert not analysis.supported and op in analysis.blockers()
+
+
+# ---------------------------------------------------------------------------------------------- codegen
+
+
+def offset_from_terms(index: int, offset: int, terms: list[dict]) -> int:
+    """The offset functions of the templates, in Python."""
+    for term in terms:
+        if term["last"]:
+            return offset + index * term["stride"]
+        offset += (index % term["size"]) * term["stride"]
+        index //= term["size"]
+    return offset
+
+
+@pytest.mark.parametrize(
+    ("sizes", "strides"),
+    [((32, 256, 9216), (0, 1, 0)), ((4, 6, 5), (30, 5, 1)), ((4, 6, 5), (0, 0, 0)), ((3, 7), (1, 3)), ((8, 2, 3), (2, 1, 0))],
+)
+def test_index_terms_reach_every_element_where_its_strides_say(sizes, strides):
+    terms = index_terms(sizes, strides)
+    count = math.prod(sizes)
+    for index in [*range(0, count, max(1, count // 4999)), count - 1]:
+        position = []
+        rest = index
+        for size in reversed(sizes):
+            position.append(rest % size)
+            rest //= size
+        expected = sum(p * s for p, s in zip(reversed(position), strides))
+        assert offset_from_terms(index, 0, terms) == expected
+
+
+def test_launch_candidates_are_distinct_and_fit_a_block():
+    for name in SUPPORTED_EXAMPLES:
+        for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, name):
+            candidates = launch_candidates(group)
+            # At most 8, but 12 for a convolution: four NCHW algorithms, four legacy NHWC ones, four graph-API ones.
+            most = 12 if group.kind == "conv" else 8
+            assert 2 <= len(candidates) <= most and len(set(candidates)) == len(candidates)
+            if group.kind == "matmul":
+                assert candidates == [MatmulConfig(i) for i in range(4)]  # the heuristic's best four, in order
+                continue
+            if group.kind == "conv":
+                continue  # cuDNN's ranked algorithms (tests/policy/test_policy_conv.py)
+            for config in nonempty(candidates, "launch candidates"):
+                assert config.threads * (getattr(config, "rows_per_block", None) or 1) <= 1024
+
+
+def test_long_rows_are_cached_in_a_cluster_and_short_rows_in_registers(tmp_path):
+    (group,) = analysed(EXAMPLES / "softmax_long_rows.py").groups
+    clustered, *streamed = launch_candidates(group)
+    assert clustered.shared_blocks == 8 and all(config.shared_blocks == 0 for config in streamed)
+    long_rows = render_kernel(group, clustered).content
+    assert "__cluster_dims__(kClusterBlocks, 1, 1)" in long_rows and "constexpr int kClusterBlocks = 8;" in long_rows
+    assert "cluster.map_shared_rank(" in long_rows and "constexpr int kCacheBytes = 196608;" in long_rows
+    assert "too long for registers" in render_kernel(group, streamed[0]).content
+    cached = render_kernel(*_first(analysed(EXAMPLES / "layernorm.py"))).content
+    assert "cached in registers" in cached and "welford_add(" in cached and "cluster" not in cached
+
+
+def test_rows_read_once_are_streamed_not_cached_in_shared_memory(tmp_path):
+    path = write_problem(tmp_path, "long_logsumexp", "def forward(self, x):\n    return torch.logsumexp(x, dim=-1)",
+                         "torch.randn(64, 300000)")
+    (group,) = analysed(path).groups
+    assert all(config.shared_blocks == 0 for config in launch_candidates(group))
+
+
+def test_rows_too_long_for_eight_blocks_are_streamed(tmp_path):
+    path = write_problem(tmp_path, "huge_softmax", "def forward(self, x):\n    return torch.softmax(x, dim=-1)",
+                         "torch.randn(4, 1 << 20)")
+    (group,) = analysed(path).groups
+    assert all(config.shared_blocks == 0 for config in launch_candidates(group))
+
+
+# Examples whose row kernels accumulate online softmax statistics over long or many rows, through every path:
+# registers (softmax_then_mask), streamed passes, and shared memory in one block or a cluster.
+ONLINE_SOFTMAX_EXAMPLES = ["distill_kl_bf16", "logits_entropy_bf16", "softmax_long_rows", "softmax_then_mask",
+                           "cross_entropy_bf16_vocab128k"]  # fmt: skip
+
+
+def per_element_bodies(source: str) -> list[str]:
+    """The bodies of a kernel's per-element loops, `for (int j = 0; j < VEC; ++j) { ... }`."""
+    bodies = []
+    for match in re.finditer(r"for \(int j = 0; j < VEC; \+\+j\) \{", source):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[end], 0)
+            end += 1
+        bodies.append(source[match.end() : end - 1])
+    return bodies
+
+
+# logits_entropy_bf16's row became one softmax-weighted pass (96f1d3d): it has no online softmax statistic, and this
+# test checked nothing there (test_policy_logprobs.py checks that pass); token_logprobs_bf16 has one.
+CHUNKED_SOFTMAX_EXAMPLES = [name for name in ONLINE_SOFTMAX_EXAMPLES if name != "logits_entropy_bf16"]
+CHUNKED_SOFTMAX_EXAMPLES.append("token_logprobs_bf16")
+
+
+@pytest.mark.parametrize("name", CHUNKED_SOFTMAX_EXAMPLES)
+def test_online_softmax_moves_once_per_chunk_with_no_branch_per_element(name):
+    groups = analysed(EXAMPLES / f"{name}.py").generated_groups
+    assert any(reduce.kind == "online_softmax" for group in groups for reduce in group.reduces()), "no online softmax"
+    for group in groups:
+        softmaxes = [f"st{i}" for i, reduce in enumerate(group.reduces()) if reduce.kind == "online_softmax"]
+        for config in launch_candidates(group) if softmaxes else []:
+            source = render_kernel(group, config).content
+            assert "online_add(" not in source
+            bodies = per_element_bodies(source)
+            for stat in softmaxes:
+                # Per element: the chunk's max in one loop, then one exp and one add from the shift in the next.
+                maxes = [b for b in bodies if f"{stat}_chunk_max = fmaxf({stat}_chunk_max, " in b]
+                sums = [b for b in bodies if re.search(rf"{stat}_sum \+= __expf\(\w+ - {stat}_shift\);", b)]
+                assert maxes and len(maxes) == len(sums)
+                assert all("if (" not in b and "?" not in b and "online_" not in b for b in maxes + sums)
+                # Once per chunk, outside the per-element loops.
+                rescale = f"const float {stat}_shift = online_rescale({stat}_max, {stat}_sum, {stat}_chunk_max);"
+                assert source.count(rescale) == 1 and not any(rescale in b for b in bodies)
+            # A streamed vector is loaded whether or not it is inside the span (the use is guarded, not the load).
+            assert not re.search(r"if \(col < span\) \{\s*load_elements", source)
+
+
+def test_long_streamed_rows_have_candidates_that_share_an_sm():
+    for name in ("distill_kl_bf16", "logits_entropy_bf16", "cross_entropy_bf16_vocab128k", "softmax_long_rows"):
+        group = analysed(EXAMPLES / f"{name}.py").groups[0]
+        candidates = launch_candidates(group)
+        assert 4 <= len(candidates) <= 6
+        # 512 x 2 (x 4 for fp32) and 256 x 4 ask for registers for two blocks per SM; a 1024-thread block cannot.
+        assert LaunchConfig(256, 4, 1, persistent=False, min_blocks=2) in candidates
+        assert any(c.threads == 512 and c.min_blocks == 2 and not c.persistent for c in candidates)
+        assert all(c.min_blocks == 1 for c in candidates if c.threads == 1024 or c.shared_blocks)
+        # The one-wave candidate is the 512-thread team that shares its SM.
+        (one_wave,) = [c for c in candidates if c.persistent and not c.shared_blocks]
+        assert (one_wave.threads, one_wave.min_blocks) == (512, 2)
+        source = render_kernel(group, one_wave).content
+        assert "__launch_bounds__(kThreads, kMinBlocks)" in source and "constexpr int kMinBlocks = 2;" in source
+        assert "registers for 2 blocks per SM" in source
+        # Streamed teams that share an SM come first, the smallest first (run D); the 1024-thread team last.
+        streamed = [c for c in candidates if not c.shared_blocks and not c.persistent]
+        assert streamed[0] == LaunchConfig(256, 4, 1, persistent=False, min_blocks=2)
+        assert streamed[-1].threads == 1024 and "kMinBlocks" not in render_kernel(group, streamed[-1]).content
+
+
+def test_short_rows_ask_for_no_blocks_per_sm():
+    for name in ("softmax_then_mask", "layernorm", "group_norm"):
+        for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, name):
+            assert all(config.min_blocks == 1 for config in launch_candidates(group))
+
+
+def test_registers_for_two_blocks_are_asked_only_where_the_loads_in_flight_fit(tmp_path):
+    # Three bf16 rows streamed at once: 512 threads x 2 vectors x 8 x 3 = 48 floats in flight, over a 64-register
+    # share with the reserve; 256 threads x 4 vectors (96 floats) fit in 128 registers.
+    path = forward_problem(tmp_path, "three_rows", "a, b, c", "torch.softmax(a.float() + b.float() + c.float(), -1)",
+                           ", ".join(["torch.randn(64, 128256).to(torch.bfloat16)"] * 3))  # fmt: skip
+    (group,) = analysed(path).groups
+    candidates = launch_candidates(group)
+    assert LaunchConfig(256, 4, 1, persistent=False, min_blocks=2) in candidates
+    assert all(c.min_blocks == 1 for c in candidates if c.threads == 512)
+
+
+def test_a_mask_every_row_reads_again_is_kept_in_l2_and_the_rows_are_not():
+    (group,) = analysed(EXAMPLES / "softmax_then_mask.py").groups
+    for config in nonempty(launch_candidates(group), "launch candidates"):
+        source = render_kernel(group, config).content
+        assert "createpolicy.fractional.L2::evict_last.b64" in source
+        # The [1024, 1024] mask, read again by each of the 256 batch-and-head slices of the scores.
+        assert "load_elements<VEC, false>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+        assert "load_elements<VEC, false>(row0 + column_offset0(col), cache0[c]);" in source  # scores: read once
+    for name in ("distill_kl_bf16", "logits_entropy_bf16"):  # nothing there is read by more than one row
+        assert "l2_evict_last" not in render_kernel(*_first_row(analysed(EXAMPLES / f"{name}.py"))).content
+
+
+def test_a_broadcast_too_large_for_l2_is_not_kept(tmp_path):
+    # A [2048, 4096] fp32 mask is 32 MB: kept last, it would crowd the rows streaming through a 50 MB L2.
+    path = forward_problem(tmp_path, "large_mask", "s, m", "torch.softmax(s, dim=-1) * m",
+                           "torch.randn(2, 2048, 4096), torch.rand(2048, 4096)")  # fmt: skip
+    (group,) = analysed(path).groups
+    assert "l2_evict_last" not in render_kernel(group, launch_candidates(group)[0]).content
+
+
+def weighted_softmax_sum_problem(folder: Path) -> Path:
+    """Long rows where the second level reads a row (y) that the first does not: y is cached in shared memory by
+    a pass of its own before level 0. (A max, not a sum: a softmax-weighted sum would fold into one pass.)"""
+    return forward_problem(folder, "weighted_softmax_max", "x, y", "(torch.softmax(x, -1) * y).amax(-1)",
+                           "torch.randn(8, 100000), torch.randn(8, 100000)")  # fmt: skip
+
+
+def test_a_row_only_a_later_level_reads_is_filled_from_memory_before_level_0(tmp_path):
+    (group,) = analysed(weighted_softmax_sum_problem(tmp_path)).groups
+    clustered = launch_candidates(group)[0]
+    assert clustered.shared_blocks > 1
+    source = render_kernel(group, clustered).content
+    prefill = source.split("The part of the row that a later level reads first")[1].split("// Level 0:")[0]
+    assert "load_elements<VEC, false>(row1 + column_offset1(span_begin + col), buffer1[item]);" in prefill
+    assert "store_shared<VEC>(cache1 + col, buffer1[item]);" in prefill and "load_shared" not in prefill
+
+
+def test_generated_sources_include_no_torch_header():
+    analysis = analysed(EXAMPLES / "layernorm.py")
+    kernel, binding, model_new = render_all(load_problem(EXAMPLES / "layernorm.py"), analysis)
+    assert kernel.path == "kernels/policy_g0.cu" and binding.path == "kernels/policy_g0_binding.cpp"
+    assert "torch" not in "".join(line for line in kernel.content.splitlines() if line.startswith("#include"))
+    assert "#include <torch/types.h>" in binding.content and "torch/extension.h" not in binding.content
+    assert "KP_REGISTER(register_policy_g0);" in binding.content
+
+
+def test_model_new_calls_only_the_generated_kernels(tmp_path):
+    path = small_problem(tmp_path, "returns_its_input_and_a_view")
+    files = {f.path: f.content for f in render_all(load_problem(path), analysed(path))}
+    forward = files["model_new.py"].split("def forward(self, x):", 1)[1]
+    assert "out_g0 = kp_kernels.policy_g0(x)" in forward and "out_g1 = kp_kernels.policy_g1(x)" in forward
+    assert "return (out_g1, out_g0.view(2, 3))" in forward
+    assert "torch." not in forward and "F." not in forward
+    compile(files["model_new.py"], "model_new.py", "exec")
+
+
+def test_model_new_reads_parameters_by_their_names():
+    problem = load_problem(EXAMPLES / "layernorm.py")
+    (model_new,) = [f for f in render_all(problem, analyze(problem)) if f.path == "model_new.py"]
+    assert "kp_kernels.policy_g0(x, self.norm.weight, self.norm.bias)" in model_new.content
+    assert "def __init__(self, hidden, eps):" in model_new.content
+
+
+def test_unsupported_analysis_is_not_rendered(tmp_path):
+    problem = load_problem(unsupported_problem(tmp_path))
+    with pytest.raises(ValueError, match="aten.cumsum"):
+        render_all(problem, analyze(problem))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", FUSED_EXAMPLES)
+def test_example_kernels_compile_without_spills(tmp_path, name):
+    for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups"):
+        report = compile_cu(render_kernel(group, launch_candidates(group)[0]).content, tmp_path)
+        spills = re.findall(r"(\d+) bytes spill", report)
+        assert spills and set(spills) == {"0"}
+
+
+@needs_nvcc
+def test_every_launch_candidate_of_the_zoo_compiles(tmp_path):
+    for group in nonempty(analysed(zoo_problem(tmp_path)).generated_groups, "generated groups"):
+        for config in nonempty(launch_candidates(group), "launch candidates")[: 4 if group.kind == "row" else 1]:
+            compile_cu(render_kernel(group, config).content, tmp_path)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", MATMUL_EXAMPLES)
+def test_matmul_example_sources_compile(tmp_path, name):
+    for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups"):
+        source = render_kernel(group, launch_candidates(group)[0]).content
+        report = compile_cu(source, tmp_path)
+        if group.kind == "matmul":
+            assert "cublasLtMatmul(" in source and "__global__" not in source  # cuBLASLt's kernels, none of ours
+        else:
+            assert set(re.findall(r"(\d+) bytes spill", report)) == {"0"}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["lora_residual_bf16", "out_proj_residual_bf16"])
+def test_every_launch_candidate_of_the_faithful_residual_examples_compiles(tmp_path, name):
+    assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path, faithful=True)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["bool", "float16", "float32"])
+def test_masks_of_every_width_load_through_the_l2_policy_and_compile(tmp_path, dtype):
+    # fp32 rows: 16-byte vectors of scores, so a mask vector is 4 (bool), 8 (fp16) or 16 bytes, and 1, 2 or 4 in
+    # the unaligned kernel (VEC = 1): every width of the policy load.
+    path = forward_problem(tmp_path, f"mask_{dtype}", "s, m", "torch.softmax(s, dim=-1) * m",
+                           f"torch.randn(4, 8, 64, 256), (torch.rand(64, 256) > 0.1).to(torch.{dtype})")  # fmt: skip
+    (group,) = analysed(path).groups
+    source = render_kernel(group, launch_candidates(group)[0]).content
+    assert "load_elements<VEC, false>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+    assert set(re.findall(r"(\d+) bytes spill", compile_cu(source, tmp_path))) == {"0"}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ONLINE_SOFTMAX_EXAMPLES)
+def test_every_online_softmax_candidate_compiles_without_spills(tmp_path, name):
+    # Includes the candidates that ask for registers for two blocks per SM (__launch_bounds__'s second argument).
+    assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path, without_spills=True)
+
+
+def test_group_norm_rows_are_cached_and_read_once():
+    source = render_kernel(*_first(analysed(EXAMPLES / "group_norm.py"))).content
+    assert "cached in registers" in source and "constexpr int kThreadsPerRow = 1024;" in source
+    # One weight load per vector, evicted last from L2: every row reads the same weights.
+    assert "load_elements<VEC, true>(row1 + column_offset1(col), v1, l2_evict_last);" in source
+
+
+@pytest.mark.cuda_build
+def test_group_norm_silu_workspace_builds(tmp_path):
+    _, result = built_workspace(EXAMPLES / "group_norm_silu.py", tmp_path)
+    assert any("policy_g0_kernel" in kernel.kernel and kernel.spill_stores == 0 for kernel in result.resources)
+
+
+@pytest.mark.cuda_build
+def test_generated_workspace_builds(tmp_path):
+    _, result = built_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path)
+    assert any("policy_g0_kernel" in kernel.kernel for kernel in result.resources)
+
+
+@pytest.mark.cuda_build
+def test_matmul_zoo_workspace_builds_and_links_cublaslt(tmp_path):
+    from kernelpilot.build import build_workspace
+
+    ws, result = built_workspace(matmul_zoo_problem(tmp_path), tmp_path)
+    ninja = (ws.build_dir / "build.ninja").read_text()
+    assert re.search(r"^link_flags = .*libcublasLt\.so", ninja, re.MULTILINE)
+    linked = subprocess.run(["ldd", result.library], capture_output=True, text=True, check=True).stdout
+    assert "libcublasLt.so" in linked
+    # cuBLASLt's headers reach only the sources that include them: a fused kernel's command is unchanged.
+    fused = next(line for line in ninja.splitlines() if line.startswith("cuda_flags = "))
+    assert "cublasLt" not in fused and "libcublasLt" not in fused
+    assert build_workspace(ws.root, arch="9.0").compiled == []  # nothing changed, nothing rebuilt
+
+
+# ------------------------------------------------------------------------------------ the policy's replies
+
+SCHEMAS = tool_schemas(default_tools())
+
+
+def timing(ms: float) -> Timing:
+    return Timing(median_ms=ms, p10_ms=ms, p90_ms=ms, mean_ms=ms, runs=20)
+
+
+def built(ok: bool = True) -> BuildResult:
+    if ok:
+        return BuildResult(ok=True, workspace="/w", extension_name="kp_kernels", arch="9.0", seconds=1.2,
+                           compiled=["kernels/policy_g0.cu"])  # fmt: skip
+    error = Diagnostic("error", "expected ';'", file="kernels/policy_g0.cu", line=10)
+    return BuildResult(ok=False, workspace="/w", extension_name="kp_kernels", arch="9.0", diagnostics=[error],
+                       error="the compiler reported 1 error")  # fmt: skip
+
+
+def verified(error_kind: str | None = None, message: str = "") -> VerifyResult:
+    trials = [TrialResult(seed=seed, ok=error_kind is None) for seed in range(5)]
+    return VerifyResult(ok=error_kind is None, trials=trials, error_kind=error_kind, message=message)
+
+
+def profiled(ms: float) -> EvalResult:
+    bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(ms), eager=timing(9.0),
+                        speedup_vs_eager=9 / ms, speedup_vs_compile=1.10)  # fmt: skip
+    return EvalResult("problem", "/w", build=built(), verify=verified(), bench=bench, reward=3)
+
+
+class ScriptedTools:
+    """Answers tool calls with the judge's typed results, chosen outcomes; the text is what the real tools render."""
+
+    def __init__(self, build_ok: bool = True, verify_ok: bool = True, times_ms: tuple[float, ...] = (3.0,),
+                 verify_failures: tuple[VerifyResult, ...] = ()):  # fmt: skip
+        self.build_ok, self.verify_ok, self.times = build_ok, verify_ok, list(times_ms)
+        self.verify_failures = list(verify_failures)  # what the first Verify calls answer, one each
+        self.calls: list = []
+        self.results: dict = {}  # call id -> typed result, as the loop keeps them in ctx.judged.by_call
+
+    def __call__(self, call) -> str:
+        self.calls.append(call)
+        result = self._result(call.name)
+        if result is None:
+            return "ok"
+        self.results[call.id] = result
+        return render(result)
+
+    def _result(self, name: str):
+        if name == "Compile":
+            return built(self.build_ok)
+        if name == "Verify":
+            if self.verify_failures:
+                return VerifyOutcome(built(), self.verify_failures.pop(0))
+            return VerifyOutcome(built(), verified(None if self.verify_ok else "mismatch"))
+        if name == "Profile":
+            return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+        return None
+
+
+def policy_for(workspace: Path, tools: ScriptedTools) -> BuiltinPolicy:
+    return BuiltinPolicy(workspace / "model.py", tools.results)
+
+
+def converse(policy: BuiltinPolicy, tools: Callable[[Any], str], turns: int = 30) -> list[dict]:
+    """Drive the policy as the loop does; return the conversation."""
+    messages = [{"role": "system", "content": "..."}, {"role": "user", "content": "Optimise it."}]
+    for _ in range(turns):
+        reply = policy.query(messages, SCHEMAS)
+        messages.append(assistant_message(reply))
+        for call in reply.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": tools(call)})
+        if reply.tool_calls[-1].name == "Finish":
+            return messages
+    raise AssertionError("the policy did not finish")
+
+
+def actions(messages: list[dict]) -> list[list[str]]:
+    return [[c["function"]["name"] for c in m["tool_calls"]] for m in messages if m["role"] == "assistant"]
+
+
+def written(messages: list[dict], path: str) -> list[str]:
+    import json
+
+    return [
+        json.loads(c["function"]["arguments"])["content"]
+        for m in messages if m["role"] == "assistant" for c in m["tool_calls"]
+        if c["function"]["name"] == "Write" and json.loads(c["function"]["arguments"])["path"] == path
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def layernorm_workspace(tmp_path) -> Path:
+    (tmp_path / "model.py").write_text((EXAMPLES / "layernorm.py").read_text())
+    return tmp_path
+
+
+def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(layernorm_workspace):
+    problem = load_problem(layernorm_workspace / "model.py")
+    (group,) = analyze(problem).groups
+    candidates = launch_candidates(group)
+    # The second candidate is the fastest.
+    tools = ScriptedTools(times_ms=(3.0, 2.0) + (2.5,) * (len(candidates) - 2))
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
+    tries = [["Write", "Profile"]] * (len(candidates) - 1)
+    assert actions(messages) == [
+        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
+    ]  # fmt: skip
+    kernels = written(messages, "kernels/policy_g0.cu")
+    assert kernels[-1] == render_kernel(group, candidates[1]).content  # the fastest is written back
+    summary = tools.calls[-1].arguments["summary"]
+    assert "Verified correct" in summary and "2 ms" in summary and candidates[1].label in summary
+
+
+def test_policy_resumes_from_the_conversation_and_the_judges_results(layernorm_workspace):
+    tools = ScriptedTools()
+    messages = converse(policy_for(layernorm_workspace, tools), tools, turns=30)
+    # A fresh policy handed the conversation up to the Verify result continues with Profile.
+    cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and "Verify PASSED" in m["content"])
+    reply = policy_for(layernorm_workspace, tools).query(messages[: cut + 1], SCHEMAS)
+    assert [c.name for c in reply.tool_calls] == ["Profile"]
+
+
+def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
+    tools = ScriptedTools(build_ok=False)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
+    assert actions(messages)[-2:] == [["Compile"], ["Finish"]]
+    summary = tools.calls[-1].arguments["summary"]
+    assert "did not compile" in summary and "expected ';'" in summary and "no verified candidate" in summary
+
+
+def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
+    tools = ScriptedTools(verify_ok=False)
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
+    assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
+    assert "failed verification" in tools.calls[-1].arguments["summary"]
+
+
+# As the H100 answered the LoRA example's fused first answer (BENCHMARKS.md, 2026-11-23 and 2026-11-26).
+LORA_MISMATCH = VerifyResult(
+    ok=False, error_kind="mismatch", message="trial 1 (seed 1): 1 of 33554432 outside tolerance",
+    trials=[TrialResult(seed=0, ok=True), TrialResult(seed=1, ok=False, max_abs_error=0.0156, max_rel_error=0.0435,
+                                                      worst_index=[3, 1021, 77])],
+)  # fmt: skip
+FAITHFUL_SENTENCE = "The fused epilogue rounded differently from eager; the product is now written in bf16 first."
+
+
+@pytest.fixture
+def lora_workspace(tmp_path) -> Path:
+    (tmp_path / "model.py").write_text((EXAMPLES / "lora_residual_bf16.py").read_text())
+    return tmp_path
+
+
+def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why(lora_workspace):
+    problem = load_problem(lora_workspace / "model.py")
+    fused, faithful = analyze(problem), analyze(problem, faithful=True)
+    tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
+    messages = converse(policy_for(lora_workspace, tools), tools)
+    tries = sum(len(launch_candidates(g)) - 1 for g in faithful.generated_groups)  # the faithful plan's search
+    files = len(render_all(problem, fused)), len(render_all(problem, faithful))
+    assert files[1] == files[0] + 2  # one more kernel and its binding
+    assert actions(messages) == [
+        ["TodoWrite"], ["Write"] * files[0], ["Compile"], ["Verify"], ["Write"] * files[1], ["Compile"], ["Verify"],
+        ["Profile"], *[["Write"] * 3 + ["Profile"]] * tries, ["Write"] * 3 + ["Verify"], ["Finish"],
+    ]  # fmt: skip
+    fallback = next(m for m in messages if m["role"] == "assistant" and "faithful" in m["tool_calls"][0]["id"])
+    assert FAITHFUL_SENTENCE in fallback["content"]
+    assert [f.content for f in render_all(problem, fused)][-1] == written(messages, "model_new.py")[0]
+    assert [f.content for f in render_all(problem, faithful)][-1] == written(messages, "model_new.py")[1]
+    (update,) = written(messages, "kernels/policy_g2.cu")[:1]  # the scale and add, first written by the fallback
+    assert update == render_kernel(faithful.groups[2], launch_candidates(faithful.groups[2])[0]).content
+    summary = tools.calls[-1].arguments["summary"]
+    assert "Verified correct." in summary and FAITHFUL_SENTENCE in summary and "3 kernel(s)" in summary
+
+
+def test_policy_resumes_a_fallback_on_the_faithful_kernels(lora_workspace):
+    tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
+    messages = converse(policy_for(lora_workspace, tools), tools)
+    # A fresh policy handed the conversation up to the Profile result times the faithful plan's third group.
+    cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and m["content"].startswith("Profile:"))
+    tool_calls = policy_for(lora_workspace, tools).query(messages[: cut + 1], SCHEMAS).tool_calls
+    assert [c.name for c in tool_calls] == ["Write"] * 3 + ["Profile"]
+    assert [c.arguments["path"] for c in tool_calls[:3]] == [f"kernels/policy_g{i}.cu" for i in range(3)]
+
+
+def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lora_workspace):
+    tools = ScriptedTools(verify_failures=(LORA_MISMATCH, LORA_MISMATCH))
+    messages = converse(policy_for(lora_workspace, tools), tools)
+    files = len(render_all(load_problem(lora_workspace / "model.py"), analysed(lora_workspace / "model.py", faithful=True)))
+    assert actions(messages)[-5:] == [["Verify"], ["Write"] * files, ["Compile"], ["Verify"], ["Finish"]]
+    summary = tools.calls[-1].arguments["summary"]
+    assert "failed verification" in summary and "unfused form" in summary and "no verified candidate" in summary
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [verified("guard", "torch-compute: forward computes with torch"), verified("crash", "illegal memory access"),
+     verified(HARNESS_ERROR, "kernelpilot's verifier failed: KeyError: 'out'")],
+    ids=["guard", "crash", "harness"],
+)
+def test_policy_falls_back_only_after_a_mismatch(lora_workspace, failure):
+    tools = ScriptedTools(verify_failures=(failure,))
+    messages = converse(policy_for(lora_workspace, tools), tools)
+    assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
+    assert "failed verification" in tools.calls[-1].arguments["summary"]
+
+
+class ScriptedJudge:
+    """Judges a bench_policy workspace with chosen verdicts, one per evaluation (then correct); records the kernels
+    it saw."""
+
+    def __init__(self, *error_kinds: str | None):
+        self.error_kinds = list(error_kinds)
+        self.kernels: list[list[str]] = []
+
+    def evaluate(self, workspace: str, trials: int = 5):
+        from kernelpilot.results import EvalResult, VerifyResult
+
+        self.kernels.append(sorted(path.name for path in (Path(workspace) / "kernels").glob("policy_g*.cu")))
+        kind = self.error_kinds.pop(0) if self.error_kinds else None
+        verify = VerifyResult(ok=kind is None, error_kind=kind, message=f"{kind} in trial 1" if kind else "")
+        return EvalResult("problem", workspace, verify=verify, reward=1 if kind is None else -1, error_kind=kind,
+                          message=verify.message)  # fmt: skip
+
+
+def bench_policy_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_policy", REPO_ROOT / "scripts" / "bench_policy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("error_kind", "fallback"), [("mismatch", "faithful"), ("guard", None), ("crash", None)])
+def test_bench_policy_judges_the_faithful_fallback_only_after_a_mismatch(tmp_path, error_kind, fallback):
+    bench = bench_policy_script()
+    path = EXAMPLES / "lora_residual_bf16.py"
+    row = bench.prepare(path, tmp_path)
+    judge = ScriptedJudge(error_kind)
+    bench.judge_problem(judge, row, path, search=False)
+    assert row.get("fallback") == fallback and row["correct"] == (fallback is not None)
+    fused = ["policy_g0.cu", "policy_g1.cu"]
+    assert judge.kernels == ([fused, fused + ["policy_g2.cu"]] if fallback else [fused])
+    if fallback:
+        assert row["first_message"] == "mismatch in trial 1"
+        model_new = (Path(row["workspace"]) / "model_new.py").read_text()
+        assert model_new == render_all(load_problem(path), analyze(load_problem(path), faithful=True))[-1].content
+
+
+def test_bench_policy_searches_the_faithful_kernels_after_a_fallback(tmp_path):
+    bench = bench_policy_script()
+    path = EXAMPLES / "lora_residual_bf16.py"
+    row = bench.prepare(path, tmp_path)
+    judge = ScriptedJudge("mismatch")
+    bench.judge_problem(judge, row, path, search=True)
+    faithful = analyze(load_problem(path), faithful=True).generated_groups
+    assert len(judge.kernels) == 2 + sum(len(launch_candidates(g)) - 1 for g in faithful)
+    assert all(len(kernels) == 3 for kernels in judge.kernels[1:]) and set(row["configs"]) == {"g0", "g1", "g2"}
+
+
+def test_bench_policy_search_records_why_a_try_was_rejected(tmp_path):
+    bench = bench_policy_script()
+    path = EXAMPLES / "lora_residual_bf16.py"
+    row = bench.prepare(path, tmp_path)
+    bench.judge_problem(ScriptedJudge(None, "mismatch", "crash"), row, path, search=True)
+    assert [t["error_kind"] for t in row["tries"][1:3]] == ["mismatch", "crash"]
+    assert [t["ms"] for t in row["tries"][1:3]] == [None, None] and row["correct"]
+
+
+def bench_row(problem: str, **fields) -> dict:
+    row = {"problem": problem, "supported": True, "correct": True, "eager_ms": 2.0, "compile_ms": 1.0,
+           "ours_p10_ms": 0.4, "ours_p90_ms": 0.6, "bound": "memory", "configs": {"g0": "256 threads per row"}}
+    return {**row, **fields}
+
+
+def test_bench_policy_markdown_is_the_table_and_the_three_counts_of_the_goals():
+    rows = [
+        bench_row("b_win", ours_ms=0.5, vs_eager=4.0, vs_compile=2.0, sol=0.9),
+        bench_row("a_parity", ours_ms=0.98, vs_eager=2.04, vs_compile=1.02, sol=0.7, bound="compute",
+                  configs={"g0": "cuBLASLt heuristic algorithm 1 of 4", "g1": "128 threads per block"}, fallback="faithful"),
+        bench_row("c_wrong", correct=False, message="trial 1 (seed 0): out: 3 elements outside tolerance\nmore"),
+        {"problem": "d_unsupported", "supported": False, "note": "aten.cumsum is not supported"},
+        bench_row("e_slow", ours_ms=1.25, vs_eager=1.6, vs_compile=0.8, sol=0.5),
+    ]
+    lines = bench_policy_script().markdown(rows).splitlines()
+    assert lines[0].startswith("| problem | supported | correct |") and lines[0].count("|") == 11
+    assert [line.split(" | ")[0] for line in lines[2:7]] == ["| a_parity", "| b_win", "| c_wrong", "| d_unsupported", "| e_slow"]
+    assert lines[2].endswith("| 1.02x | 70% | g0: cuBLASLt heuristic algorithm 1 of 4; g1: 128 threads per block (faithful fallback) |")
+    assert "| 0.500 (0.400–0.600) | 4.00x | 2.00x | 90% | 256 threads per row |" in lines[3]
+    assert lines[4] == "| c_wrong | yes | **no** | - | - | - | - | - | - | trial 1 (seed 0): out: 3 elements outside tolerance |"
+    assert lines[5] == "| d_unsupported | no | - | - | - | - | - | - | - | aten.cumsum is not supported |"
+    assert lines[-3:] == ["- correct: 3 of 4 supported (5 problems)", "- >= 1.05x vs torch.compile: 1 of 4",
+                          "- median % SOL of the memory-bound: 70% over 2"]
+
+
+def test_bench_policy_markdown_names_a_missing_file_in_one_sentence(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench_policy.py"), "--markdown",
+                           str(tmp_path / "nope.json")], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "no such file:" in done.stderr and "nope.json" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_policy_names_unsupported_ops_and_writes_nothing(tmp_path):
+    unsupported_problem(tmp_path)
+    tools = ScriptedTools()
+    messages = converse(policy_for(tmp_path, tools), tools)
+    assert actions(messages) == [["TodoWrite"], ["Finish"]]
+    todos = tools.calls[0].arguments["todos"]
+    assert any("aten.cumsum" in todo["content"] for todo in todos)
+    summary = tools.calls[-1].arguments["summary"]
+    assert summary.startswith("No kernels written") and "aten.cumsum" in summary
+
+
+class TypedJudge:
+    """A judge that answers with chosen typed results (the real one needs a GPU): builds succeed, verifications
+    pass, and each evaluation takes the next of `times_ms`."""
+
+    device = "cpu"
+
+    def __init__(self, *times_ms: float):
+        self.times = list(times_ms)
+
+    def build(self, root):
+        return built()
+
+    def verify(self, root, build, trials=5, atol=1e-2, rtol=1e-2):
+        return verified()
+
+    def evaluate(self, root, trials=5, atol=1e-2, rtol=1e-2):
+        return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+
+
+def test_the_loop_hands_the_policy_the_judges_typed_results_and_a_resume_rebuilds_them(tmp_path):
+    from kernelpilot.agent import JudgeRecord, ToolContext
+    from kernelpilot.agent.loop import run_agent
+    from kernelpilot.agent.session import Session
+    from kernelpilot.config import Settings
+    from kernelpilot.workspace import init_workspace
+
+    ws, _ = init_workspace(EXAMPLES / "layernorm.py", tmp_path / "ws")
+    count = len(launch_candidates(only_group(analysed(EXAMPLES / "layernorm.py"))))
+    judged = JudgeRecord()
+    ctx = ToolContext(workspace=ws, judge=TypedJudge(3.0, 2.0, *[2.5] * count), judged=judged)
+    session = Session.create(ws.root, problem=str(ws.model_path), model="builtin")
+    task = [{"role": "user", "content": "Optimise it."}]
+    summary = run_agent(task, BuiltinPolicy(ws.model_path, judged.by_call), default_tools(), ctx, Settings(), session)
+    assert summary.status == "finished" and summary.best is not None
+    finish = Session.resume(ws.root).messages[-2]["tool_calls"][0]["function"]["arguments"]
+    assert "Verified correct" in finish and "2 ms" in finish  # the second configuration was the fastest
+    # A resumed session rebuilds every judge call's typed result from the transcript.
+    rebuilt = Session.resume(ws.root).state.judged_calls
+    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 3 + count
+    assert all(type(rebuilt[key]) is type(result) for key, result in judged.by_call.items())
+    assert [candidate_ms(r) for r in rebuilt.values()] == [candidate_ms(r) for r in judged.by_call.values()]
+
+
+def test_policy_works_on_the_problem_it_is_given_whatever_the_task_says():
+    policy = BuiltinPolicy(EXAMPLES / "silu_scale_shift.py")
+    reply = policy.query([{"role": "user", "content": f"Optimise it.\n\nWorkspace: {EXAMPLES / 'layernorm'}"}], SCHEMAS)
+    assert [c.name for c in reply.tool_calls] == ["TodoWrite"]
+    assert "silu_scale_shift" in reply.content
+
+
+def test_the_built_in_policy_is_resolved_only_with_its_problem():
+    from kernelpilot.agent.model import ModelError, resolve_model
+
+    results = {}
+    policy = resolve_model(None, None, None, problem_path=EXAMPLES / "layernorm.py", judge_results=results)
+    assert isinstance(policy, BuiltinPolicy) and policy.judge_results is results
+    with pytest.raises(ModelError, match="needs the problem"):
+        resolve_model(None, None, None)
+
+
+def test_launch_search_tries_one_group_at_a_time_with_the_others_at_their_best():
+    search = LaunchSearch({"g0": 3, "g1": 2}, first_ms=3.0)
+    assert search.tries == [("g0", 1), ("g0", 2), ("g1", 1)]
+    assert search.choice(*search.next_try()) == {"g0": 1, "g1": 0}
+    assert search.record(2.0)  # faster: kept
+    assert not search.record(None)  # broken or wrong: no time, nothing changes
+    assert search.choice(*search.next_try()) == {"g0": 1, "g1": 1}
+    assert not search.record(2.5)
+    assert search.next_try() is None and (search.best, search.best_ms) == ({"g0": 1, "g1": 0}, 2.0)
+    untimed = LaunchSearch({"g0": 2}, first_ms=None)  # the first configuration got no time: any time is kept
+    assert untimed.record(9.0) and untimed.best == {"g0": 1}
+
+
+def test_candidate_time_counts_only_when_verified():
+    assert candidate_ms(profiled(1.25)) == 1.25
+    wrong = EvalResult("problem", "/w", build=built(), verify=verified("mismatch"), reward=-1, error_kind="mismatch")
+    assert candidate_ms(wrong) is None
+    assert candidate_ms(VerifyOutcome(built(), verified())) is None  # a Verify times nothing
+
+
+def test_policy_decisions_do_not_depend_on_the_wording_of_the_tools_text(layernorm_workspace):
+    # The text the model would read is replaced: the policy reads only the typed results, so its run is unchanged.
+    tools, reworded = ScriptedTools(times_ms=(3.0, 2.0, 2.5)), ScriptedTools(times_ms=(3.0, 2.0, 2.5))
+    expected = converse(policy_for(layernorm_workspace, tools), tools)
+    messages = converse(policy_for(layernorm_workspace, reworded), lambda call: reworded(call) and "(reworded)")
+    assert [m for m in messages if m["role"] == "assistant"] == [m for m in expected if m["role"] == "assistant"]
+
+
+
+# --------------------------------------------------------------------------------------------------- GPU
+
+
+# lora_residual_bf16's first answer failed verification on the H100 (BENCHMARKS.md, 2026-11-23 and -26): 1 of 33.5M outputs off
+# by 0.0156 where base_out and the update nearly cancel. cuBLASLt's epilogue rounds s * (A @ B) + base_out to bf16
+# once; eager rounds the product to bf16 first, so eager's own result is off by up to half an ulp of the product,
+# more than atol + rtol * |sum| for a small sum. It now verifies through the fallback, as `optimize` runs it (which
+# form verified is not asserted: one output in 33.5M of random data may or may not land where the terms cancel).
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SUPPORTED_EXAMPLES)
+def test_generated_kernels_pass_verification(tmp_path, judge, name):
+    assert_generated_kernels_verify(judge, EXAMPLES / f"{name}.py", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CANCELLING_PRODUCTS))
+def test_a_cancelling_bf16_sum_fails_fused_and_verifies_through_the_faithful_fallback(tmp_path, judge, name):
+    returned, residual = CANCELLING_PRODUCTS[name]
+    path = forward_problem(tmp_path, name, "a, b, r", returned, CANCELLING_OPERANDS + residual)
+    assert assert_generated_kernels_verify(judge, path, tmp_path) == "faithful"
+
+
+@pytest.mark.gpu
+def test_every_faithful_launch_candidate_of_out_proj_residual_passes_verification(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / "out_proj_residual_bf16.py", tmp_path, faithful=True)
+
+
+# The faithful form reproduced eager's rounding of the bf16 LoRA product only with cuBLASLt's first heuristic
+# algorithm (most likely the kernel eager's own call runs): on the H100 (BENCHMARKS.md, 2026-11-26) the search's
+# tries of algorithms 2-4 for that product were all rejected (why was not recorded then; a one-ulp difference in the
+# product is enough where the sum cancels). The search may drop them on a mismatch, never on a crash.
+@pytest.mark.gpu
+def test_faithful_lora_verifies_with_the_first_algorithm_and_other_ones_at_worst_mismatch(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, EXAMPLES / "lora_residual_bf16.py", tmp_path, faithful=True,
+                                           later_may_mismatch=True)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zoo", [zoo_problem, matmul_zoo_problem], ids=["zoo", "matmul_zoo"])
+def test_every_launch_candidate_of_the_zoo_passes_verification(tmp_path, judge, zoo):
+    assert_every_launch_candidate_verifies(judge, zoo(tmp_path), tmp_path)
+
+
+# Rows whose first 40% are -inf (a thread's first chunks hold nothing else: the running max stays -inf and the sum 0
+# until a finite value arrives) and a row of -inf only (logsumexp -inf, as torch), long enough to be streamed or
+# cached in a cluster and short enough for registers.
+MASKED_ROWS = "torch.randn({rows}, {length}).masked_fill(torch.arange({length}) < {masked}, float('-inf'))"
+MASKED_SOFTMAX_PROBLEMS = {
+    "logsumexp_long": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=64, length=65536, masked=26214) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
+    "log_softmax_long": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=64, length=65536, masked=26214)),
+    "logsumexp_short": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
+    "log_softmax_short": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400)),
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_a_row_only_a_later_level_reads_passes_verification(tmp_path, judge):
+    assert_every_launch_candidate_verifies(judge, weighted_softmax_sum_problem(tmp_path), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(MASKED_SOFTMAX_PROBLEMS))
+def test_online_softmax_over_rows_starting_with_minus_infinity_passes_verification(tmp_path, judge, name):
+    returned, inputs = MASKED_SOFTMAX_PROBLEMS[name]
+    assert_every_launch_candidate_verifies(judge, forward_problem(tmp_path, name, "x", returned, inputs), tmp_path)
+
+
+# -------------------------------------------------------------------------------------------------- helpers
+
+
+def _first_row(analysis: Analysis) -> tuple[Group, LaunchConfig]:
+    """The first row group of an analysis and its first launch candidate."""
+    group = next(g for g in analysis.generated_groups if g.kind == "row")
+    return group, launch_candidates(group)[0]
+
+
+def _first(analysis: Analysis) -> tuple[Group, LaunchConfig]:
+    (group,) = analysis.generated_groups
+    return group, launch_candidates(group)[0]
+
+
+def _nodes(group: Group) -> list:
+    return walk(group.expr)
