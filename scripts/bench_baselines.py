@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,12 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.harness.bench import (
-    baseline_key,
-    make_input_sets,
-    measure_baselines,
-    store_baselines,
-)
+from kernelpilot.harness.bench import baseline_key, measure_baselines, store_baselines
+from kernelpilot.harness.sandbox_client import SandboxPool
+from kernelpilot.harness.worker import CleanSandboxes
 from kernelpilot.harness.cache import environment_key, store_entry
 from kernelpilot.harness.roofline import CEILINGS_KIND, dominant_dtype, measure_ceilings, problem_roofline
 from kernelpilot.problem import load_problem
@@ -64,9 +62,14 @@ def main(argv: list[str]) -> int:
     store_entry(CEILINGS_KIND, {"gpu": ceilings["gpu"]}, ceilings, args.cache_dir)
     console.print(_describe_ceilings(ceilings))
     rows = []
-    for path in problem_files:
-        console.print(f"[dim]measuring {path.name} ...[/]")
-        rows.append(measure_problem(path, args, ceilings))
+    with tempfile.TemporaryDirectory(prefix="kernelpilot-baselines-") as sandboxes:
+        pool = SandboxPool(args.device, Path(sandboxes))
+        try:
+            for path in problem_files:
+                console.print(f"[dim]measuring {path.name} ...[/]")
+                rows.append(measure_problem(path, args, ceilings, pool))
+        finally:
+            pool.close()
     record = {
         **environment_key(args.device),
         "ceilings": ceilings,
@@ -82,7 +85,7 @@ def main(argv: list[str]) -> int:
     return 0 if all(row["error"] is None for row in rows) else 1
 
 
-def measure_problem(path: Path, args: argparse.Namespace, ceilings: dict) -> dict:
+def measure_problem(path: Path, args: argparse.Namespace, ceilings: dict, pool: SandboxPool) -> dict:
     """One problem's baselines, roofline and % SOL as a JSON-able row; a failure is recorded, not raised."""
     import torch
 
@@ -91,17 +94,18 @@ def measure_problem(path: Path, args: argparse.Namespace, ceilings: dict) -> dic
     try:
         problem = load_problem(path)
         row["problem_id"] = problem.problem_id
-        with torch.no_grad():
-            input_sets = make_input_sets(problem, device=args.device)
-            baselines = measure_baselines(
-                problem, input_sets, device=args.device, max_runs=args.max_runs, max_seconds=args.max_seconds
-            )
-        dtype = dominant_dtype(input_sets[0])
+        # Timed as the judge times them: in clean sandbox processes, fresh inputs per run.
+        clean = CleanSandboxes(pool, path)
+        try:
+            baselines = measure_baselines(problem, clean, device=args.device, max_runs=args.max_runs,
+                                          max_seconds=args.max_seconds)  # fmt: skip
+        finally:
+            clean.close()
+        dtype = dominant_dtype(problem.make_inputs(args.device, 0))
         store_baselines(baseline_key(problem, device=args.device, dtype=dtype), baselines, args.cache_dir)
         roofline = problem_roofline(problem, device=args.device, cache_dir=args.cache_dir, ceilings=ceilings)
         row.update(
             dtype=dtype,
-            input_sets=len(input_sets),
             **to_dict(baselines),
             roofline=to_dict(roofline),
             sol_eager=roofline.floor_ms / baselines.eager.median_ms,

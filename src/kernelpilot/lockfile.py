@@ -175,12 +175,10 @@ def _require_verified(ws: Workspace, result: EvalResult) -> None:
 
 
 def _timings(bench: BenchResult | None) -> Timings:
-    from kernelpilot.harness.bench import BENCH_SEED
-
     if bench is None:
-        return Timings(bench_seed=BENCH_SEED)
+        return Timings(bench_seed=0)
     return Timings(
-        bench_seed=BENCH_SEED,
+        bench_seed=bench.seed,  # drawn per run by the judge: timed run i drew its inputs from bench_seed + i
         candidate=_recorded(bench.candidate),
         eager=_recorded(bench.eager),
         compile=_recorded(bench.compiled),

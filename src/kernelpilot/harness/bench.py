@@ -342,19 +342,9 @@ def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, 
     if cached is not None:
         note = (f"cached baselines disagreed with a fresh eager measurement ({cached.eager.median_ms:.4g} vs "
                 f"{fresh_eager.median_ms:.4g} ms): measured again")  # fmt: skip
-    eager = time_model(clean.eager(), expected_like, seed=seed + 1_000_000, checker=None, **timing)
+    eager, compiled, compile_note = _measure(clean, expected_like, seed, timing)
     if eager.timing is None:
         return eager, ""
-    compiled, compile_note = None, ""
-    try:
-        runs = time_model(clean.compiled(), expected_like, seed=seed + 2_000_000, checker=None, **timing)
-        compiled = runs.timing
-        if compiled is None:
-            compile_note = f"torch.compile failed on this problem ({runs.message})"
-    except Exception as err:  # noqa: BLE001 - a compiler that cannot start is a note, not a failed bench
-        if is_device_failure(err):
-            raise
-        compile_note = f"torch.compile failed on this problem ({type(err).__name__}: {_first_line(err)})"
     baselines = Baselines(eager=eager.timing, compiled=compiled, compile_note=compile_note)
     try:
         store_baselines(key, baselines, cache_dir)
@@ -373,6 +363,38 @@ def _as_meta(tree: Any) -> Any:
     if isinstance(tree, dict):
         return {key: _as_meta(item) for key, item in tree.items()}
     return tree
+
+
+def _measure(clean: CleanModels, expected_like: Any, seed: int, timing: dict) -> tuple[TimedRuns, Timing | None, str]:
+    """Eager and torch.compile timed in their clean processes; a compiler failure is a note."""
+    eager = time_model(clean.eager(), expected_like, seed=seed + 1_000_000, checker=None, **timing)
+    if eager.timing is None:
+        return eager, None, ""
+    try:
+        runs = time_model(clean.compiled(), expected_like, seed=seed + 2_000_000, checker=None, **timing)
+    except Exception as err:  # noqa: BLE001 - a compiler that cannot start is a note, not a failed bench
+        if is_device_failure(err):
+            raise
+        return eager, None, f"torch.compile failed on this problem ({type(err).__name__}: {_first_line(err)})"
+    if runs.timing is None:
+        return eager, None, f"torch.compile failed on this problem ({runs.message})"
+    return eager, runs.timing, ""
+
+
+def measure_baselines(problem: Problem, clean: CleanModels, *, device: str, seed: int = 0, **timing: Any) -> Baselines:
+    """The baselines of `problem` measured now in its clean processes (scripts; the bench caches its own)."""
+    import torch
+
+    from kernelpilot.harness.sandbox_client import Deadline
+
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        expected_like = _as_meta(problem.make_model("cpu").to(dev)(*problem.make_inputs(dev, seed)))
+    eager, compiled, note = _measure(clean, expected_like, seed, {"device": dev, "deadline": Deadline(3600.0), **timing})
+    if eager.timing is None:
+        raise RuntimeError(f"the reference failed while timed: {eager.message}")
+    return Baselines(eager=eager.timing, compiled=compiled, compile_note=note)
 
 
 def _roofline_or_note(problem, device, cache_dir, ceilings) -> tuple[Roofline | None, str]:
