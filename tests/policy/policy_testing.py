@@ -29,6 +29,7 @@ def write_problem(folder: Path, name: str, forward: str, inputs: str, init: str 
     source = f'''
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class Model(nn.Module):

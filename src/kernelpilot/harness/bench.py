@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from kernelpilot.harness.cache import device_name, environment_key, load_entry, store_entry
 from kernelpilot.harness.failures import is_device_failure
-from kernelpilot.harness.roofline import dominant_dtype, nbytes_of, problem_roofline
+from kernelpilot.harness.roofline import dominant_dtype, problem_roofline
 from kernelpilot.harness.timing import Checker, TimedRuns, find_unaccounted_time, plan_runs, summarize, time_model
 from kernelpilot.results import BenchResult, KernelTime, Roofline, Timing, from_dict, to_dict
 

@@ -105,6 +105,8 @@ def finished_session(workspace: Path) -> Rollout | None:
     """The newest session of `workspace` that ran to an end, as a rollout record; None when there is none."""
     from kernelpilot.agent.session import list_sessions
 
+    if not Path(workspace).is_dir():  # not started yet
+        return None
     ended = [info for info in list_sessions(workspace) if info.status != "unfinished"]
     if not ended:
         return None
