@@ -149,6 +149,7 @@ class VerifyResult:
     seconds: float = 0.0
     traceback: str = ""  # the full traceback of a HARNESS_ERROR, for the bug report its message asks for
     base_seed: int = 0  # trial i draws its inputs from base_seed + i * SEED_STRIDE; the weights from base_seed
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the trials (inputs, compare, ...)
 
     @property
     def max_abs_error(self) -> float | None:

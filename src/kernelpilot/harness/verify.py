@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from traceback import extract_tb, format_exception
@@ -85,6 +87,7 @@ def verify_candidate(
         verification.stopped = _checking_failure(exc)
     result = verification.result()
     result.base_seed = base_seed
+    result.phases = {name: round(seconds, 4) for name, seconds in verification.phases.items()}
     result.seconds = guards.perf_counter() - started
     return result
 
@@ -185,10 +188,10 @@ class _ElementErrors:
         ratio = difference / allowed.clamp_min(torch.finfo(compute_dtype).tiny)
         relative = torch.where(finite & (b != 0), difference / b.abs(), 0.0)
         self.finite += int(finite.sum())
-        self.squared_error += float(difference.double().square().sum())
-        finite_b = torch.where(finite, b, 0.0).double()
-        self.sum_expected += float(finite_b.sum())
-        self.sum_expected_squared += float(finite_b.square().sum())
+        self.squared_error += float(difference.square().sum(dtype=torch.float64))
+        finite_b = torch.where(finite, b, 0.0)
+        self.sum_expected += float(finite_b.sum(dtype=torch.float64))
+        self.sum_expected_squared += float(finite_b.square().sum(dtype=torch.float64))
         self.max_abs = max(self.max_abs, float(difference.max()))
         self.max_rel = max(self.max_rel, float(relative.max()))
         chunk_worst = int(ratio.argmax())
@@ -427,6 +430,7 @@ class _Verification:
         self.notes: list[str] = []
         self.previous: list[tuple[str, int, int]] | None = None  # per output: name, fingerprints of slot and reference
         self.stopped: _Stopped | None = None
+        self.phases: dict[str, float] = {}
 
     # ---------------------------------------------------------------- driving
 
@@ -454,49 +458,67 @@ class _Verification:
                 self._record(guards.find_tampered_files(self.workspace))
 
     def _run_trial(self, arena: SharedArena, index: int, seed: int, *, last: bool) -> TrialResult:
-        try:
-            inputs = self.problem.make_inputs(self.device, seed)
-        except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
-            message = f"the problem's get_inputs() raised {describe_exception(exc)} (seed {seed})"
-            raise _Stopped("reference", message) from None
-        inputs_before = clone_tree(inputs)
-        reference = self._run_reference(inputs, seed)
-        shared_inputs, inputs_description = share_tree(arena, inputs)
-        expected = tensor_leaves(reference.output, "out")
-        slots, slot_refs = [], []
-        for _, tensor in expected:
-            slot, slot_ref = arena.like(tensor)
-            fill_poison(slot)
-            slots.append(slot)
-            slot_refs.append(slot_ref)
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        reply = self.model.request(
-            "call",
-            {"inputs": inputs_description, "slots": slot_refs, "seed": seed,
-             "reference_aliases_inputs": reference.aliases_inputs},  # fmt: skip
-            timeout=self.deadline.left(),
-        )
+        phase = self._phase
+        with phase("inputs"):
+            try:
+                inputs = self.problem.make_inputs(self.device, seed)
+            except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
+                message = f"the problem's get_inputs() raised {describe_exception(exc)} (seed {seed})"
+                raise _Stopped("reference", message) from None
+            inputs_before = clone_tree(inputs)
+        with phase("reference"):
+            reference = self._run_reference(inputs, seed)
+        with phase("share"):
+            shared_inputs, inputs_description = share_tree(arena, inputs)
+            expected = tensor_leaves(reference.output, "out")
+            slots, slot_refs = [], []
+            for _, tensor in expected:
+                slot, slot_ref = arena.like(tensor)
+                fill_poison(slot)
+                slots.append(slot)
+                slot_refs.append(slot_ref)
+        with phase("candidate call"):
+            reply = self.model.request(
+                "call",
+                {"inputs": inputs_description, "slots": slot_refs, "seed": seed,
+                 "reference_aliases_inputs": reference.aliases_inputs},  # fmt: skip
+                timeout=self.deadline.left(),
+            )
         if not reply.get("ok"):
             raise _Stopped(reply.get("error_kind") or "runtime", reply.get("message") or "the call failed")
         for finding in reply.get("findings", []):
             self._record_reported(finding)
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        actual = actual_from(reply.get("structure"), slots)
-        trial = trial_from(seed, compare_outputs(actual, reference.output, atol=self.atol, rtol=self.rtol))
-        self._check_trusted(shared_inputs, inputs_before, reference, slots, expected)
+        with phase("compare"):
+            actual = actual_from(reply.get("structure"), slots)
+            trial = trial_from(seed, compare_outputs(actual, reference.output, atol=self.atol, rtol=self.rtol))
+        with phase("trusted guards"):
+            self._check_trusted(shared_inputs, inputs_before, reference, slots, expected)
         failed_guards = self._failed_guards()
         if last and self.cuda and not failed_guards:
             # After the last trial: a model that stops computing after its first call is caught by the repeated
             # values guard on trial 2, and is not also reported for the kernels its later calls skip.
-            failed_guards = self._check_profiled_call(arena, inputs_before, seed)
+            with phase("profiled call"):
+                failed_guards = self._check_profiled_call(arena, inputs_before, seed)
         if index == 0 and trial.ok and not failed_guards:
-            self._check_precision(inputs_before, actual, reference.output)
+            with phase("precision"):
+                self._check_precision(inputs_before, actual, reference.output)
         if failed_guards:
             trial.ok = False
             trial.message = "; ".join(filter(None, [f"guards failed: {', '.join(failed_guards)}", trial.message]))
         return trial
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Seconds spent in each step of the trials, device work included (where a verification's time goes)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        started = guards.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            self.phases[name] = self.phases.get(name, 0.0) + guards.perf_counter() - started
 
     def _build_reference(self, seed: int) -> torch.nn.Module:
         """The reference Model with the weights drawn under `seed`: the sandbox draws the same ones."""
