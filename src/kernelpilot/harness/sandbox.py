@@ -57,8 +57,10 @@ class LocalModel:
 
     def call(self, inputs: list, slots: list[torch.Tensor], *, seed: int, reference_aliases_inputs: bool) -> dict:
         """Run forward on `inputs` under the self-checks, copy the outputs into `slots`; a JSON-able report."""
+        started = _perf_counter()
         if self.cuda:
             poison_free_memory(self.device, [slot.nbytes for slot in slots])
+        self.last_poison_s = _perf_counter() - started
         recorder = guards.AtenOpRecorder()
         try:
             with torch.no_grad(), recorder:
@@ -92,7 +94,8 @@ class LocalModel:
         structure = copy_into_slots(actual, slots)
         if self.cuda:
             _synchronize(self.device)
-        return {"ok": True, "structure": structure, "findings": [_finding(f) for f in findings if f is not None]}
+        return {"ok": True, "structure": structure, "findings": [_finding(f) for f in findings if f is not None],
+                "poison_s": round(self.last_poison_s, 4)}  # fmt: skip
 
     def profiled_call(self, inputs: list, *, seed: int) -> dict:
         """One more forward under the profiler: the kernels it launched, on which streams, whether torch's."""
@@ -335,9 +338,13 @@ def handle(local: LocalModel, request: dict) -> dict:
     op, args = request.get("op"), request.get("args", {})
     try:
         if op == "call":
+            started = _perf_counter()
             inputs = open_tree(args["inputs"])
             slots = [open_reference(ref) for ref in args["slots"]]
+            opened = _perf_counter()
             reply = local.call(inputs, slots, seed=args["seed"], reference_aliases_inputs=args["reference_aliases_inputs"])
+            # Where the call's seconds went, as this process saw them (diagnostics, not evidence).
+            reply["seconds"] = {"open shared": round(opened - started, 4), "call": round(_perf_counter() - opened, 4)}
             if reply.get("error_kind") in ("crash", "cuda-error"):
                 _LEFT_MAPPED.append((inputs, slots))  # unmapped in a broken context, they would abort the process
             del inputs, slots

@@ -488,6 +488,9 @@ class _Verification:
             raise _Stopped(reply.get("error_kind") or "runtime", reply.get("message") or "the call failed")
         for finding in reply.get("findings", []):
             self._record_reported(finding)
+        for name, seconds in dict(reply.get("seconds") or {}, poison=reply.get("poison_s", 0.0)).items():
+            if isinstance(seconds, (int, float)):
+                self.phases[f"sandbox: {name}"] = self.phases.get(f"sandbox: {name}", 0.0) + float(seconds)
         with phase("compare"):
             actual = actual_from(reply.get("structure"), slots)
             trial = trial_from(seed, compare_outputs(actual, reference.output, atol=self.atol, rtol=self.rtol))
