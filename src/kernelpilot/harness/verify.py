@@ -46,6 +46,8 @@ SCALE_CHECK_MIN_ELEMENTS = 16
 SCALE_CHECK_BAND = 0.25
 SCALE_CHECK_FRACTION = 0.1
 SCALE_CHECK_ULPS = 8
+# Above this many bytes of outputs a trial hands its cached blocks back to the device before the next one.
+LARGE_OUTPUT_BYTES = 1 << 30
 # Elements compared per step, bounding the comparison's temporary memory (a few times 64 MB).
 COMPARE_CHUNK = 1 << 24
 _KERNELPILOT_DIR = Path(__file__).resolve().parents[1]
@@ -431,6 +433,7 @@ class _Verification:
         self.previous: list[tuple[str, int, int]] | None = None  # per output: name, fingerprints of slot and reference
         self.stopped: _Stopped | None = None
         self.phases: dict[str, float] = {}
+        self.output_bytes = 0
 
     # ---------------------------------------------------------------- driving
 
@@ -450,6 +453,8 @@ class _Verification:
                 for index in range(trials):
                     trial = self._run_trial(arena, index, base_seed + index * SEED_STRIDE, last=index == trials - 1)
                     self.trials.append(trial)
+                    if self.cuda and self.output_bytes > LARGE_OUTPUT_BYTES:
+                        torch.cuda.empty_cache()  # one trial's multi-GB blocks back, for the sandbox's next call
                     if not trial.ok:
                         break
         finally:
@@ -471,6 +476,7 @@ class _Verification:
         with phase("share"):
             shared_inputs, inputs_description = share_tree(arena, inputs)
             expected = tensor_leaves(reference.output, "out")
+            self.output_bytes = sum(t.nbytes for _, t in expected)
             slots, slot_refs = [], []
             for _, tensor in expected:
                 slot, slot_ref = arena.like(tensor)
