@@ -322,7 +322,7 @@ def _warm_up(device: torch.device) -> None:
     x = torch.ones(1024, device=device)
     with torch.no_grad(), guards.AtenOpRecorder():
         y = x * 2
-    clone_tree([y]).add_(1)
+    clone_tree([y])[0].add_(1)
     poison_free_memory(device, [4096])
     guards.profile_forward(lambda: x.add(1), device)
     _synchronize(device)
