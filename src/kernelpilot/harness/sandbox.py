@@ -123,6 +123,8 @@ class LocalModel:
     def bind(self, slots: list[torch.Tensor], *, flush_l2: bool) -> dict:
         """The slots every timed run copies its outputs into, until the next bind."""
         self.timing_slots, self.previous = slots, None
+        if self.cuda:
+            torch.cuda.empty_cache()  # verification's cached blocks, before the timed runs allocate theirs
         if self.cuda and flush_l2 and self._flush is None:
             l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
             self._flush = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=self.device)

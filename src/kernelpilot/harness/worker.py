@@ -550,6 +550,7 @@ def op_bench(state: WorkerState, args: dict) -> dict:
     ws, build = _workspace_and_build(args)
     problem = state.problem(ws.model_path)
     deadline = Deadline(args.get("timeout", 600.0))
+    _release_cached_memory()  # what verification left cached: the sandboxes' outputs need the device's memory
     try:
         sandbox = state.sandbox(ws, build, seed=None, timeout=deadline.left())
         if not sandbox.hello.get("ok"):
