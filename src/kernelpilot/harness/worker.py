@@ -531,6 +531,7 @@ def op_verify(state: WorkerState, args: dict) -> dict:
     problem = state.problem(ws.model_path)
     seed = args["base_seed"] if args.get("base_seed") is not None else random_seed()
     deadline = Deadline(args.get("timeout", 600.0))
+    _release_cached_memory()  # an earlier step's cached blocks: the sandbox's outputs need the device's memory
     sandbox = state.sandbox(ws, build, seed=seed, timeout=deadline.left())
     result = verify_candidate(problem, sandbox, device=state.device, trials=args.get("trials", 5), base_seed=seed,
                               atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2), workspace=ws.root,
