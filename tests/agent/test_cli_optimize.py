@@ -101,7 +101,7 @@ def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path
     assert sorted(report["written"]) == sorted([str(beside / "model_new.py"), str(beside / "kernels" / "twice_binding.cpp")])
 
     # Rich sizes the table to the terminal: 80 columns in an xdist worker, which cut "finished" short.
-    from kernelpilot.cli import console
+    from kernelpilot.cli.base import console
 
     monkeypatch.setattr(console, "_width", 200)
     listing = invoke("sessions", tmp_path / "ws")

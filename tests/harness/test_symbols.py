@@ -328,7 +328,7 @@ def test_a_comment_naming_cublaslt_is_no_call_and_a_real_call_is(builds):
 @pytest.mark.parametrize("example, libraries", [("layernorm", set()), ("linear_bias_relu", {"cuBLASLt"})])
 def test_policy_generated_bindings_pass(builds, example, libraries):
     from kernelpilot.policy.analysis import analyze
-    from kernelpilot.policy.codegen import render_all
+    from kernelpilot.policy.families import render_all
     from kernelpilot.problem import load_problem
 
     problem = load_problem(EXAMPLES / f"{example}.py")
