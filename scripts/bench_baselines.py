@@ -25,7 +25,7 @@ from rich.table import Table
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.harness.bench import baseline_key, measure_baselines, store_baselines
 from kernelpilot.harness.sandbox_client import SandboxPool
-from kernelpilot.harness.worker import CleanSandboxes
+from kernelpilot.harness.sandbox_client import CleanSandboxes
 from kernelpilot.harness.cache import environment_key, store_entry
 from kernelpilot.harness.roofline import CEILINGS_KIND, dominant_dtype, measure_ceilings, problem_roofline
 from kernelpilot.problem import load_problem

@@ -14,7 +14,8 @@ from kernelpilot.harness import cache
 from kernelpilot.harness.sandbox_client import InProcessModel
 from kernelpilot.harness.shared import SharedArena, open_reference, open_tree, share_tree
 from kernelpilot.harness.timing import UNACCOUNTED_TIME, find_unaccounted_time
-from kernelpilot.harness.verify import compare_tensors, fingerprint, verify_candidate
+from kernelpilot.harness.compare import compare_tensors
+from kernelpilot.harness.verify import fingerprint, verify_candidate
 from kernelpilot.problem import load_problem
 from kernelpilot.results import Timing
 

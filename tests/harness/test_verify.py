@@ -19,7 +19,8 @@ from torch import nn
 
 from kernelpilot.harness import guards
 from kernelpilot.harness.sandbox_client import InProcessModel
-from kernelpilot.harness.verify import SEED_STRIDE, compare_outputs, describe_exception, verify_candidate
+from kernelpilot.harness.compare import compare_outputs
+from kernelpilot.harness.verify import SEED_STRIDE, describe_exception, verify_candidate
 from kernelpilot.problem import load_problem
 
 RELU_PROBLEM = """

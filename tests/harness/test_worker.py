@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.harness.candidate import CandidateError, load_candidate, make_candidate_model
-from kernelpilot.harness.worker import Worker, classify_error, describe_exit
+from kernelpilot.harness.failures import classify
+from kernelpilot.harness.process import Worker, describe_exit
 from kernelpilot.workspace import Workspace
 
 TINY_PROBLEM = """
@@ -181,10 +182,10 @@ def test_close_stops_the_worker(tmp_path):
 
 
 def test_error_kinds_and_exit_descriptions():
-    assert classify_error("RuntimeError: CUDA out of memory. Tried to allocate 80.00 GiB") == "oom"
-    assert classify_error("RuntimeError: CUDA error: an illegal memory access was encountered") == "cuda-error"
-    assert classify_error("RuntimeError: CUDA error: device-side assert triggered") == "cuda-error"
-    assert classify_error("ValueError: shapes do not match") == "runtime"
+    assert classify(None, "RuntimeError: CUDA out of memory. Tried to allocate 80.00 GiB") == "oom"
+    assert classify(None, "RuntimeError: CUDA error: an illegal memory access was encountered") == "cuda-error"
+    assert classify(None, "RuntimeError: CUDA error: device-side assert triggered") == "cuda-error"
+    assert classify(None, "ValueError: shapes do not match") == "runtime"
     assert describe_exit(-6) == "killed by SIGABRT"
     assert describe_exit(3) == "exit code 3"
 
@@ -295,7 +296,7 @@ def test_a_candidate_cannot_write_outside_its_sandbox(worker, tmp_path):
 
 
 def test_the_sandbox_environment_keeps_the_toolchain_and_drops_credentials(tmp_path):
-    from kernelpilot.harness.worker import sandbox_environment
+    from kernelpilot.harness.process import sandbox_environment
 
     env = {"PATH": "/usr/bin", "CUDA_HOME": "/usr/local/cuda", "OPENAI_API_KEY": "sk-secret", "GITHUB_TOKEN": "t",
            "HOME": "/root", "KERNELPILOT_CACHE_DIR": "/root/.cache/kernelpilot", "AWS_SECRET_ACCESS_KEY": "a"}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelpilot.errors import KernelpilotError, NoGPUError
-from kernelpilot.harness.worker import Reply, Worker
+from kernelpilot.harness.process import Reply, Worker
 from kernelpilot.results import BenchResult, BuildResult, EvalResult, VerifyResult, from_dict
 
 # A candidate that dies, raises, answers wrong or hides work while being timed fails although it passed the trials.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kernelpilot.harness.failures import classify
-from kernelpilot.harness.worker import Worker, WorkerStartError
+from kernelpilot.harness.process import Worker, WorkerStartError
 
 _counter = itertools.count(1)
 
@@ -204,3 +204,30 @@ class InProcessClean:
             model = load_model(mode, self.problem, dev, seed=0, workspace=None, library=None)
             self._models[mode] = InProcessModel(LocalModel(self.problem, model, dev))
         return self._models[mode]
+
+
+class CleanSandboxes:
+    """The reference in eager and compiled form, each in a process where no candidate code ever ran."""
+
+    def __init__(self, pool: Any, problem_path: Path):
+        self.pool, self.problem_path = pool, problem_path
+        self._models: dict[str, Any] = {}
+
+    def eager(self) -> Any:
+        return self._get("eager")
+
+    def compiled(self) -> Any:
+        return self._get("compile")
+
+    def _get(self, mode: str) -> Any:
+        model = self._models.get(mode)
+        if model is None or not model.hello.get("ok") or model.pid is None:
+            model = self.pool.take()
+            model.load(mode, self.problem_path, seed=0, timeout=600.0)
+            self._models[mode] = model
+        return model
+
+    def close(self) -> None:
+        for model in self._models.values():
+            model.close()
+        self._models.clear()

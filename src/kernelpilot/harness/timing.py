@@ -94,7 +94,8 @@ class Checker:
 
     def mismatch(self, seed: int, structure: Any, slots: list[torch.Tensor]) -> str:
         """"" when the slots hold the reference's answer for inputs drawn from `seed`, else why not."""
-        from kernelpilot.harness.verify import actual_from, compare_outputs, trial_from
+        from kernelpilot.harness.compare import compare_outputs, trial_from
+        from kernelpilot.harness.verify import actual_from
 
         inputs = self.problem.make_inputs(self.device, seed)
         torch.manual_seed(seed)

@@ -1,5 +1,6 @@
-"""Cheat: at import, rebinds kernelpilot's comparison (verify.compare_outputs and compare_tensors) to always pass and
-its precision check to find nothing, then returns relu(-x), wrong wherever x != 0, from its own kernels."""
+"""Cheat: at import, rebinds kernelpilot's comparison (compare_outputs and compare_tensors, where they are defined and
+where the verifier bound them) to always pass and its precision check to find nothing, then returns relu(-x), wrong
+wherever x != 0, from its own kernels."""
 
 import kp_kernels
 from torch import nn
@@ -7,15 +8,18 @@ from torch import nn
 
 def patch_the_comparison() -> None:
     try:
-        from kernelpilot.harness import guards, verify
+        from kernelpilot.harness import compare, guards, verify
     except ImportError:  # a process without the judge's modules: nothing to patch, the answer stays wrong
         return
 
     def passing(name, actual, expected, **tolerances):
-        return verify.LeafComparison(name, True, 0.0, 0.0)
+        return compare.LeafComparison(name, True, 0.0, 0.0)
 
-    verify.compare_tensors = passing
-    verify.compare_outputs = lambda actual, expected, *, atol, rtol, name="out": [passing(name, actual, expected)]
+    def all_pass(actual, expected, *, atol, rtol, name="out"):
+        return [passing(name, actual, expected)]
+
+    compare.compare_tensors = passing
+    compare.compare_outputs = verify.compare_outputs = all_pass
     guards.find_precision_drop = lambda *args, **kwargs: None
 
 

@@ -1,5 +1,5 @@
-"""Honest itself, but at import rebinds kernelpilot's comparison (verify.compare_outputs, compare_tensors) process-wide
-to always pass, so whatever the same process judges next passes too."""
+"""Honest itself, but at import rebinds kernelpilot's comparison (compare_outputs and compare_tensors, where defined
+and where bound) process-wide to always pass, so whatever the same process judges next passes too."""
 
 import kp_kernels
 from torch import nn
@@ -7,15 +7,18 @@ from torch import nn
 
 def patch_the_comparison() -> None:
     try:
-        from kernelpilot.harness import verify
+        from kernelpilot.harness import compare, verify
     except ImportError:  # a process without the judge's modules: nothing to patch
         return
 
     def passing(name, actual, expected, **tolerances):
-        return verify.LeafComparison(name, True, 0.0, 0.0)
+        return compare.LeafComparison(name, True, 0.0, 0.0)
 
-    verify.compare_tensors = passing
-    verify.compare_outputs = lambda actual, expected, *, atol, rtol, name="out": [passing(name, actual, expected)]
+    def all_pass(actual, expected, *, atol, rtol, name="out"):
+        return [passing(name, actual, expected)]
+
+    compare.compare_tensors = passing
+    compare.compare_outputs = verify.compare_outputs = all_pass
 
 
 patch_the_comparison()
