@@ -137,6 +137,8 @@ def timed_evaluation(judge: Judge, root: Path) -> dict:
         "compiled": result.build.compiled if result.build else [],
         "reward": result.reward,
         "candidate_ms": result.bench.candidate.median_ms if result.bench and result.bench.candidate else None,
+        "bench_phases_s": result.bench.phases if result.bench else {},
+        "verify_phases_s": result.verify.phases if result.verify else {},
         "error": f"{result.error_kind}: {result.message}" if result.error_kind else None,
         "result": to_dict(result),
     }
@@ -165,6 +167,10 @@ def print_report(console: Console, report: dict) -> None:
         f"(min {warm['min']:.2f}, max {warm['max']:.2f}); binding recompiled in a warm turn: "
         f"{report['binding_recompiled_in_a_warm_turn']}"
     )
+    last = report["warm"][-1]
+    for name in ("bench_phases_s", "verify_phases_s"):
+        parts = ", ".join(f"{step} {seconds:.3f}" for step, seconds in last[name].items())
+        console.print(f"last warm turn, {name[:-2].replace('_', ' ')} (s): {parts or '-'}", highlight=False)
     for label, turn in rows:
         if turn["error"]:
             console.print(f"[red]{label}: {turn['error']}[/]", highlight=False)

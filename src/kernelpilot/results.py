@@ -224,6 +224,7 @@ class BenchResult:
     guards: list[GuardFinding] = field(default_factory=list)  # e.g. unaccounted-time
     seed: int = 0  # timed run i drew its inputs from seed + i
     checked_calls: int = 0  # timed calls whose outputs were compared with the reference's
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step (calibration, candidate runs, ...)
 
 
 @dataclass

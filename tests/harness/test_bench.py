@@ -225,6 +225,10 @@ def test_bench_candidate_on_cpu_then_from_the_cache(problem, tmp_path, monkeypat
     assert result.sol_candidate == pytest.approx(result.roofline.floor_ms / result.candidate.median_ms)
     assert result.sol_eager == pytest.approx(result.roofline.floor_ms / result.eager.median_ms)
     assert result.kernels
+    # The breakdown of the bench's time: each step named, and the candidate's runs within the candidate's step.
+    assert {"calibration", "baselines", "candidate", "roofline", "profile"} <= set(result.phases)
+    assert 0 < result.phases["candidate: runs"] <= result.phases["candidate"]
+    assert result.phases["candidate: checks"] > 0
 
     measured = []
     monkeypatch.setattr(bench_module, "time_model", lambda *a, **k: measured.append(k.get("runs")) or real_time_model(*a, **k))

@@ -291,16 +291,21 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
         return BenchResult(ok=False, gpu=gpu, error_kind=kind, message=message, seed=seed, **extra)
 
     timing = {"device": dev, "deadline": deadline, "min_runs": min_runs}
-    calibration = time_model(clean.eager(), expected_like, seed=seed, checker=None, runs=CALIBRATION_RUNS, **timing)
+    phases = _Phases()
+    with phases("calibration"):
+        calibration = time_model(clean.eager(), expected_like, seed=seed, checker=None, runs=CALIBRATION_RUNS, **timing)
     if calibration.timing is None:
         return failed("reference", f"the reference failed while timed: {calibration.message}")
     # (the calibration's median confirms or refutes the cached eager time; its protocol cost is re-measured
     # between the candidate's runs below, under the same load)
-    baselines, cache_note = _baselines(key, clean, expected_like, seed, calibration.timing, cache_dir, timing)
+    with phases("baselines"):
+        baselines, cache_note = _baselines(key, clean, expected_like, seed, calibration.timing, cache_dir, timing)
     if isinstance(baselines, TimedRuns):
         return failed("reference", f"the reference failed while timed: {baselines.message}")
     checker = Checker(problem, reference, dev, atol=atol, rtol=rtol)
-    timed = time_model(candidate, expected_like, seed=seed + 5_000_000, checker=checker, companion=clean.eager(), **timing)
+    with phases("candidate"):
+        timed = time_model(candidate, expected_like, seed=seed + 5_000_000, checker=checker, companion=clean.eager(), **timing)
+    phases.seconds.update({f"candidate: {name}": seconds for name, seconds in timed.phases.items()})
     if timed.timing is None:
         return failed(timed.error_kind or "runtime", timed.message, checked_calls=timed.checked)
     measured = timed.timing
@@ -311,8 +316,10 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
     if clock_finding is not None:
         return failed("guard", f"guard {clock_finding.guard} failed: {clock_finding.message}", guards=[clock_finding],
                       candidate=measured, checked_calls=timed.checked)  # fmt: skip
-    roofline, roofline_note = _roofline_or_note(problem, str(dev), cache_dir, ceilings)
-    kernels, profile_note = _kernels_or_note(candidate, seed, deadline)
+    with phases("roofline"):
+        roofline, roofline_note = _roofline_or_note(problem, str(dev), cache_dir, ceilings)
+    with phases("profile"):
+        kernels, profile_note = _kernels_or_note(candidate, seed, deadline)
     notes = [cache_note, baselines.compile_note, roofline_note, profile_note, measured.note]
     return BenchResult(
         ok=True,
@@ -330,7 +337,26 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
         message="; ".join(note for note in notes if note),
         seed=seed,
         checked_calls=timed.checked,
+        phases=phases.rounded(),
     )
+
+
+class _Phases:
+    """Seconds per named step of the bench, for the turn's cost breakdown (`with phases("name"): ...`)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(seconds, 4) for name, seconds in self.seconds.items()}
 
 
 def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, timing) -> tuple[Baselines | TimedRuns, str]:

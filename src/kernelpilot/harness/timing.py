@@ -54,6 +54,7 @@ class TimedRuns:
     findings: list[GuardFinding] = field(default_factory=list)
     # The companion's (a clean process timed between the model's runs) median unaccounted time, if one ran.
     companion_unaccounted_ms: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: warm-up, runs, checks, companion
 
 
 def plan_runs(per_call_seconds: float, *, min_runs: int, max_runs: int, max_seconds: float) -> tuple[int, str]:
@@ -131,6 +132,7 @@ def time_model(
         if companion is not None and isinstance(_bind(arena, companion, expected_like, deadline), dict):
             companion = None
         run_seed = iter(range(seed, seed + 10_000_000))
+        started = _clock()
         warm = [_run(model, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
         failed = next((reply for reply, _ in warm if not reply.get("ok")), None)
         if failed is not None:
@@ -140,16 +142,19 @@ def time_model(
             runs, note = plan_runs(per_call_s, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds)
         else:
             note = ""
+        phases = {"warm-up": _clock() - started, "runs": 0.0, "checks": 0.0, "companion": 0.0}
         checked_runs = set(random.SystemRandom().sample(range(runs), min(runs, max(CHECKED_MIN, int(runs * CHECKED_SHARE)))))
         samples, unaccounted, companion_unaccounted, checked = [], [], [], 0
         every = max(runs // COMPANION_RUNS, 1)
         for index in range(runs):
             if companion is not None and index % every == 0:
                 reply, wall_ms = _run(companion, next(run_seed), deadline)
+                phases["companion"] += wall_ms / 1e3
                 if reply.get("ok"):
                     companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
             run_seed_now = next(run_seed)
             reply, wall_ms = _run(model, run_seed_now, deadline)
+            phases["runs"] += wall_ms / 1e3
             if not reply.get("ok"):
                 kind = reply.get("error_kind") or "runtime"
                 return TimedRuns(error_kind=kind, message=f"timed run {index + 1}: {reply.get('message', '')}", checked=checked)
@@ -157,9 +162,11 @@ def time_model(
             samples.append(reported)
             unaccounted.append(wall_ms - reported)
             if checker is not None and index in checked_runs:
+                check_started = _clock()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 problem = checker.mismatch(run_seed_now, reply.get("structure"), slots)
+                phases["checks"] += _clock() - check_started
                 checked += 1
                 if problem:
                     message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
@@ -167,7 +174,8 @@ def time_model(
         timing = summarize(samples, note=note)
         timing.unaccounted_ms = statistics.median(unaccounted)
         companion_ms = statistics.median(companion_unaccounted) if companion_unaccounted else None
-        return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms)
+        phases = {name: round(seconds, 4) for name, seconds in phases.items()}
+        return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms, phases=phases)
 
 
 def _bind(arena: SharedArena, model: Any, expected_like: Any, deadline: Deadline) -> list[torch.Tensor] | dict:
