@@ -358,3 +358,29 @@ def test_bench_candidate_on_the_gpu_against_eager_and_compile(tmp_path):
     assert result.kernels and all(k.calls >= 1 for k in result.kernels)
     # The candidate is the reference itself, timed on the same inputs the same way: the same time, within noise.
     assert 0.9 < result.speedup_vs_eager < 1.1, (result.eager, result.candidate)
+
+
+def test_timing_hands_the_slots_back_and_the_companion_writes_the_candidates_slots(problem):
+    """After timing, neither process keeps the judge's slots mapped (multi-GB outputs would stay held in the
+    judge); while timing, the clean companion writes the same slots as the candidate, not a second set."""
+    import torch
+
+    from kernelpilot.harness.sandbox_client import Deadline, InProcessModel
+    from kernelpilot.harness.timing import time_model
+
+    torch.manual_seed(0)
+    candidate = InProcessModel.from_class(problem, type(problem.make_model("cpu")), device="cpu", seed=0)
+    companion = InProcessClean(problem, "cpu").eager()
+    binds: list[tuple[str, list]] = []  # (which process, the slot references it was sent)
+    for name, process in (("candidate", candidate), ("companion", companion)):
+        original = process.request
+        process.request = lambda op, args, _name=name, _original=original, **kw: (
+            binds.append((_name, args["slots"])) if op == "bind" else None) or _original(op, args, **kw)  # fmt: skip
+    expected_like = problem.make_model("cpu")(*problem.make_inputs(torch.device("cpu"), 0))
+    timed = time_model(candidate, expected_like, device=torch.device("cpu"), seed=1, deadline=Deadline(60), checker=None,
+                       runs=4, companion=companion)  # fmt: skip
+    assert timed.timing is not None, timed.message
+    assert candidate.local.timing_slots == [] and companion.local.timing_slots == []
+    assert [name for name, _ in binds] == ["candidate", "companion", "candidate", "companion"]
+    assert binds[0][1] and binds[0][1] == binds[1][1], "one set of slots for both"
+    assert binds[2][1] == [] and binds[3][1] == [], "both unbound at the end"

@@ -236,6 +236,8 @@ class CleanModels(Protocol):
 
     def compiled(self) -> Any: ...
 
+    def release_compiled(self) -> None: ...
+
 
 def bench_candidate(
     problem: Problem,
@@ -402,6 +404,8 @@ def _measure(clean: CleanModels, expected_like: Any, seed: int, timing: dict) ->
         if is_device_failure(err):
             raise
         return eager, None, f"torch.compile failed on this problem ({type(err).__name__}: {_first_line(err)})"
+    finally:
+        clean.release_compiled()  # measured and cached: its process's memory goes back to the candidates'
     if runs.timing is None:
         return eager, None, f"torch.compile failed on this problem ({runs.message})"
     return eager, runs.timing, ""

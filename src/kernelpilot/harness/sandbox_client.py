@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,6 +73,8 @@ class Sandbox:
         if not started.get("ok"):
             self.hello = {**started, "message": f"the sandbox did not start: {started.get('message', '')}"}
             return self.hello
+        # In the judge's log, so a process the GPU's tools list (memory, faults) can be told apart.
+        print(f"sandbox pid {self.pid}: {mode} of {problem_path}", file=sys.stderr, flush=True)
         args = {"mode": mode, "problem": str(problem_path), "seed": seed,
                 "workspace": str(workspace) if workspace else None, "library": library}  # fmt: skip
         reply = self._request("load", args, timeout=timeout, what="loading the candidate")
@@ -194,6 +197,9 @@ class InProcessClean:
     def compiled(self) -> InProcessModel:
         return self._get("compile")
 
+    def release_compiled(self) -> None:
+        self._models.pop("compile", None)
+
     def _get(self, mode: str) -> InProcessModel:
         import torch
 
@@ -218,6 +224,12 @@ class CleanSandboxes:
 
     def compiled(self) -> Any:
         return self._get("compile")
+
+    def release_compiled(self) -> None:
+        """Close the compiled form's process (its baselines are cached; a later measurement starts another)."""
+        model = self._models.pop("compile", None)
+        if model is not None:
+            model.close()
 
     def _get(self, mode: str) -> Any:
         model = self._models.get(mode)

@@ -36,6 +36,10 @@ DTYPES: dict[str, torch.dtype] = {
 }  # fmt: skip
 
 
+# Above this many bytes lent, closing an arena hands its memory back to the device at once (the next step, or
+# another process of the judge's, may need it): the sandboxes' mappings are collected and the pool's blocks freed.
+RELEASE_BYTES = 1 << 30
+
 # Shared CUDA tensors by key, in the process that allocated them (a sandbox process never finds its keys here).
 _THIS_PROCESS: dict[str, torch.Tensor] = {}
 
@@ -53,6 +57,7 @@ class SharedArena:
         self._folder: Path | None = None
         self._pool = None
         self._keys: list[str] = []
+        self.nbytes = 0
         if self.device.type == "cuda":
             self._pool = torch.cuda.MemPool()
         else:
@@ -65,6 +70,7 @@ class SharedArena:
         if self._pool is not None:
             with torch.cuda.use_mem_pool(self._pool):
                 tensor = torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
+            self.nbytes += tensor.untyped_storage().nbytes()
             key = f"{os.getpid()}-{next(self._counter)}-{id(self)}"
             _THIS_PROCESS[key] = tensor  # CUDA IPC cannot open a handle in the process that made it (tests in process)
             self._keys.append(key)
@@ -95,7 +101,14 @@ class SharedArena:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
-        self._pool = None
+        if self._pool is not None:
+            self._pool = None
+            if self.nbytes > RELEASE_BYTES:
+                # Blocks a sandbox mapped stay held for it until collected, and a released pool's blocks stay
+                # cached until emptied: without both, each multi-GB arena would stay in this process.
+                torch.cuda.ipc_collect()
+                torch.cuda.empty_cache()
+        self.nbytes = 0
 
     def __enter__(self) -> SharedArena:
         return self

@@ -126,67 +126,88 @@ def time_model(
     cost it shows was measured under the same load as the model's runs.
     """
     with SharedArena(device) as arena:
-        slots = _bind(arena, model, expected_like, deadline)
-        if isinstance(slots, dict):
-            return TimedRuns(error_kind=slots.get("error_kind") or "runtime", message=slots.get("message", ""))
-        if companion is not None and isinstance(_bind(arena, companion, expected_like, deadline), dict):
-            companion = None
-        run_seed = iter(range(seed, seed + 10_000_000))
-        started = _clock()
-        warm = [_run(model, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
-        failed = next((reply for reply, _ in warm if not reply.get("ok")), None)
-        if failed is not None:
-            return TimedRuns(error_kind=failed.get("error_kind") or "runtime", message=failed.get("message", ""))
-        if runs is None:
-            per_call_s = statistics.fmean(wall for _, wall in warm[1:]) / 1e3
-            runs, note = plan_runs(per_call_s, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds)
-        else:
-            note = ""
-        phases = {"warm-up": _clock() - started, "runs": 0.0, "checks": 0.0, "companion": 0.0}
-        checked_runs = set(random.SystemRandom().sample(range(runs), min(runs, max(CHECKED_MIN, int(runs * CHECKED_SHARE)))))
-        samples, unaccounted, companion_unaccounted, checked = [], [], [], 0
-        every = max(runs // COMPANION_RUNS, 1)
-        for index in range(runs):
-            if companion is not None and index % every == 0:
-                reply, wall_ms = _run(companion, next(run_seed), deadline)
-                phases["companion"] += wall_ms / 1e3
-                if reply.get("ok"):
-                    companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
-            run_seed_now = next(run_seed)
-            reply, wall_ms = _run(model, run_seed_now, deadline)
-            phases["runs"] += wall_ms / 1e3
-            if not reply.get("ok"):
-                kind = reply.get("error_kind") or "runtime"
-                return TimedRuns(error_kind=kind, message=f"timed run {index + 1}: {reply.get('message', '')}", checked=checked)
-            reported = float(reply.get("ms", 0.0))
-            samples.append(reported)
-            unaccounted.append(wall_ms - reported)
-            if checker is not None and index in checked_runs:
-                check_started = _clock()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                problem = checker.mismatch(run_seed_now, reply.get("structure"), slots)
-                phases["checks"] += _clock() - check_started
-                checked += 1
-                if problem:
-                    message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
-                    return TimedRuns(error_kind="mismatch", message=message, checked=checked)
-        timing = summarize(samples, note=note)
-        timing.unaccounted_ms = statistics.median(unaccounted)
-        companion_ms = statistics.median(companion_unaccounted) if companion_unaccounted else None
-        phases = {name: round(seconds, 4) for name, seconds in phases.items()}
-        return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms, phases=phases)
+        slots, refs = _slots(arena, expected_like)
+        bound = [process for process in (model, companion) if process is not None]
+        try:
+            return _time_bound(model, companion, slots, refs, device=device, seed=seed, deadline=deadline,
+                               checker=checker, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds,
+                               runs=runs)  # fmt: skip
+        finally:
+            for process in bound:  # the slots go back with the arena: no process keeps them mapped
+                process.request("bind", {"slots": [], "flush_l2": False}, timeout=min(deadline.left(), 30.0))
 
 
-def _bind(arena: SharedArena, model: Any, expected_like: Any, deadline: Deadline) -> list[torch.Tensor] | dict:
-    """Slots shaped like the reference's outputs, bound as the model's timed runs' outputs; a failed reply."""
+def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: list[dict], *, device: torch.device,
+                seed: int, deadline: Deadline, checker: Checker | None, min_runs: int, max_runs: int,
+                max_seconds: float, runs: int | None) -> TimedRuns:  # fmt: skip
+    """`time_model`'s runs, with the arena's slots made: the model and its companion write the same slots (a run
+    that leaves the companion's output there fails its check, which draws the model's own seed)."""
+    bound = _bind(model, refs, deadline)
+    if bound is not None:
+        return TimedRuns(error_kind=bound.get("error_kind") or "runtime", message=bound.get("message", ""))
+    if companion is not None and _bind(companion, refs, deadline) is not None:
+        companion = None
+    run_seed = iter(range(seed, seed + 10_000_000))
+    started = _clock()
+    warm = [_run(model, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
+    failed = next((reply for reply, _ in warm if not reply.get("ok")), None)
+    if failed is not None:
+        return TimedRuns(error_kind=failed.get("error_kind") or "runtime", message=failed.get("message", ""))
+    if runs is None:
+        per_call_s = statistics.fmean(wall for _, wall in warm[1:]) / 1e3
+        runs, note = plan_runs(per_call_s, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds)
+    else:
+        note = ""
+    phases = {"warm-up": _clock() - started, "runs": 0.0, "checks": 0.0, "companion": 0.0}
+    checked_runs = set(random.SystemRandom().sample(range(runs), min(runs, max(CHECKED_MIN, int(runs * CHECKED_SHARE)))))
+    samples, unaccounted, companion_unaccounted, checked = [], [], [], 0
+    every = max(runs // COMPANION_RUNS, 1)
+    for index in range(runs):
+        if companion is not None and index % every == 0:
+            reply, wall_ms = _run(companion, next(run_seed), deadline)
+            phases["companion"] += wall_ms / 1e3
+            if reply.get("ok"):
+                companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
+        run_seed_now = next(run_seed)
+        reply, wall_ms = _run(model, run_seed_now, deadline)
+        phases["runs"] += wall_ms / 1e3
+        if not reply.get("ok"):
+            kind = reply.get("error_kind") or "runtime"
+            return TimedRuns(error_kind=kind, message=f"timed run {index + 1}: {reply.get('message', '')}", checked=checked)
+        reported = float(reply.get("ms", 0.0))
+        samples.append(reported)
+        unaccounted.append(wall_ms - reported)
+        if checker is not None and index in checked_runs:
+            check_started = _clock()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            problem = checker.mismatch(run_seed_now, reply.get("structure"), slots)
+            phases["checks"] += _clock() - check_started
+            checked += 1
+            if problem:
+                message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
+                return TimedRuns(error_kind="mismatch", message=message, checked=checked)
+    timing = summarize(samples, note=note)
+    timing.unaccounted_ms = statistics.median(unaccounted)
+    companion_ms = statistics.median(companion_unaccounted) if companion_unaccounted else None
+    phases = {name: round(seconds, 4) for name, seconds in phases.items()}
+    return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms, phases=phases)
+
+
+def _slots(arena: SharedArena, expected_like: Any) -> tuple[list[torch.Tensor], list[dict]]:
+    """Slots shaped like the reference's outputs, and the references a sandbox maps them by."""
     slots, refs = [], []
     for _, tensor in tensor_leaves(expected_like, "out"):
         slot, ref = arena.like(tensor)
         slots.append(slot)
         refs.append(ref)
+    return slots, refs
+
+
+def _bind(model: Any, refs: list[dict], deadline: Deadline) -> dict | None:
+    """Bind the slots as the model's timed runs' outputs; the failed reply, or None."""
     bound = model.request("bind", {"slots": refs, "flush_l2": True}, timeout=deadline.left())
-    return slots if bound.get("ok") else bound
+    return None if bound.get("ok") else bound
 
 
 def _run(model: Any, seed: int, deadline: Deadline) -> tuple[dict, float]:
