@@ -305,3 +305,15 @@ def test_the_sandbox_environment_keeps_the_toolchain_and_drops_credentials(tmp_p
     assert not {"OPENAI_API_KEY", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"} & set(sandboxed)
     for name in ("HOME", "KERNELPILOT_CACHE_DIR", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert Path(sandboxed[name]).is_relative_to(tmp_path), name
+
+
+def test_verify_reports_where_the_candidates_load_went(worker, tmp_path):
+    """The turn's cost breakdown: the wait for a spare sandbox and the candidate's load, with the sandbox's own
+    split of the load (the problem file, the model), in the verification's phases."""
+    ws = write_workspace(tmp_path / "ws", HONEST_CANDIDATE)
+    reply = worker.call("verify", {"workspace": str(ws.root), "trials": 1}, timeout=120)
+    assert reply.ok, reply.message  # (the verdict itself does not matter here: the candidate uses torch ops)
+    phases = reply.result["phases"]
+    for name in ("sandbox: spare ready", "sandbox: load candidate", "sandbox: load problem", "sandbox: load model"):
+        assert phases[name] >= 0, name
+    assert phases["sandbox: load model"] <= phases["sandbox: load candidate"]

@@ -338,15 +338,20 @@ def _load(request: dict, device: torch.device) -> tuple[LocalModel | None, dict]
     if request.get("op") != "load" or args.get("mode") not in MODES:
         return None, {"ok": False, "error_kind": "harness", "message": "a sandbox must be loaded first", "exiting": True}
     try:
+        started = _perf_counter()
         problem = load_problem(Path(args["problem"]), validate=False)
         workspace = Path(args["workspace"]) if args.get("workspace") else None
+        problem_loaded = _perf_counter()
         model = load_model(args["mode"], problem, device, seed=int(args["seed"]), workspace=workspace,
                            library=args.get("library"))  # fmt: skip
     except SandboxLoadError as err:
         return None, {"ok": False, "error_kind": err.kind, "message": err.message, "hint": err.hint, "exiting": True}
     imported = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
+    # Where the load's seconds went, as this process saw them (diagnostics, not evidence).
+    seconds = {"problem": round(problem_loaded - started, 4), "model": round(_perf_counter() - problem_loaded, 4)}
     return LocalModel(problem, model, device, workspace=workspace), {
-        "ok": True, "pid": os.getpid(), "import_findings": [_finding(imported)] if imported else []}  # fmt: skip
+        "ok": True, "pid": os.getpid(), "import_findings": [_finding(imported)] if imported else [],
+        "seconds": seconds}  # fmt: skip
 
 
 def handle(local: LocalModel, request: dict) -> dict:

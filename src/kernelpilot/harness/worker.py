@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from collections import OrderedDict
 from pathlib import Path
@@ -46,6 +47,7 @@ class WorkerState:
         self.pool = SandboxPool(device, self.log_dir)
         self.clean: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._candidate: tuple[tuple, Any] | None = None
+        self.load_phases: dict[str, float] = {}  # the last candidate sandbox's start and load, in seconds
 
     def problem(self, path: Path) -> Any:
         from kernelpilot.problem import load_problem, problem_id_of
@@ -81,9 +83,17 @@ class WorkerState:
             sandbox.close()
             self._candidate = None
         seed = random_seed() if seed is None else seed
+        started = time.perf_counter()
         sandbox = self.pool.take()
+        taken = time.perf_counter()
         sandbox.load("candidate", Path(ws.model_path), seed=seed, timeout=timeout, workspace=Path(ws.root),
                      library=library)  # fmt: skip
+        self.load_phases = {"sandbox: spare ready": round(taken - started, 4),
+                            "sandbox: load candidate": round(time.perf_counter() - taken, 4)}  # fmt: skip
+        reported = sandbox.hello.get("seconds")
+        if isinstance(reported, dict):
+            self.load_phases.update({f"sandbox: load {name}": float(value) for name, value in reported.items()
+                                     if isinstance(value, (int, float))})  # fmt: skip
         sandbox.seed = seed
         self._candidate = ((key, seed), sandbox)
         return sandbox
@@ -163,11 +173,13 @@ def op_verify(state: WorkerState, args: dict) -> dict:
     seed = args["base_seed"] if args.get("base_seed") is not None else random_seed()
     deadline = Deadline(args.get("timeout", 600.0))
     _release_cached_memory()  # an earlier step's cached blocks: the sandbox's outputs need the device's memory
+    state.load_phases = {}
     sandbox = state.sandbox(ws, build, seed=seed, timeout=deadline.left())
     result = verify_candidate(problem, sandbox, device=state.device, trials=args.get("trials", 5), base_seed=seed,
                               atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2), workspace=ws.root,
                               library=build.library if build is not None and build.ok else None,
                               timeout=deadline.left())  # fmt: skip
+    result.phases = {**state.load_phases, **result.phases}
     if not result.ok:
         state.done_with_candidate()
     return to_dict(result)
