@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.harness.judge import Judge, Timeouts, candidate_workspace
+from kernelpilot.harness.confine import landlock_available
 
 HERE = Path(__file__).parent
 PROBLEMS = HERE / "problems"
@@ -28,12 +29,6 @@ class Case:
     failing_guards: frozenset[str] = frozenset()
     warnings: frozenset[str] = frozenset()
     message: str = ""  # a piece of the verdict's message
-
-
-def landlock_available() -> bool:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1) >= 1
 
 
 def case(candidate, problem, error_kind, guards=(), warnings=(), message=""):

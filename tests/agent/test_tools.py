@@ -660,8 +660,36 @@ def test_the_ncu_driver_loads_and_runs_the_candidate_the_way_the_harness_does(ju
     build_json.parent.mkdir(parents=True, exist_ok=True)
     build_json.write_text(json.dumps(to_dict(good_build)))
     argv = [sys.executable, "-c", NCU_DRIVER, str(ctx.workspace.root), str(build_json), "cpu"]
-    run = run_process(argv, cwd=ctx.workspace.root, env=driver_environment(), timeout=120)
+    run = run_process(argv, cwd=ctx.workspace.root, env=driver_environment(build_json.parent / "sandbox"), timeout=120)
     assert run.returncode == 0, run.output
+
+
+def test_the_ncu_driver_runs_the_candidate_confined_like_a_sandbox(tmp_path, monkeypatch):
+    """Candidate code under ncu is as confined as in the judge's sandboxes: none of the user's credentials in its
+    environment, and (where Landlock exists) no writes outside its private folder."""
+    from kernelpilot.harness.confine import landlock_available
+
+    ctx = make_workspace(tmp_path / "ws", scale_shift_problem(rows=4, columns=4))
+    outside = tmp_path / "outside.txt"
+    ctx.workspace.model_new_path.write_text(
+        "import os\nfrom pathlib import Path\n"
+        "print('SEEN', sorted(os.environ))\n"
+        f"try:\n    Path({str(outside)!r}).write_text('escaped')\nexcept OSError as err:\n    print('BLOCKED', err)\n"
+        "from torch import nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x * 2.0 + 1.0\n"
+    )
+    for source in ctx.workspace.kernel_sources():  # no kernels, so no build: the driver loads model_new.py alone
+        source.unlink()
+    build_json = tmp_path / "build.json"
+    build_json.write_text("null")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-of-the-user")
+    argv = [sys.executable, "-c", NCU_DRIVER, str(ctx.workspace.root), str(build_json), "cpu"]
+    run = run_process(argv, cwd=ctx.workspace.root, env=driver_environment(tmp_path / "sandbox"), timeout=120)
+    assert run.returncode == 0, run.output
+    seen = next(line for line in run.output.splitlines() if line.startswith("SEEN"))
+    assert "OPENAI_API_KEY" not in seen and "HOME" in seen
+    if landlock_available():
+        assert "confinement: landlock" in run.output and "BLOCKED" in run.output
+        assert not outside.exists()
 
 
 # -------------------------------------------------------------------------------------------------- GPU

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.harness.candidate import CandidateError, load_candidate, make_candidate_model
+from kernelpilot.harness.confine import landlock_available  # noqa: F401 - named in a skipif condition
 from kernelpilot.harness.failures import classify
 from kernelpilot.harness.process import Worker, describe_exit
 from kernelpilot.workspace import Workspace
@@ -276,12 +277,6 @@ def test_a_daemon_the_candidate_forks_does_not_outlive_the_step(worker, tmp_path
     daemon = int(pid_file.read_text())
     pid_file.unlink()
     assert not is_alive(daemon), "a process the candidate started outlived the step that loaded it"
-
-
-def landlock_available() -> bool:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1) >= 1
 
 
 @pytest.mark.skipif("not landlock_available()", reason="this kernel has no Landlock: sandboxes run unconfined here")

@@ -43,6 +43,12 @@ def harden() -> str:
     return "landlock" if writable and restrict_writes(libc, [*writable, "/dev"]) else "none"
 
 
+def landlock_available() -> bool:
+    """Whether this kernel offers Landlock, so that `harden` can confine a process's writes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION)) >= 1
+
+
 def restrict_writes(libc: ctypes.CDLL, writable: list[str]) -> bool:
     """Allow this process (and its children) to write only under `writable`; False when Landlock is missing."""
     abi = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))

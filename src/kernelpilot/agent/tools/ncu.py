@@ -37,7 +37,8 @@ NCU_METRICS = {
 _MICROSECONDS_PER_UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
                           "second": 1e6, "s": 1e6}  # fmt: skip
 
-# Runs in the profiled process: loads the candidate the way the harness does, then profiles one forward call
+# Runs in the profiled process: confines itself as a judge's sandbox does (CUDA first, then no new privileges and
+# writes only to its private folders), loads the candidate the way the harness does, then profiles one forward call
 # (after a warm-up call, so lazy initialisation stays out) between cudaProfilerStart and cudaProfilerStop.
 # On a CPU device it only loads and calls, which lets tests check the loading without a GPU.
 NCU_DRIVER = """
@@ -45,13 +46,18 @@ import json, sys
 from pathlib import Path
 import torch
 from kernelpilot.harness.candidate import load_candidate, make_candidate_model
+from kernelpilot.harness.confine import harden
 from kernelpilot.results import BuildResult, from_dict
 from kernelpilot.workspace import open_workspace
 
 workspace = open_workspace(sys.argv[1])
-build = from_dict(BuildResult, json.loads(Path(sys.argv[2]).read_text()))
+built = json.loads(Path(sys.argv[2]).read_text())
+build = from_dict(BuildResult, built) if built is not None else None  # null: a workspace with no kernels
 device = torch.device(sys.argv[3])
 problem = workspace.problem()
+if device.type == "cuda":
+    torch.cuda.init()
+print("confinement:", harden(), flush=True)
 model = make_candidate_model(problem, load_candidate(workspace, build), device)
 inputs = problem.make_inputs(device, seed=0)
 on_gpu = device.type == "cuda"
@@ -113,16 +119,20 @@ def run_ncu(ws: Workspace, build: BuildResult, device: str, kernel: str | None) 
         if kernel:
             command += ["--kernel-name", f"regex:{kernel}"]
         command += [sys.executable, "-c", NCU_DRIVER, str(ws.root), str(build_json), device]
-        run = run_process(command, cwd=ws.root, env=driver_environment(), timeout=NCU_TIMEOUT_S)
+        run = run_process(command, cwd=ws.root, env=driver_environment(Path(folder) / "sandbox"), timeout=NCU_TIMEOUT_S)
         return run, report.read_text(errors="replace") if report.is_file() else ""
 
 
-def driver_environment() -> dict[str, str]:
-    """This environment with this very kernelpilot importable, as the judge's worker has it."""
+def driver_environment(private_dir: Path) -> dict[str, str]:
+    """A judge sandbox's environment (the toolchain's variables only, its own HOME, caches and temp folder under
+    `private_dir`, the only folder it may write), with this very kernelpilot importable. ncu runs with it too."""
     import kernelpilot
 
+    from kernelpilot.harness.process import sandbox_environment
+
     source_root = str(Path(kernelpilot.__file__).resolve().parents[1])
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p))
+    return sandbox_environment(env, private_dir)
 
 
 def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
