@@ -103,10 +103,10 @@ class SharedArena:
             self._folder = None
         if self._pool is not None:
             self._pool = None
+            # Blocks a sandbox mapped stay held for it until collected, and a released pool's blocks stay cached
+            # until emptied: without both, each multi-GB arena would stay in this process.
+            torch.cuda.ipc_collect()
             if self.nbytes > RELEASE_BYTES:
-                # Blocks a sandbox mapped stay held for it until collected, and a released pool's blocks stay
-                # cached until emptied: without both, each multi-GB arena would stay in this process.
-                torch.cuda.ipc_collect()
                 torch.cuda.empty_cache()
         self.nbytes = 0
 

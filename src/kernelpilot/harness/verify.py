@@ -223,14 +223,16 @@ class _Verification:
             self.libraries_called = calls_library(symbols)
         self.reference = self._build_reference(base_seed)
         try:
-            with SharedArena(self.device) as arena:
-                for index in range(trials):
+            for index in range(trials):
+                # An arena per trial: what one trial lent the sandbox goes back before the next (a multi-GB output
+                # would otherwise stay held once per trial).
+                with SharedArena(self.device) as arena:
                     trial = self._run_trial(arena, index, base_seed + index * SEED_STRIDE, last=index == trials - 1)
-                    self.trials.append(trial)
-                    if self.cuda and self.output_bytes > LARGE_OUTPUT_BYTES:
-                        torch.cuda.empty_cache()  # one trial's multi-GB blocks back, for the sandbox's next call
-                    if not trial.ok:
-                        break
+                self.trials.append(trial)
+                if self.cuda and self.output_bytes > LARGE_OUTPUT_BYTES:
+                    torch.cuda.empty_cache()  # one trial's multi-GB blocks back, for the sandbox's next call
+                if not trial.ok:
+                    break
         finally:
             self.previous = None
             if self.workspace is not None:  # after the model ran: it may have rewritten a protected file

@@ -298,6 +298,7 @@ def _release_cached_memory() -> None:
 
     gc.collect()
     if torch.cuda.is_available():
+        torch.cuda.ipc_collect()  # what sandboxes mapped and have let go of since the last step
         torch.cuda.empty_cache()
 
 
