@@ -12,7 +12,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {"capture": "kernelpilot.problem_capture"}
+_LAZY = {"capture": "kernelpilot.problem_capture", "load": "kernelpilot.deploy", "swap": "kernelpilot.deploy"}
 
 
 def __getattr__(name: str) -> Any:
