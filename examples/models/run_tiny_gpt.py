@@ -10,8 +10,9 @@ policy, accept them, swap them back into the model, and measure the whole model'
 3. swap: every RMSNorm of the model (two per block and the final one) and every block's MLP are replaced by the
    accepted ModelNew (`kernelpilot.swap`), sharing the model's own weights;
 4. measure: the forward of the original model in eager and under torch.compile, and of the swapped model in eager
-   and under torch.compile (reported as skipped, with the reason, when compiling through the kernels fails), and
-   each output against the original eager one.
+   and under torch.compile, and each output against the original eager one. torch.compile cannot trace the
+   kernels' pybind functions: it breaks the graph at each call (the count and reason are recorded) and runs them
+   eagerly between compiled graphs; where compiling fails outright, the row is reported as skipped with the reason.
 
 It writes DIR/results.json (or --json) and prints a table. About 5 minutes on an H100, most of it the two
 optimize runs and torch.compile.
@@ -189,12 +190,15 @@ def measure(forward, x: torch.Tensor, runs: int, reference: torch.Tensor | None 
         result["max_abs_diff"] = (output.float() - reference.float()).abs().max().item()
         result["correct"] = bool(torch.allclose(output.float(), reference.float(), atol=ATOL, rtol=RTOL))
     if _graph_breaks() > breaks_before:
+        # torch.compile runs what it cannot trace (a pybind kernel call) in eager, between compiled graphs.
         result["graph_breaks"] = _graph_breaks() - breaks_before
+        result["graph_break_reasons"] = sorted({reason.splitlines()[0][:160]
+                                                for reason in torch._dynamo.utils.counters["graph_break"]})  # fmt: skip
     return result
 
 
 def _graph_breaks() -> int:
-    """Graph breaks torch.compile has counted in this process (a pybind kernel call is one)."""
+    """Graph breaks torch.compile has counted in this process."""
     return sum(torch._dynamo.utils.counters["graph_break"].values())
 
 
