@@ -345,7 +345,7 @@ def _save_module(module: torch.nn.Module, file: Path) -> list[str]:
     named: set[tuple[str, str]] = set()
     try:
         torch.save(module, file, pickle_module=_recording_pickle(named))
-    except (pickle.PicklingError, AttributeError, TypeError) as err:
+    except (pickle.PicklingError, AttributeError, TypeError, RuntimeError) as err:
         raise CaptureError(
             f"The captured {type(module).__name__} cannot be saved with torch.save ({_first_line(err)}).",
             hint="A class or function defined inside another function cannot be pickled; define it at the top level "
