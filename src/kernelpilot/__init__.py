@@ -6,16 +6,12 @@ put an accepted workspace's kernels back into the model. They are imported on fi
 (and the CLI's start) does not import torch.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 __version__ = "0.1.0"
 
 _LAZY = {"capture": "kernelpilot.problem_capture", "load": "kernelpilot.deploy", "swap": "kernelpilot.deploy"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'kernelpilot' has no attribute {name!r}")
     import importlib
@@ -24,4 +20,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted(name for name in [*globals(), *_LAZY] if not name.startswith("_") or name == "__version__")
