@@ -45,7 +45,7 @@ ATOL = RTOL = 5e-2
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--out", type=Path, default=Path("tiny_gpt_run"), help="folder for problems and workspaces")
     parser.add_argument("--json", type=Path, default=None, help="results file (default: OUT/results.json)")
     parser.add_argument("--max-turns", type=int, default=40, help="turns of each optimize run")
@@ -84,7 +84,7 @@ def main() -> int:
     target.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nwrote {target}")
-    return 0 if results["model"]["swapped_eager"]["correct"] else 1
+    return 0 if results["model"]["swapped_eager"].get("correct") else 1
 
 
 def make_model() -> tuple[TinyGPT, torch.Tensor]:
