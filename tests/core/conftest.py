@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import re
+import sys
+
 import pytest
+
+from capture_testing import write_user_package
 
 
 @pytest.fixture
@@ -13,12 +19,25 @@ def isolated_git(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
 
 
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    """The `layers` module of a user's package in tmp_path/project/src, importable in this process only (a child
+    process does not have it on its path); the package's name is unique to the test, so no import is reused."""
+    package = "userpkg_" + re.sub(r"\W", "_", tmp_path.name)
+    monkeypatch.syspath_prepend(str(write_user_package(tmp_path / "project", package)))
+    yield importlib.import_module(f"{package}.layers")
+    for name in [name for name in sys.modules if name == package or name.startswith(f"{package}.")]:
+        del sys.modules[name]
+
+
 # Seconds each (CLI subprocesses, pre-commit runs, watch debouncing waited out).
 SLOW = {
+    "test_a_class_defined_in_the_script_being_run_is_refused",
     "test_check_without_a_gpu_says_so_and_passes_unless_a_gpu_is_required",
     "test_cli_init_reports_a_bad_problem_in_one_line",
     "test_pre_commit_runs_the_hook_from_this_repository_and_it_skips_without_a_gpu",
     "test_python_m_kernelpilot_init_exits_cleanly_on_a_missing_file",
+    "test_the_problem_loads_and_passes_the_init_check_in_a_process_without_the_users_package",
     "test_the_installed_hook_with_require_gpu_blocks_the_commit_without_a_gpu",
     "test_watch_cli_stops_cleanly_on_ctrl_c",
 }
