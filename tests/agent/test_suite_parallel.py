@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelpilot.agent.suite import RESULTS_DIR, ProblemOutcome, run_suite
+from kernelpilot.agent.suite import RESULTS_DIR, ProblemOutcome, find_problems, run_suite
 from kernelpilot.config import Settings
 from kernelpilot.errors import NoGPUError
 
@@ -17,7 +17,7 @@ from kernelpilot.errors import NoGPUError
 def write_problems(folder: Path, *names: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in names:
-        (folder / name).write_text("# a problem file; the stand-in runner never reads it\n")
+        (folder / name).write_text("# a problem file; the stand-in runner never reads it\ndef get_inputs():\n    return []\n")
 
 
 def finished(problem: Path, folder: Path, reward: int = 1) -> ProblemOutcome:
@@ -79,3 +79,16 @@ def test_a_failing_problem_runner_error_reaches_the_caller(tmp_path):
     with pytest.raises(NoGPUError):
         run_suite(folder, Settings(device="cpu"), tmp_path / "out", jobs=2, run_problem=no_gpu)
     assert not (tmp_path / "out" / RESULTS_DIR).exists()
+
+
+def test_the_suite_takes_problem_files_and_skips_scripts_beside_them(tmp_path):
+    """A folder like examples/: problems, and a subfolder with a user's model and a script that are not problems."""
+    write_problems(tmp_path, "1_a.py")
+    write_problems(tmp_path / "level2", "2_b.py")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny_gpt.py").write_text("class TinyGPT:\n    pass\n")
+    (tmp_path / "models" / "run_it.py").write_text("print('a script')\n")
+    write_problems(tmp_path / "kp-1_a", "model.py")  # a workspace's copy of a problem: not a problem of the folder
+    assert find_problems(tmp_path) == [tmp_path / "1_a.py", tmp_path / "level2" / "2_b.py"]
+    with pytest.raises(Exception, match="holds no problem files"):
+        find_problems(tmp_path / "models")

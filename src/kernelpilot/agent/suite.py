@@ -59,14 +59,18 @@ class SuiteReport:
 
 
 def find_problems(folder: Path) -> list[Path]:
-    """The .py files under `folder`, skipping hidden, private (`_x.py`) and kernelpilot workspace folders."""
+    """The problem files under `folder`: .py files that define `get_inputs` (scripts and modules beside them, such
+    as examples/models/, are not problems), skipping hidden, private (`_x.py`) and kernelpilot workspace folders."""
     def wanted(path: Path) -> bool:
         parts = path.relative_to(folder).parts
-        return not any(part.startswith((".", "_", "kp-")) for part in parts) and path.name != "model_new.py"
+        if any(part.startswith((".", "_", "kp-")) for part in parts) or path.name == "model_new.py":
+            return False
+        return "def get_inputs" in path.read_text(encoding="utf-8", errors="replace")
 
     problems = sorted(path for path in folder.rglob("*.py") if wanted(path))
     if not problems:
-        raise ProblemError(f"{folder} holds no problem files (.py).", hint="Pass a folder of KernelBench-format problems.")
+        raise ProblemError(f"{folder} holds no problem files (.py files defining Model and get_inputs).",
+                           hint="Pass a folder of KernelBench-format problems.")  # fmt: skip
     return problems
 
 
