@@ -218,7 +218,7 @@ def test_bad_settings_are_one_line(tmp_path):
 def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
     folder = tmp_path / "level1"
     write_double_problem(folder, "1_double.py")
-    write_problem(folder, "x = 1\n", "2_not_a_problem.py")
+    write_problem(folder, "def get_inputs():\n    return []\n", "2_not_a_problem.py")  # no Model: reported
     out = tmp_path / "out"
     with ScriptedOpenAIServer() as server:
         server.reply_tool_calls([("Finish", {"summary": "gave up"})])

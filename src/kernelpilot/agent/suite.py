@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,18 +59,23 @@ class SuiteReport:
     cost_usd: float | None
 
 
+# A file that names none of these at the start of a line is no attempt at a problem (a script, a model's module).
+_PROBLEM_NAMES = re.compile(r"^(class Model\b|def get_inputs\b|def get_init_inputs\b|Model\s*=)", re.MULTILINE)
+
+
 def find_problems(folder: Path) -> list[Path]:
-    """The problem files under `folder`: .py files that define `get_inputs` (scripts and modules beside them, such
-    as examples/models/, are not problems), skipping hidden, private (`_x.py`) and kernelpilot workspace folders."""
+    """The problem files under `folder`: .py files that define `Model`, `get_inputs` or `get_init_inputs` (a broken
+    one is then reported, while scripts and modules beside them, such as examples/models/, are skipped), outside
+    hidden, private (`_x.py`) and kernelpilot workspace folders."""
     def wanted(path: Path) -> bool:
         parts = path.relative_to(folder).parts
         if any(part.startswith((".", "_", "kp-")) for part in parts) or path.name == "model_new.py":
             return False
-        return "def get_inputs" in path.read_text(encoding="utf-8", errors="replace")
+        return _PROBLEM_NAMES.search(path.read_text(encoding="utf-8", errors="replace")) is not None
 
     problems = sorted(path for path in folder.rglob("*.py") if wanted(path))
     if not problems:
-        raise ProblemError(f"{folder} holds no problem files (.py files defining Model and get_inputs).",
+        raise ProblemError(f"{folder} holds no problem files (.py files defining Model, get_inputs, get_init_inputs).",
                            hint="Pass a folder of KernelBench-format problems.")  # fmt: skip
     return problems
 
