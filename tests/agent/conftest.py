@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tools_testing import make_workspace
+
+from kernelpilot.agent import ToolContext
 
 # Seconds each (CLI subprocesses, litellm retries and time-outs, a command killed at its time-out).
 SLOW = {
@@ -20,3 +23,9 @@ def pytest_itemcollected(item):
     # Called for the items of this folder only (a collection hook through the item's own path).
     if item.originalname in SLOW:
         item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def ctx(tmp_path) -> ToolContext:
+    """A fresh workspace for the tool tests, with no judge."""
+    return make_workspace(tmp_path)
