@@ -11,6 +11,7 @@ import pytest
 from tools_testing import call, make_workspace
 
 from kernelpilot.agent import RecoverableError, VerifyOutcome
+from kernelpilot.agent.failure import judged_failure
 from kernelpilot.agent.observations import build_text, eval_text, ncu_text, verify_outcome_text
 from kernelpilot.agent.session import tool_result
 from kernelpilot.agent.tool_results import NcuReport
@@ -201,6 +202,17 @@ def test_compile_errors_come_back_as_file_line_messages(judged_on_cpu):
     assert "kernels/broken.cpp:2:" in text and "undefined_name" in text
     assert not ctx.judged.build.ok, "the latest build is the one remembered"
     assert outputs["broken Verify"].text.startswith("Verify skipped: the build failed.\nBuild FAILED")
+
+
+@pytest.mark.cuda_build
+def test_the_judges_real_failures_give_their_kind_and_first_line(judged_on_cpu):
+    _, outputs, _ = judged_on_cpu
+    broken = judged_failure(outputs["broken Compile"].result)
+    assert broken.kind == "build" and broken.message.startswith("kernels/broken.cpp:2:") and "undefined_name" in broken.message
+    assert judged_failure(outputs["broken Verify"].result) == broken
+    guarded = judged_failure(outputs["Verify"].result)
+    assert guarded.kind == "guard" and guarded.message.startswith("guard torch-compute failed: ")
+    assert judged_failure(outputs["Profile"].result).kind == "guard"
 
 
 @pytest.mark.cuda_build

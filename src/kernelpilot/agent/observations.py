@@ -134,17 +134,17 @@ def build_text(build: BuildResult) -> str:
         lines = [f"Build ok for sm_{build.arch.replace('.', '')} in {build.seconds:.1f} s; recompiled: {recompiled}."]
     else:
         lines = [f"Build FAILED: {build.error or 'see the errors below'}", f"Recompiled: {recompiled}."]
-    errors = _compiler_first([d for d in build.diagnostics if d.severity == "error"])
+    errors = compiler_errors(build)
     if errors:
         lines.append(f"Errors ({len(errors)}):")
-        lines += [f"  {_location(d)}: {d.message}" for d in errors[:MAX_ERRORS_SHOWN]]
+        lines += [f"  {diagnostic_line(d)}" for d in errors[:MAX_ERRORS_SHOWN]]
         if len(errors) > MAX_ERRORS_SHOWN:
             lines.append(f"  ({len(errors) - MAX_ERRORS_SHOWN} more errors not shown; fix these first)")
     elif not build.ok and build.log:
         lines += ["Last lines of the build log:", *build.log.splitlines()[-30:]]
     warnings = [d for d in build.diagnostics if d.severity == "warning"]
     if warnings:
-        lines.append(f"Warnings ({len(warnings)}), first: {_location(warnings[0])}: {warnings[0].message}")
+        lines.append(f"Warnings ({len(warnings)}), first: {diagnostic_line(warnings[0])}")
     if build.resources:
         lines.append("Kernels (ptxas): registers, shared memory, stack, spill stores/loads")
         for kernel in build.resources:
@@ -155,10 +155,16 @@ def build_text(build: BuildResult) -> str:
     return "\n".join(lines)
 
 
-def _compiler_first(errors: list[Diagnostic]) -> list[Diagnostic]:
-    """ninja's "FAILED: x.o" only repeats a compiler's message; keep it when it is all there is."""
-    from_compilers = [d for d in errors if d.tool != "ninja"]
-    return from_compilers or errors
+def compiler_errors(build: BuildResult) -> list[Diagnostic]:
+    """The build's errors, the compilers' own first: ninja's "FAILED: x.o" only repeats a compiler's message, so it
+    is kept only when it is all there is."""
+    errors = build.errors
+    return [d for d in errors if d.tool != "ninja"] or errors
+
+
+def diagnostic_line(diagnostic: Diagnostic) -> str:
+    """'kernels/a.cu:12:5: message' (the tool's name where there is no file)."""
+    return f"{_location(diagnostic)}: {diagnostic.message}"
 
 
 def _location(diagnostic: Diagnostic) -> str:
