@@ -15,6 +15,7 @@ SLOW = {
     "test_optimize_commit_outside_a_repository_refuses_before_the_run",
     "test_resume_continues_a_session_the_model_broke_off",
     "test_server_down_is_one_sentence_and_a_nonzero_exit",
+    "test_suite_results_and_report_say_why_an_unsupported_and_an_unloadable_problem_failed",
     "test_tui_command_reaches_the_run_with_optimize_defaults",
 }
 
