@@ -32,6 +32,8 @@ PROTECTED_FILES = (
     "kernels/kp_module.cpp",
     "kernels/kp_cuda.h",
 )
+# Why the agent may not change the protected files, as its tools tell it.
+PROTECTED_REASON = "it is kernelpilot's (the reference or the build infrastructure) and must stay unchanged"
 MANIFEST_VERSION = 1
 MANIFEST_PATH = ".kernelpilot/manifest.json"
 MODEL_NEW_TEMPLATE = "model_new.py.j2"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tools_testing import make_workspace
+
+from kernelpilot.agent import ToolContext
 
 # Seconds each (CLI subprocesses, litellm retries and time-outs, a command killed at its time-out).
 SLOW = {
@@ -12,6 +15,7 @@ SLOW = {
     "test_optimize_commit_outside_a_repository_refuses_before_the_run",
     "test_resume_continues_a_session_the_model_broke_off",
     "test_server_down_is_one_sentence_and_a_nonzero_exit",
+    "test_suite_results_and_report_say_why_an_unsupported_and_an_unloadable_problem_failed",
     "test_tui_command_reaches_the_run_with_optimize_defaults",
 }
 
@@ -20,3 +24,9 @@ def pytest_itemcollected(item):
     # Called for the items of this folder only (a collection hook through the item's own path).
     if item.originalname in SLOW:
         item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def ctx(tmp_path) -> ToolContext:
+    """A fresh workspace for the tool tests, with no judge."""
+    return make_workspace(tmp_path)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from kernelpilot.agent.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.cli import app
 from kernelpilot.workspace import EXAMPLE_KERNELS
-from kp_testing import DOUBLE_PROBLEM, write_problem
+from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, write_problem
 
 # A CPU stand-in for a CUDA kernel: the extension builds with g++ here and the judge runs it on the CPU.
 CPU_BINDING = """
@@ -202,6 +202,7 @@ def test_resume_continues_a_session_the_model_broke_off(tmp_path):
     report = json.loads(second.stdout)
     assert second.exit_code == 1  # finished, but nothing verified
     assert (report["status"], report["turns"], report["best"], report["written"]) == ("finished", 3, None, [])
+    assert report["failure"] == {"kind": "no-candidate", "message": "nothing verified"}, "the judge never checked one"
     resumed_request = server.requests[-1]["messages"]
     assert any(m["role"] == "tool" and "example_scale_shift.cu" in m["content"] for m in resumed_request)
     assert not (problem.parent / "model_new.py").exists(), "nothing verified: nothing written beside the problem"
@@ -228,12 +229,78 @@ def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
         assert [(o["problem"], o["status"]) for o in report["outcomes"]] == [
             ("level1/1_double.py", "finished"), ("level1/2_not_a_problem.py", "invalid")]
         assert report["pass_rate"] == 0.0 and report["mean_reward"] == -1.0
-        assert "Model" in report["outcomes"][1]["message"]
+        assert (report["outcomes"][0]["failure"], report["outcomes"][0]["message"]) == ("no-candidate", "gave up")
+        assert report["outcomes"][1]["failure"] == "problem" and "Model" in report["outcomes"][1]["message"]
 
         requests = len(server.requests)
         again = invoke("suite", tmp_path, *model_flags(server), "--device", "cpu", "--out", out)
     assert again.exit_code == 0 and len(server.requests) == requests, "finished problems are not run again"
     assert "pass rate" in again.stdout
+
+
+CUMSUM_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=-1) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 1024)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def suite_with_the_built_in_policy(folder: Path, out: Path) -> subprocess.CompletedProcess:
+    """`kernelpilot suite FOLDER` with no model (the built-in policy) on the CPU judge, as a user runs it."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("KERNELPILOT_")}
+    env.update(CUDA_VISIBLE_DEVICES="", COLUMNS="200", TORCH_CUDA_ARCH_LIST="9.0", PYTHONPATH=str(REPO_ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "kernelpilot", "suite", str(folder), "--device", "cpu", "--dir", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=folder.parent, env=env)  # fmt: skip
+
+
+def result_files(out: Path) -> dict[str, dict]:
+    return {path.stem: json.loads(path.read_text()) for path in (out / "results").glob("*.json")}
+
+
+def test_suite_results_and_report_say_why_an_unsupported_and_an_unloadable_problem_failed(tmp_path):
+    folder = tmp_path / "problems"
+    write_problem(folder, CUMSUM_PROBLEM, "1_cumsum.py")
+    write_problem(folder, "import torch\n\nraise RuntimeError('the weights file is missing')\n", "2_broken.py")
+    run = suite_with_the_built_in_policy(folder, tmp_path / "out")
+
+    assert run.returncode == 0 and "Traceback" not in run.stdout + run.stderr, run.stderr
+    results = result_files(tmp_path / "out")
+    unsupported, broken = results["1_cumsum"], results["2_broken"]
+    assert (unsupported["status"], unsupported["correct"], unsupported["failure"]) == ("finished", False, "no-candidate")
+    assert unsupported["message"].startswith("No kernels written for 1_cumsum: Not supported by the built-in policy: "
+                                             "aten.cumsum")  # fmt: skip
+    assert (broken["status"], broken["failure"]) == ("invalid", "problem")
+    assert "raised RuntimeError: the weights file is missing" in broken["message"]
+    # The text report gives each failure whole, on a line of its own.
+    lines = run.stdout.splitlines()
+    assert f"  1_cumsum.py: no-candidate: {unsupported['message']}" in lines
+    assert f"  2_broken.py: problem: {broken['message']}" in lines
+
+
+@pytest.mark.cuda_build
+def test_suite_results_give_the_failing_checks_kind_and_first_line(tmp_path):
+    # The built-in policy's kernels build (nvcc, no GPU needed) but take CUDA tensors, so the CPU judge's trial fails.
+    folder = tmp_path / "problems"
+    write_double_problem(folder, "1_double.py")
+    run = suite_with_the_built_in_policy(folder, tmp_path / "out")
+
+    assert run.returncode == 0, run.stderr
+    result = result_files(tmp_path / "out")["1_double"]
+    assert (result["correct"], result["failure"]) == (False, "runtime")
+    assert result["message"].startswith("ModelNew.forward (seed ") and "raised RuntimeError" in result["message"]
+    assert f"  1_double.py: runtime: {result['message']}" in run.stdout.splitlines()
 
 
 def test_suite_metrics_follow_kernelbench():

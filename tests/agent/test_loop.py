@@ -13,7 +13,8 @@ from kernelpilot.agent import ModelReply, ToolCall, ToolContext, Usage
 from kernelpilot.agent.loop import NO_TOOL_CALL, RunSummary, run_agent, stop_reason
 from kernelpilot.agent.model import LiteLLMModel, ScriptedModel
 from kernelpilot.agent.prompts import TaskFacts, baseline_cache_key, known_facts, render_prompt, task_messages
-from kernelpilot.agent.session import INTERRUPTED_CALL, RunState, Session, read_records
+from kernelpilot.agent.session import INTERRUPTED_CALL, RunState, Session, read_records, tool_result
+from kernelpilot.agent.tool_results import RunFinished, TodoItem, ToolError
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
 from kernelpilot.results import BenchResult, EvalResult, Timing, VerifyResult
@@ -135,6 +136,11 @@ def test_bad_arguments_unknown_tool_and_no_tool_call_become_observations(workspa
     assert bad["content"].startswith("Error:") and "path" in bad["content"]
     assert "no tool named 'Teleport'" in unknown["content"] and "Finish" in unknown["content"]
     assert observations[-1] == {"role": "user", "content": NO_TOOL_CALL}
+    # The transcript keeps each call's typed result: the refusals as errors, Finish's summary as the model's words.
+    results = [tool_result(record) for record in records_of(session, "tool")]
+    assert [type(result) for result in results] == [ToolError, ToolError, RunFinished]
+    assert results[1].message in unknown["content"]
+    assert summary.finish_summary == "nothing verified" and summary.best is None
 
 
 def test_a_malformed_reply_is_shown_to_the_model_and_its_tokens_counted(workspace, tmp_path):
@@ -233,7 +239,8 @@ def test_ctrl_c_saves_the_session_and_resume_continues_with_nothing_lost(workspa
     final = run_agent(resumed.messages, second, default_tools(), ctx, Settings(), resumed)
     assert (final.status, final.turns) == ("finished", 4)
     assert final.prompt_tokens == 30  # the tokens of the first run are carried over
-    assert ctx.todos == [{"content": "plan", "status": "in_progress"}]
+    assert ctx.todos == [TodoItem("plan", "in_progress")]
+    assert final.finish_summary == "done"
     sent = second.received[0]
     assert sent[: len(first.received[-1])] == first.received[-1], "the resumed model sees the whole conversation"
     assert any(m.get("tool_call_id") == "g" for m in sent)

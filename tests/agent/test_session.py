@@ -21,7 +21,9 @@ from kernelpilot.agent.session import (
     restore_best,
     save_best,
     target_met,
+    tool_result,
 )
+from kernelpilot.agent.tool_results import FileWritten, RunFinished, TodoItem
 from kernelpilot.cli.render_agent import render_session_list, render_transcript
 from kernelpilot.results import BenchResult, EvalResult, Timing, VerifyResult
 from kernelpilot.workspace import Workspace
@@ -132,8 +134,24 @@ def test_resume_rebuilds_messages_and_state(tmp_path):
     assert not state.cost_known  # one reply had no price
     assert state.best.bench.candidate.median_ms == 8.0 and state.best_turn == 1
     assert len(state.evals) == 2 and state.elapsed_s == 12.5
-    assert state.todos == [{"content": "x", "status": "pending"}]
+    assert state.todos == [TodoItem("x", "pending")]
     assert read_records(session.path)[-1]["type"] == "resume"
+
+
+def test_tool_records_give_back_typed_results_old_transcripts_included(tmp_path):
+    finished = {"type": "tool", "name": "Finish", "result_type": "RunFinished", "data": {"summary": "done"}}
+    assert tool_result(finished) == RunFinished("done")
+    # Written before records named their result's type: read by the tool's result type when the data fits it.
+    old_write = {"type": "tool", "name": "Write", "data": {"path": "kernels/a.cu", "created": True, "diff": "+x\n", "lines": 1}}
+    assert tool_result(old_write) == FileWritten("kernels/a.cu", created=True, lines=1, diff="+x\n")
+    assert tool_result({"type": "tool", "name": "Bash", "data": {"exit": 0}}) is None
+    assert tool_result({"type": "tool", "name": "Read", "data": None}) is None  # a refused call, before errors were typed
+
+    session = Session.create(tmp_path, problem="p.py", model="m")
+    record_turn(session, 1, ["a"], ["a"])
+    session.append("tool", turn=2, message={"role": "tool", "tool_call_id": "f", "content": "Run finished: done"},
+                   name="Finish", arguments={"summary": "done"}, data={"summary": "done"}, result_type="RunFinished")
+    assert Session.resume(tmp_path).state.finish_summary == "done"
 
 
 def test_calls_cut_off_by_an_interruption_are_answered_on_resume(tmp_path):

@@ -21,6 +21,7 @@ from kernelpilot.agent import ModelReply, RunEnded, ToolCall, ToolContext
 from kernelpilot.agent.model import ScriptedModel
 from kernelpilot.agent.optimize import AgentRun
 from kernelpilot.agent.session import Session, read_records
+from kernelpilot.agent.tool_results import TodoItem
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
 from kernelpilot.results import (
@@ -181,7 +182,7 @@ async def test_run_fills_transcript_plan_and_diff(problem):
         def filled():
             assert app.outcome.summary.status == "finished" and app.turn == 3
 
-            assert app.query_one(TodoPanel).todos == PLAN
+            assert app.query_one(TodoPanel).todos == [TodoItem(**item) for item in PLAN]
             plan_text = str(app.query_one(TodoPanel).content)
             assert "write a fused kernel" in plan_text and "profile it" in plan_text
 

@@ -10,6 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kernelpilot.agent.tool_results import (  # re-exported: the types the loop, the policy and the TUI exchange
+    JUDGE_RESULT_CLASSES,
+    JudgeResult,
+    RunFinished,
+    TodoItem,
+    ToolResult,
+    VerifyOutcome,
+)
 from kernelpilot.config import Settings
 from kernelpilot.results import BuildResult, EvalResult, VerifyResult
 
@@ -56,23 +64,6 @@ class Model(Protocol):
 
 
 @dataclass
-class VerifyOutcome:
-    """What Verify found: the build it judged, and the verification when that build succeeded."""
-
-    build: BuildResult
-    verify: VerifyResult | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.verify is not None and self.verify.ok
-
-
-# What a judge tool returns: Compile a build, Verify a build and its verification, Profile the whole judgement.
-JudgeResult = BuildResult | VerifyOutcome | EvalResult
-JUDGE_RESULT_TYPES: dict[str, type] = {"Compile": BuildResult, "Verify": VerifyOutcome, "Profile": EvalResult}
-
-
-@dataclass
 class JudgeRecord:
     """What the judge said in this run, typed: the latest build and verification, every Profile's EvalResult in
     order, and each judge tool call's result by its call id (the built-in policy reads its own calls' results here).
@@ -103,19 +94,23 @@ class ToolContext:
     workspace: Workspace
     judge: Judge | None
     settings: Settings = field(default_factory=Settings)
-    todos: list[dict[str, Any]] = field(default_factory=list)
+    todos: list[TodoItem] = field(default_factory=list)
     judged: JudgeRecord = field(default_factory=JudgeRecord)
 
 
 @dataclass
 class ToolOutput:
-    """What a tool returns: text for the model, structured data for the transcript/TUI, whether the run is over, and
-    for a judge tool its typed result (`text` is rendered from it by `agent/observations.py`)."""
+    """What a tool returns: its typed result, the text the model reads of it and the plain data the transcript keeps
+    (both made from the result by `agent/observations.observe`)."""
 
+    result: ToolResult
     text: str
-    data: dict[str, Any] | None = None
-    finished: bool = False
-    result: JudgeResult | None = None
+    data: dict[str, Any]
+
+    @property
+    def finished(self) -> bool:
+        """True when the call ends the run (Finish)."""
+        return isinstance(self.result, RunFinished)
 
 
 @runtime_checkable

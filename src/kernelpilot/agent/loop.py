@@ -14,17 +14,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernelpilot.agent import (
+    JUDGE_RESULT_CLASSES,
     Model,
     ModelReply,
     RecoverableError,
     RunEnded,
+    RunFinished,
     Tool,
     ToolCall,
     ToolContext,
     ToolOutput,
     Usage,
 )
+from kernelpilot.agent.observations import observe
 from kernelpilot.agent.session import RunState, Session, is_improvement, save_best, target_met
+from kernelpilot.agent.tool_results import ToolError
 from kernelpilot.config import Settings
 from kernelpilot.results import EvalResult
 
@@ -44,6 +48,7 @@ class RunSummary:
     completion_tokens: int
     cost_usd: float | None  # None when some reply's price was unknown
     best: EvalResult | None
+    finish_summary: str | None = None  # the model's own words on Finish: a claim, never a verdict
 
 
 def run_agent(
@@ -109,22 +114,24 @@ def _turn(messages, model, tools, schemas, ctx, session, state) -> str:
         result = {"role": "tool", "tool_call_id": call.id, "content": _truncate(output.text)}
         messages.append(result)
         session.append("tool", turn=state.turn, message=result, name=call.name, arguments=call.arguments,
-                       data=output.data, seconds=round(time.monotonic() - started, 3), finished=output.finished)
+                       data=output.data, result_type=type(output.result).__name__,
+                       seconds=round(time.monotonic() - started, 3), finished=output.finished)  # fmt: skip
         record_evals(ctx, session, state)
-        finished = finished or output.finished
+        if isinstance(output.result, RunFinished):
+            finished, state.finish_summary = True, output.result.summary
     return "Finish" if finished else reply.tool_calls[-1].name
 
 
 def run_tool(call: ToolCall, tools: list[Tool], ctx: ToolContext) -> ToolOutput:
-    """Run one call; a problem the model can fix comes back as its observation. A judge tool's typed result is
-    kept in `ctx.judged.by_call` under the call's id."""
+    """Run one call; a problem the model can fix comes back as its observation (a ToolError). A judge tool's
+    typed result is kept in `ctx.judged.by_call` under the call's id."""
     from kernelpilot.agent.tools import find_tool
 
     try:
         output = find_tool(tools, call.name).run(call.arguments, ctx)
     except RecoverableError as err:
-        return ToolOutput(text=f"Error: {err}")
-    if output.result is not None:
+        return observe(ToolError(str(err)))
+    if isinstance(output.result, JUDGE_RESULT_CLASSES):
         ctx.judged.by_call[call.id] = output.result
     return output
 
@@ -190,4 +197,5 @@ def _summary(status: str, session: Session, state: RunState) -> RunSummary:
         completion_tokens=state.completion_tokens,
         cost_usd=state.cost_usd if state.cost_known else None,
         best=state.best,
+        finish_summary=state.finish_summary,
     )

@@ -1,12 +1,28 @@
-"""What the model reads of a judge tool's result: the one place typed results (BuildResult, VerifyOutcome,
-EvalResult, and Ncu's launches) become text. Nothing parses this text back; callers that decide (the loop, the
-built-in policy) read the typed results."""
+"""What the model reads of a tool's result: the one place typed results (the workspace tools' results of
+`agent/tool_results.py`, and the judge's BuildResult, VerifyOutcome and EvalResult) become text. Nothing parses this
+text back; callers that decide (the loop, the built-in policy, the TUI) read the typed results."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from kernelpilot.agent import JudgeResult, VerifyOutcome
+from kernelpilot.agent import ToolOutput
+from kernelpilot.agent.tool_results import (
+    CommandRun,
+    FileEdited,
+    FileRead,
+    FileWritten,
+    GlobMatches,
+    NcuLaunch,
+    NcuReport,
+    RunFinished,
+    TodoList,
+    ToolError,
+    ToolResult,
+    VerifyOutcome,
+    transcript_data,
+)
 from kernelpilot.results import (
     HARNESS_ERROR,
     BenchResult,
@@ -17,9 +33,7 @@ from kernelpilot.results import (
     TrialResult,
     VerifyResult,
 )
-
-if TYPE_CHECKING:
-    from kernelpilot.agent.tools.shell import ProcessRun
+from kernelpilot.workspace import PROTECTED_REASON
 
 MAX_ERRORS_SHOWN = 20
 TOP_KERNELS_SHOWN = 10
@@ -27,13 +41,83 @@ MAX_LAUNCHES_SHOWN = 20
 BUSY_PERCENT = 60.0  # a unit above this share of its peak is what limits the kernel
 
 
-def render(result: JudgeResult) -> str:
-    """The text the model reads for a judge tool's result."""
-    if isinstance(result, BuildResult):
-        return build_text(result)
-    if isinstance(result, VerifyOutcome):
-        return verify_outcome_text(result)
-    return eval_text(result)
+def observe(result: ToolResult) -> ToolOutput:
+    """A tool's answer: its typed result, the text the model reads and the data the transcript keeps."""
+    return ToolOutput(result=result, text=render(result), data=transcript_data(result))
+
+
+def render(result: ToolResult) -> str:
+    """The text the model reads for a tool's result."""
+    return _RENDERERS[type(result)](result)
+
+
+# ------------------------------------------------------------------------------------- workspace tools
+
+
+def glob_text(glob: GlobMatches) -> str:
+    """The matching paths, one per line, and how many more there are when the listing was capped."""
+    if not glob.matches:
+        return f"No file matches {glob.pattern}."
+    text = "\n".join(glob.matches)
+    if glob.total > len(glob.matches):
+        text += f"\n(showing {len(glob.matches)} of {glob.total} matches; narrow the pattern to see the rest)"
+    return text
+
+
+def read_text(read: FileRead) -> str:
+    """The lines shown, numbered, and where to continue when the file goes on."""
+    if not read.line_count:
+        return f"{read.path} is empty."
+    text = "\n".join(f"{number:6d}\t{line}" for number, line in enumerate(read.shown, read.offset))
+    if read.last_line < read.line_count:
+        text += (f"\n(lines {read.offset}-{read.last_line} of {read.line_count}; "
+                 f"continue with offset={read.last_line + 1})")  # fmt: skip
+    return text
+
+
+def written_text(written: FileWritten) -> str:
+    return f"{'Created' if written.created else 'Overwrote'} {written.path} ({written.lines} lines)."
+
+
+def edited_text(edited: FileEdited) -> str:
+    return f"Applied {edited.edits} edit(s) to {edited.path} (+{edited.added} -{edited.removed} lines)."
+
+
+def command_text(run: CommandRun) -> str:
+    """The command's output, then what ended it and which protected files were put back."""
+    parts = [run.output.rstrip("\n") or "(no output)"]
+    if run.timed_out:
+        parts.append(f"[timed out after {run.timeout_s:g} s: the command and its child processes were killed]")
+    elif run.exit_code != 0:
+        parts.append(f"[exit code {run.exit_code}]")
+    if run.restored:
+        parts.append(f"[kernelpilot restored {', '.join(run.restored)}: protected, {PROTECTED_REASON}; "
+                     "put your work in kernels/ and model_new.py]")  # fmt: skip
+    if run.not_restored:
+        parts.append(f"[protected files changed and not restorable: {', '.join(run.not_restored)}; the judge will "
+                     "reject the workspace until they are restored (`kernelpilot init` brings back deleted ones)]")  # fmt: skip
+    return "\n".join(parts)
+
+
+def todos_text(plan: TodoList) -> str:
+    """The plan as a checklist, with how much of it is done."""
+    if not plan.todos:
+        return "Todo list cleared."
+    marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+    done = sum(1 for item in plan.todos if item.status == "completed")
+    items = [f"  {marks[item.status]} {item.content}" for item in plan.todos]
+    return "\n".join([f"Todo list ({done}/{len(plan.todos)} done):", *items])
+
+
+def finished_text(finished: RunFinished) -> str:
+    return f"Run finished: {finished.summary}"
+
+
+def error_text(error: ToolError) -> str:
+    return f"Error: {error.message}"
+
+
+# ----------------------------------------------------------------------------------------- judge tools
 
 
 def verify_outcome_text(outcome: VerifyOutcome) -> str:
@@ -50,17 +134,17 @@ def build_text(build: BuildResult) -> str:
         lines = [f"Build ok for sm_{build.arch.replace('.', '')} in {build.seconds:.1f} s; recompiled: {recompiled}."]
     else:
         lines = [f"Build FAILED: {build.error or 'see the errors below'}", f"Recompiled: {recompiled}."]
-    errors = _compiler_first([d for d in build.diagnostics if d.severity == "error"])
+    errors = compiler_errors(build)
     if errors:
         lines.append(f"Errors ({len(errors)}):")
-        lines += [f"  {_location(d)}: {d.message}" for d in errors[:MAX_ERRORS_SHOWN]]
+        lines += [f"  {diagnostic_line(d)}" for d in errors[:MAX_ERRORS_SHOWN]]
         if len(errors) > MAX_ERRORS_SHOWN:
             lines.append(f"  ({len(errors) - MAX_ERRORS_SHOWN} more errors not shown; fix these first)")
     elif not build.ok and build.log:
         lines += ["Last lines of the build log:", *build.log.splitlines()[-30:]]
     warnings = [d for d in build.diagnostics if d.severity == "warning"]
     if warnings:
-        lines.append(f"Warnings ({len(warnings)}), first: {_location(warnings[0])}: {warnings[0].message}")
+        lines.append(f"Warnings ({len(warnings)}), first: {diagnostic_line(warnings[0])}")
     if build.resources:
         lines.append("Kernels (ptxas): registers, shared memory, stack, spill stores/loads")
         for kernel in build.resources:
@@ -71,10 +155,16 @@ def build_text(build: BuildResult) -> str:
     return "\n".join(lines)
 
 
-def _compiler_first(errors: list[Diagnostic]) -> list[Diagnostic]:
-    """ninja's "FAILED: x.o" only repeats a compiler's message; keep it when it is all there is."""
-    from_compilers = [d for d in errors if d.tool != "ninja"]
-    return from_compilers or errors
+def compiler_errors(build: BuildResult) -> list[Diagnostic]:
+    """The build's errors, the compilers' own first: ninja's "FAILED: x.o" only repeats a compiler's message, so it
+    is kept only when it is all there is."""
+    errors = build.errors
+    return [d for d in errors if d.tool != "ninja"] or errors
+
+
+def diagnostic_line(diagnostic: Diagnostic) -> str:
+    """'kernels/a.cu:12:5: message' (the tool's name where there is no file)."""
+    return f"{_location(diagnostic)}: {diagnostic.message}"
 
 
 def _location(diagnostic: Diagnostic) -> str:
@@ -174,14 +264,20 @@ def speedup_text(bench: BenchResult) -> str:
     return f"{_speedup(bench.speedup_vs_eager)} vs eager, {_speedup(bench.speedup_vs_compile)} vs torch.compile"
 
 
-def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None, timeout_s: float) -> str:
+def ncu_text(report: NcuReport) -> str:
     """ncu's findings for the model, or why it found nothing."""
-    if run.timed_out:
-        return f"ncu did not finish within {timeout_s:g} s and was stopped; profile fewer kernels with `kernel`."
-    if not launches:
-        reason = f"no kernel matched {kernel!r}" if kernel and run.returncode == 0 else f"exit code {run.returncode}"
-        tail = "\n".join(run.output.strip().splitlines()[-30:])
-        return f"ncu profiled no kernel ({reason}).\n{tail}".rstrip()
+    if not report.available:
+        return report.reason
+    if report.build is not None:
+        return "Ncu skipped: the build failed.\n" + build_text(report.build)
+    if report.timed_out:
+        return (f"ncu did not finish within {report.timeout_s:g} s and was stopped; profile fewer kernels with "
+                "`kernel`.")  # fmt: skip
+    if not report.launches:
+        matched = report.kernel and report.exit_code == 0
+        reason = f"no kernel matched {report.kernel!r}" if matched else f"exit code {report.exit_code}"
+        return f"ncu profiled no kernel ({reason}).\n{report.output_tail}".rstrip()
+    launches = report.launches
     lines = [f"ncu: {len(launches)} kernel launch(es) in one forward call:"]
     lines += [f"  {_launch_text(launch)}" for launch in launches[:MAX_LAUNCHES_SHOWN]]
     if len(launches) > MAX_LAUNCHES_SHOWN:
@@ -189,28 +285,35 @@ def ncu_text(run: ProcessRun, launches: list[dict[str, Any]], kernel: str | None
     return "\n".join(lines)
 
 
-def _launch_text(launch: dict[str, Any]) -> str:
-    def shown(key: str, template: str) -> str | None:
-        return template.format(launch[key]) if launch.get(key) is not None else None
+def _launch_text(launch: NcuLaunch) -> str:
+    def shown(value: float | None, template: str) -> str | None:
+        return template.format(value) if value is not None else None
 
     parts = [
-        shown("duration_us", "{:.4g} us"),
-        shown("dram_pct", "DRAM {:.1f}%"),
-        shown("sm_pct", "SM {:.1f}%"),
-        shown("occupancy_pct", "occupancy {:.1f}%"),
-        shown("registers", "{:.0f} regs"),
-        shown("block_size", "block {:.0f}"),
-        shown("grid_size", "grid {:.0f}"),
+        shown(launch.duration_us, "{:.4g} us"),
+        shown(launch.dram_pct, "DRAM {:.1f}%"),
+        shown(launch.sm_pct, "SM {:.1f}%"),
+        shown(launch.occupancy_pct, "occupancy {:.1f}%"),
+        shown(launch.registers, "{:.0f} regs"),
+        shown(launch.block_size, "block {:.0f}"),
+        shown(launch.grid_size, "grid {:.0f}"),
     ]
-    return f"{launch['kernel']}: " + ", ".join(part for part in parts if part) + f" -> {_limiter(launch)}"
+    return f"{launch.kernel}: " + ", ".join(part for part in parts if part) + f" -> {_limiter(launch)}"
 
 
-def _limiter(launch: dict[str, Any]) -> str:
-    if launch.get("dram_pct") is None and launch.get("sm_pct") is None:
+def _limiter(launch: NcuLaunch) -> str:
+    if launch.dram_pct is None and launch.sm_pct is None:
         return "limit unknown (no throughput counters)"
-    dram, sm = launch.get("dram_pct") or 0.0, launch.get("sm_pct") or 0.0
+    dram, sm = launch.dram_pct or 0.0, launch.sm_pct or 0.0
     if dram >= BUSY_PERCENT and dram >= sm:
         return "memory-bound (DRAM busy): move fewer bytes"
     if sm >= BUSY_PERCENT:
         return "compute-bound (SM busy): fewer or cheaper instructions, tensor cores"
     return "latency-bound (neither DRAM nor SM busy): more parallel work in flight, fewer stalls"
+
+
+_RENDERERS: dict[type, Callable[[Any], str]] = {
+    GlobMatches: glob_text, FileRead: read_text, FileWritten: written_text, FileEdited: edited_text,
+    CommandRun: command_text, TodoList: todos_text, RunFinished: finished_text, ToolError: error_text,
+    BuildResult: build_text, VerifyOutcome: verify_outcome_text, EvalResult: eval_text, NcuReport: ncu_text,
+}  # fmt: skip

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelpilot.agent.failure import RunFailure, run_failure
 from kernelpilot.agent.loop import RunSummary
 from kernelpilot.agent.session import RunState, Session, candidate_files, restore_best
 from kernelpilot.config import Settings
@@ -48,6 +49,7 @@ class OptimizeResult:
     written: list[Path] = field(default_factory=list)
     commit: CommitInfo | None = None  # what --commit committed
     commit_refusal: KernelpilotError | None = None  # why --commit committed nothing; the caller reports it last
+    failure: RunFailure | None = None  # why nothing was verified (None when something was, or after an interruption)
 
     @property
     def exit_code(self) -> int:
@@ -63,6 +65,7 @@ class OptimizeResult:
             "written": [str(path) for path in self.written],
             "commit": dataclasses.asdict(self.commit) if self.commit is not None else None,
             "commit_refused": self.commit_refusal.message if self.commit_refusal is not None else None,
+            "failure": to_dict(self.failure),
             **to_dict(self.summary),
         }
 
@@ -197,10 +200,12 @@ def prepared_run(
 
 
 def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
-    """Write out the best verified candidate (not after an interruption, which a resume continues) and report."""
+    """Write out the best verified candidate (not after an interruption, which a resume continues) and report,
+    with why nothing was verified when nothing was."""
     interrupted = summary.status == "interrupted"
     written = [] if interrupted else write_outputs(run.workspace, run.problem_path, run.settings.output)
-    return OptimizeResult(run.problem_path, run.workspace.root, run.model.name, summary, written)
+    return OptimizeResult(run.problem_path, run.workspace.root, run.model.name, summary, written,
+                          failure=run_failure(summary, run.ctx.judged))  # fmt: skip
 
 
 def require_committable(root: Path) -> None:

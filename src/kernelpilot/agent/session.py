@@ -2,9 +2,9 @@
 
 Each record is one JSON line, written and fsynced as it happens, so a crash or Ctrl-C loses at most the line being
 written. Records: `start` (problem, model, settings), `message` (system/user/assistant, with usage), `tool` (the
-tool message plus its arguments, structured data and seconds), `eval` (a judge result and whether it became the
-best), `step` (a checkpoint after every turn: todos, elapsed time), `resume` and `end` (status and summary).
-Resuming rebuilds the conversation and the run's counters from these records alone.
+tool message plus its arguments, its typed result as data with the result's type name, and seconds), `eval` (a
+judge result and whether it became the best), `step` (a checkpoint after every turn: todos, elapsed time), `resume`
+and `end` (status and summary). Resuming rebuilds the conversation and the run's counters from these records alone.
 """
 
 from __future__ import annotations
@@ -19,11 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelpilot.agent.tool_results import (
+    JUDGE_RESULT_CLASSES,
+    RESULT_TYPES_BY_NAME,
+    RESULT_TYPES_BY_TOOL,
+    JudgeResult,
+    RunFinished,
+    TodoItem,
+    ToolResult,
+)
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict, to_dict
 
 if TYPE_CHECKING:
-    from kernelpilot.agent import JudgeResult, Usage
+    from kernelpilot.agent import Usage
     from kernelpilot.workspace import Workspace
 
 SESSIONS_DIR = ".kernelpilot/sessions"
@@ -50,8 +59,9 @@ class RunState:
     best: EvalResult | None = None
     best_turn: int = 0
     evals: list[EvalResult] = field(default_factory=list)
-    todos: list[dict[str, Any]] = field(default_factory=list)
+    todos: list[TodoItem] = field(default_factory=list)
     judged_calls: dict[str, JudgeResult] = field(default_factory=dict)  # each judge tool call's result, by call id
+    finish_summary: str | None = None  # what the model said when it called Finish
 
     @property
     def tokens(self) -> int:
@@ -149,8 +159,9 @@ def _interrupted(call_id: str) -> dict[str, Any]:
 
 
 def rebuild_state(records: list[dict[str, Any]]) -> RunState:
-    """Turns, tokens, cost, evals, the best candidate, todos and the judge tools' results, from the records."""
-    from kernelpilot.agent import JUDGE_RESULT_TYPES, Usage
+    """Turns, tokens, cost, evals, the best candidate, todos, the judge tools' results and Finish's summary, from
+    the records."""
+    from kernelpilot.agent import Usage
 
     state = RunState()
     for record in records:
@@ -162,13 +173,32 @@ def rebuild_state(records: list[dict[str, Any]]) -> RunState:
             state.evals.append(result)
             if record.get("improved"):
                 state.best, state.best_turn = result, record["turn"]
-        elif record["type"] == "tool" and record.get("name") in JUDGE_RESULT_TYPES and record.get("data"):
-            result_type = JUDGE_RESULT_TYPES[record["name"]]
-            state.judged_calls[record["message"]["tool_call_id"]] = from_dict(result_type, record["data"])
+        elif record["type"] == "tool":
+            result = tool_result(record)
+            if isinstance(result, JUDGE_RESULT_CLASSES):
+                state.judged_calls[record["message"]["tool_call_id"]] = result
+            elif isinstance(result, RunFinished):
+                state.finish_summary = result.summary
         elif record["type"] == "step":
-            state.todos = record.get("todos") or []
+            state.todos = from_dict(list[TodoItem], record.get("todos") or [])
             state.elapsed_s = record.get("elapsed_s") or state.elapsed_s
     return state
+
+
+def tool_result(record: dict[str, Any]) -> ToolResult | None:
+    """The typed result of a `tool` record, rebuilt from its data by the type the record names; None for a record
+    with no data. A record from before records named their type is read by its tool's result type, when it fits."""
+    data = record.get("data")
+    if not data:
+        return None
+    if "result_type" in record:
+        result_type = RESULT_TYPES_BY_NAME.get(record["result_type"])
+        return from_dict(result_type, data) if result_type is not None else None
+    legacy_type = RESULT_TYPES_BY_TOOL.get(record.get("name", ""))
+    try:
+        return from_dict(legacy_type, data) if legacy_type is not None else None
+    except TypeError:  # data an older kernelpilot wrote that the type no longer fits: no typed result
+        return None
 
 
 def find_session(ws_root: Path, session_id: str | None) -> Path:

@@ -1,7 +1,9 @@
 """`kernelpilot suite`: optimize every problem in a folder and report the benchmark's metrics.
 
 Problems are the .py files under the folder (KernelBench's level folders included). Each gets a workspace and a
-result JSON under the output folder; a problem whose result JSON exists is skipped, and one whose run was
+result JSON under the output folder, which says why when the problem ended without a verified candidate (the
+failing check's kind and first line, the model's words when the judge never checked one, or why the problem
+cannot run: agent/failure.py). A problem whose result JSON exists is skipped, and one whose run was
 interrupted resumes its newest session, so a suite can be stopped and restarted. Problems run concurrently, one
 worker per visible GPU. The metrics are KernelBench's:
 pass rate, fast_p (correct and more than p times faster) vs eager and vs torch.compile, plus the geometric-mean
@@ -42,7 +44,8 @@ class ProblemOutcome:
     speedup_vs_compile: float | None = None
     cost_usd: float | None = None
     turns: int = 0
-    message: str = ""
+    failure: str = ""  # what kept it from a verified candidate: the judge's error kind, no-candidate, problem, ...
+    message: str = ""  # that failure in one line: the failing check's first line, the model's, or the problem's
 
 
 @dataclass
@@ -141,8 +144,10 @@ def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path
     try:
         result = optimize(problem, per_problem, resume=resume, on_turn=on_turn)
     except (ProblemError, WorkspaceError) as err:  # this problem cannot run; the others still can
-        return ProblemOutcome(problem=relative, status="invalid", correct=False, reward=-1, message=err.message)
-    summary, best = result.summary, result.summary.best
+        failure = "problem" if isinstance(err, ProblemError) else "workspace"
+        return ProblemOutcome(problem=relative, status="invalid", correct=False, reward=-1, failure=failure,
+                              message=err.message)  # fmt: skip
+    summary, best, failure = result.summary, result.summary.best, result.failure
     bench = best.bench if best is not None and best.bench is not None and best.bench.ok else None
     return ProblemOutcome(
         problem=relative,
@@ -153,6 +158,8 @@ def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path
         speedup_vs_compile=bench.speedup_vs_compile if bench else None,
         cost_usd=summary.cost_usd,
         turns=summary.turns,
+        failure=failure.kind if failure is not None else "",
+        message=failure.message if failure is not None else "",
     )
 
 

@@ -14,6 +14,7 @@ import typer
 
 from kernelpilot import __version__
 from kernelpilot.cli.base import App, console, err_console, one_of, print_json
+from kernelpilot.cli.run_args import DirOpt, RunArgs, run_command
 from kernelpilot.cli.train import train_app
 from kernelpilot.errors import KernelpilotError
 
@@ -48,22 +49,6 @@ def _check_buildable(device: str | None) -> None:
         from kernelpilot.build import resolve_arch
 
         resolve_arch(None, arch_option=False)
-
-
-# Options shared by several commands (one declaration each). The folder a command makes is --dir everywhere;
-# the older spellings (--workspace, --out) still work, hidden from help.
-DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="Workspace folder (default: ./kp-<problem name>).")]
-WorkspaceAliasOpt = Annotated[Optional[Path], typer.Option("--workspace", hidden=True)]
-ProblemArg = Annotated[Path, typer.Argument(help="A KernelBench-format file: Model, get_inputs(), get_init_inputs().")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="litellm model, e.g. openai/gpt-5 (default: KERNELPILOT_MODEL, else the built-in policy).")]
-ApiBaseOpt = Annotated[Optional[str], typer.Option("--api-base", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1.")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key (default: KERNELPILOT_API_KEY or the provider's usual variable).")]
-MaxTurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", help="Most model turns (default 40, at most 200).")]
-TargetOpt = Annotated[Optional[float], typer.Option("--target", help="Speedup vs torch.compile that counts as done (default 1.05).")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", help="Where the best model_new.py goes (default: beside PROBLEM); its kernels/ go beside it.")]
-ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue the workspace's newest session (or the one --session names).")]
-SessionOpt = Annotated[Optional[str], typer.Option("--session", help="Session id to resume (implies --resume).")]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cuda, cuda:N or cpu (cpu only exercises the harness).")]
 
 
 @app.command()
@@ -155,24 +140,25 @@ def _eval_folder(workspaces: list[Path], folder: Path, *, device: Optional[str],
 
 
 @app.command()
+@run_command
 def optimize(
-    problem: ProblemArg,
-    model: ModelOpt = None,
-    api_base: ApiBaseOpt = None,
-    api_key: ApiKeyOpt = None,
-    max_turns: MaxTurnsOpt = None,
-    target: TargetOpt = None,
-    dir: DirOpt = None,
-    workspace: WorkspaceAliasOpt = None,
-    output: OutputOpt = None,
-    resume: ResumeOpt = False,
-    session: SessionOpt = None,
-    device: DeviceOpt = None,
+    args: RunArgs,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON (no live progress).")] = False,
     tui: Annotated[bool, typer.Option("--tui", help="Watch and steer the run in a terminal UI (same as `kernelpilot tui`).")] = False,
     commit: Annotated[bool, typer.Option("--commit", help="Commit the best verified candidate as `kernelpilot accept` does: the workspace's kernels, model_new.py and kernelpilot.lock.json (the copy beside PROBLEM is not committed). Git must be on a branch.")] = False,
 ) -> None:
     """Let a model write, verify and time CUDA kernels for PROBLEM; keep the best verified candidate."""
+    _optimize(args, as_json=as_json, tui=tui, commit=commit)
+
+
+@app.command("tui")
+@run_command
+def tui_(args: RunArgs) -> None:
+    """`optimize --tui`: watch the agent work on PROBLEM live; pause, resume, stop it and accept the best as a commit."""
+    _optimize(args, as_json=False, tui=True, commit=False)
+
+
+def _optimize(args: RunArgs, *, as_json: bool, tui: bool, commit: bool) -> None:
     from kernelpilot.agent.optimize import EXIT_INTERRUPTED, checked_run, optimize as run_optimize
     from kernelpilot.cli.render_agent import live_progress, render_result
     from kernelpilot.config import load_settings
@@ -180,9 +166,11 @@ def optimize(
     if tui and commit:
         raise KernelpilotError("--commit does not apply to --tui, which commits with its own accept key.",
                                hint="Press a in the TUI once the run is over, or run without --tui.")
-    workspace = one_of(dir, workspace, "--dir", "--workspace")
-    settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,
-                                  target_speedup=target, workspace=workspace, output=output, device=device))
+    problem, resume, session = args.problem, args.resume, args.session
+    workspace = one_of(args.dir, args.workspace, "--dir", "--workspace")
+    settings = load_settings(dict(model=args.model, api_base=args.api_base, api_key=args.api_key,
+                                  max_turns=args.max_turns, target_speedup=args.target, workspace=workspace,
+                                  output=args.output, device=args.device))  # fmt: skip
     # Everything checkable (problem, session, model, git, GPU) is checked before the workspace is made.
     with checked_run(problem, settings, resume=resume, session_id=session, commit=commit) as checked:
         if settings.model is None and not as_json:
@@ -207,26 +195,6 @@ def optimize(
     if result.commit_refusal is not None:
         raise result.commit_refusal  # after the outcome, which it must not hide
     raise typer.Exit(result.exit_code)
-
-
-@app.command("tui")
-def tui_(
-    problem: ProblemArg,
-    model: ModelOpt = None,
-    api_base: ApiBaseOpt = None,
-    api_key: ApiKeyOpt = None,
-    max_turns: MaxTurnsOpt = None,
-    target: TargetOpt = None,
-    dir: DirOpt = None,
-    workspace: WorkspaceAliasOpt = None,
-    output: OutputOpt = None,
-    resume: ResumeOpt = False,
-    session: SessionOpt = None,
-    device: DeviceOpt = None,
-) -> None:
-    """`optimize --tui`: watch the agent work on PROBLEM live; pause, resume, stop it and accept the best as a commit."""
-    optimize(problem, model=model, api_base=api_base, api_key=api_key, max_turns=max_turns, target=target,
-             dir=dir, workspace=workspace, output=output, resume=resume, session=session, device=device, as_json=False, tui=True)
 
 
 @app.command()

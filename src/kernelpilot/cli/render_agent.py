@@ -112,6 +112,9 @@ def render_result(console: Console, result: OptimizeResult) -> None:
         console.print("Wrote " + ", ".join(escape(str(path)) for path in result.written), highlight=False)
     else:
         console.print("No candidate was verified correct, so nothing was written beside the problem.")
+    if result.failure is not None:
+        console.print(f"[bold]why:[/] {escape(result.failure.kind)}: {escape(result.failure.message)}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
     if result.commit is not None:
         render_commit(console, result.commit)
 
@@ -146,14 +149,20 @@ def ratio_text(ratio: float | None) -> str:
 
 
 def render_report(console: Console, report: SuiteReport) -> None:
-    """One row per problem, then the metrics."""
+    """One row per problem, why each one that is not correct failed (a line each, not wrapped), then the metrics."""
     table = Table(title="kernelpilot suite", title_justify="left")
-    for column in ("problem", "status", "correct", "vs eager", "vs compile", "reward"):
-        table.add_column(column, justify="left" if column in ("problem", "status") else "right")
+    for column in ("problem", "status", "correct", "vs eager", "vs compile", "reward", "failure"):
+        table.add_column(column, justify="left" if column in ("problem", "status", "failure") else "right")
     for o in report.outcomes:
         table.add_row(escape(o.problem), escape(o.status), "yes" if o.correct else "no", ratio_text(o.speedup_vs_eager),
-                      ratio_text(o.speedup_vs_compile), str(o.reward))
+                      ratio_text(o.speedup_vs_compile), str(o.reward), escape(o.failure) or "–")
     console.print(table)
+    failed = [o for o in report.outcomes if not o.correct and o.message]
+    if failed:
+        console.print("[bold]why not correct[/]")
+        for o in failed:
+            console.print(f"  {escape(o.problem)}: {escape(o.failure or o.status)}: {escape(o.message)}",
+                          highlight=False, soft_wrap=True)  # fmt: skip
     metrics = Table(show_header=False, title="metrics", title_justify="left")
     metrics.add_column(style="bold")
     metrics.add_column()

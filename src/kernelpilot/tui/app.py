@@ -28,7 +28,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer
 
-from kernelpilot.agent.session import describe_eval, read_records
+from kernelpilot.agent.session import describe_eval, read_records, tool_result
+from kernelpilot.agent.tool_results import FileEdited, FileWritten, TodoItem, TodoList
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict
 from kernelpilot.tui.control import Record, ReportingSession, RunControl
@@ -224,14 +225,15 @@ class KernelpilotApp(App[None]):
     def _show_record(self, record: Record) -> None:
         """Put one session record into the transcript and into the panel it concerns."""
         self.query_one(Transcript).add_record(record)
-        kind, data = record["type"], record.get("data") or {}
-        if kind == "tool" and "diff" in data:
-            self.query_one(DiffView).show_edit(data["path"], data["diff"])
-        if kind == "tool" and "todos" in data:
-            self.query_one(TodoPanel).todos = data["todos"]
+        kind = record["type"]
+        result = tool_result(record) if kind == "tool" else None
+        if isinstance(result, (FileWritten, FileEdited)):
+            self.query_one(DiffView).show_edit(result.path, result.diff)
+        if isinstance(result, TodoList):
+            self.query_one(TodoPanel).todos = result.todos
         elif kind == "step":
             self.turn = record["turn"]
-            self.query_one(TodoPanel).todos = record.get("todos") or []
+            self.query_one(TodoPanel).todos = from_dict(list[TodoItem], record.get("todos") or [])
         elif kind == "resume":
             self.turn = record.get("turn") or 0
         elif kind == "eval":

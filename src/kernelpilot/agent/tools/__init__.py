@@ -1,9 +1,10 @@
 """The agent's tools: one small class per action the model can take on its workspace and the judge.
 
 Each tool has a name, a description written for the model, a JSON schema of its arguments (checked before it runs,
-`schema.py`) and `run(args, ctx) -> ToolOutput`: text for the model and a plain dict for the transcript and the
-TUI; the judge tools also return their typed result. Anything the model can fix (a bad argument, a missing file,
-a refused command) is a RecoverableError whose message becomes its next observation. One module per concern:
+`schema.py`) and `run(args, ctx) -> ToolOutput`: its typed result (`agent/tool_results.py`; the judge's own results
+for the judge tools), the text the model reads of it (rendered in `agent/observations.py`) and its plain data for
+the transcript. Anything the model can fix (a bad argument, a missing file, a refused command) is a
+RecoverableError, which the loop answers with a ToolError as the model's next observation. One module per concern:
 `schema.py` (arguments), `files.py` (Glob, Read, Write, MultiEdit and the path guard), `shell.py` (Bash and
 processes), `plan.py` (TodoWrite, Finish), `judge.py` (Compile, Verify, Profile), `ncu.py` (Ncu); this module is
 the registry.

@@ -7,10 +7,11 @@ import difflib
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.agent import RecoverableError, ToolContext, ToolOutput
+from kernelpilot.agent import RecoverableError, ToolContext
 from kernelpilot.agent.shell_guard import BOOKKEEPING_DIR
+from kernelpilot.agent.tool_results import FileEdited, FileRead, FileWritten, GlobMatches
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
-from kernelpilot.workspace import PROTECTED_FILES
+from kernelpilot.workspace import PROTECTED_FILES, PROTECTED_REASON
 
 if TYPE_CHECKING:
     from kernelpilot.workspace import Workspace
@@ -21,7 +22,6 @@ READ_LINE_LIMIT = 2000  # characters shown of one line
 READ_OUTPUT_LIMIT = 60_000
 EDITABLE_KERNEL_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
 EDITABLE_FILES_TEXT = "kernels/*.cu, kernels/*.cuh, kernels/*.h, kernels/*.cpp, model_new.py and notes/*.md"
-PROTECTED_REASON = "it is kernelpilot's (the reference or the build infrastructure) and must stay unchanged"
 
 
 def resolve_in_workspace(ws: Workspace, raw: str) -> Path:
@@ -81,7 +81,7 @@ class GlobTool(CheckedTool):
         {"pattern": {"type": "string", "minLength": 1, "description": "e.g. kernels/*.cu"}}, ["pattern"]
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> GlobMatches:
         pattern = args["pattern"]
         root = ctx.workspace.root.resolve()
         if PurePosixPath(pattern).is_absolute() or ".." in PurePosixPath(pattern).parts:
@@ -89,13 +89,7 @@ class GlobTool(CheckedTool):
                 f"Glob pattern {pattern} leaves the workspace; give one relative to its root, e.g. kernels/*.cu."
             )
         matches = sorted(_glob_entry(path, root) for path in _glob(root, pattern) if _listable(path, root))
-        if not matches:
-            return ToolOutput(text=f"No file matches {pattern}.", data={"pattern": pattern, "matches": []})
-        shown = matches[:GLOB_LIMIT]
-        text = "\n".join(shown)
-        if len(matches) > GLOB_LIMIT:
-            text += f"\n(showing {GLOB_LIMIT} of {len(matches)} matches; narrow the pattern to see the rest)"
-        return ToolOutput(text=text, data={"pattern": pattern, "matches": shown, "total": len(matches)})
+        return GlobMatches(pattern, matches[:GLOB_LIMIT], len(matches))
 
 
 def _glob(root: Path, pattern: str) -> list[Path]:
@@ -134,29 +128,24 @@ class ReadTool(CheckedTool):
         ["path"],
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> FileRead:
         path = resolve_in_workspace(ctx.workspace, args["path"])
         name = relative_name(ctx.workspace, path)
         lines = read_text_file(path, name).splitlines()
         offset, limit = args.get("offset", 1), args.get("limit", READ_DEFAULT_LINES)
         if not lines:
-            return ToolOutput(text=f"{name} is empty.", data={"path": name, "lines": 0})
+            return FileRead(name)
         if offset > len(lines):
             raise RecoverableError(f"{name} has {len(lines)} lines, so offset {offset} is past its end.")
-        shown, size, last = [], 0, offset - 1
-        for number in range(offset, min(offset + limit, len(lines) + 1)):
-            line = lines[number - 1]
+        shown, size = [], 0
+        for line in lines[offset - 1 : offset - 1 + limit]:
             if len(line) > READ_LINE_LIMIT:
                 line = line[:READ_LINE_LIMIT] + f" [... {len(line) - READ_LINE_LIMIT} more characters]"
-            size += len(line) + 8
+            size += len(line) + 8  # with its number and tab
             if shown and size > READ_OUTPUT_LIMIT:
                 break
-            shown.append(f"{number:6d}\t{line}")
-            last = number
-        text = "\n".join(shown)
-        if last < len(lines):
-            text += f"\n(lines {offset}-{last} of {len(lines)}; continue with offset={last + 1})"
-        return ToolOutput(text=text, data={"path": name, "offset": offset, "last_line": last, "lines": len(lines)})
+            shown.append(line)
+        return FileRead(name, offset, offset + len(shown) - 1, len(lines), shown)
 
 
 def read_text_file(path: Path, name: str) -> str:
@@ -190,7 +179,7 @@ class WriteTool(CheckedTool):
         ["path", "content"],
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> FileWritten:
         path = resolve_in_workspace(ctx.workspace, args["path"])
         name = require_editable(ctx.workspace, path)
         if path.is_dir():
@@ -199,13 +188,7 @@ class WriteTool(CheckedTool):
         before = "" if created else path.read_text(encoding="utf-8", errors="replace")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(args["content"], encoding="utf-8")
-        diff = unified_diff(name, before, args["content"])
-        line_count = len(args["content"].splitlines())
-        verb = "Created" if created else "Overwrote"
-        return ToolOutput(
-            text=f"{verb} {name} ({line_count} lines).",
-            data={"path": name, "created": created, "diff": diff, "lines": line_count},
-        )
+        return FileWritten(name, created, len(args["content"].splitlines()), unified_diff(name, before, args["content"]))
 
 
 class MultiEditTool(CheckedTool):
@@ -235,7 +218,7 @@ class MultiEditTool(CheckedTool):
         ["path", "edits"],
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> FileEdited:
         path = resolve_in_workspace(ctx.workspace, args["path"])
         name = require_editable(ctx.workspace, path)
         if not path.exists():
@@ -247,10 +230,7 @@ class MultiEditTool(CheckedTool):
         path.write_text(after, encoding="utf-8")
         diff = unified_diff(name, before, after)
         added, removed = _diff_counts(diff)
-        return ToolOutput(
-            text=f"Applied {len(args['edits'])} edit(s) to {name} (+{added} -{removed} lines).",
-            data={"path": name, "edits": len(args["edits"]), "diff": diff},
-        )
+        return FileEdited(name, len(args["edits"]), added, removed, diff)
 
 
 def apply_edit(text: str, edit: dict[str, Any], label: str) -> str:

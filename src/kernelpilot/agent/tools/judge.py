@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelpilot.agent import JudgeResult, RecoverableError, ToolContext, ToolOutput, VerifyOutcome
-from kernelpilot.agent.observations import render
+from kernelpilot.agent import RecoverableError, ToolContext, VerifyOutcome
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
-from kernelpilot.results import BuildResult, to_dict
+from kernelpilot.results import BuildResult, EvalResult
 
 MAX_TRIALS = 20
 
@@ -31,11 +30,6 @@ def build_candidate(ctx: ToolContext, tool_name: str) -> BuildResult:
     return build
 
 
-def judged_output(result: JudgeResult) -> ToolOutput:
-    """A judge tool's answer: its typed result, rendered for the model, and as plain data for the transcript."""
-    return ToolOutput(text=render(result), data=to_dict(result), result=result)
-
-
 class CompileTool(CheckedTool):
     name = "Compile"
     description = (
@@ -45,8 +39,8 @@ class CompileTool(CheckedTool):
     )
     parameters = object_schema({})
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        return judged_output(build_candidate(ctx, self.name))
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> BuildResult:
+        return build_candidate(ctx, self.name)
 
 
 class VerifyTool(CheckedTool):
@@ -60,15 +54,15 @@ class VerifyTool(CheckedTool):
         {"trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS, "description": "how many"}}
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> VerifyOutcome:
         build = build_candidate(ctx, self.name)
         if not build.ok:
-            return judged_output(VerifyOutcome(build))
+            return VerifyOutcome(build)
         judging = judging_settings(ctx)
         judging["trials"] = args.get("trials", judging["trials"])  # the model may ask for more or fewer
         outcome = VerifyOutcome(build, ctx.judge.verify(ctx.workspace.root, build, **judging))
         ctx.judged.note(outcome)
-        return judged_output(outcome)
+        return outcome
 
 
 class ProfileTool(CheckedTool):
@@ -81,7 +75,7 @@ class ProfileTool(CheckedTool):
     )
     parameters = object_schema({})
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> EvalResult:
         result = require_judge(ctx, self.name).evaluate(ctx.workspace.root, **judging_settings(ctx))
         ctx.judged.note(result)
-        return judged_output(result)
+        return result

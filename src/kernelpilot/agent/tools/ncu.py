@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.agent import ToolContext, ToolOutput
-from kernelpilot.agent.observations import build_text, ncu_text
+from kernelpilot.agent import ToolContext
 from kernelpilot.agent.shell_guard import SCRATCH_DIR
+from kernelpilot.agent.tool_results import NcuLaunch, NcuReport
 from kernelpilot.agent.tools.judge import build_candidate
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
 from kernelpilot.agent.tools.shell import ProcessRun, run_process
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kernelpilot.workspace import Workspace
 
 NCU_TIMEOUT_S = 300
+NCU_OUTPUT_TAIL_LINES = 30  # of ncu's own output, kept to say why it profiled nothing
 
 NCU_METRICS = {
     "gpu__time_duration.sum": "duration",
@@ -83,18 +84,18 @@ class NcuTool(CheckedTool):
     )
     parameters = object_schema({"kernel": {"type": "string", "minLength": 1, "description": "regex of kernel names"}})
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> NcuReport:
         unavailable = ncu_unavailable_reason(ctx)
         if unavailable:
-            return ToolOutput(text=unavailable, data={"available": False, "reason": unavailable})
+            return NcuReport(available=False, reason=unavailable)
+        kernel = args.get("kernel")
         build = build_candidate(ctx, self.name)
         if not build.ok:
-            text = "Ncu skipped: the build failed.\n" + build_text(build)
-            return ToolOutput(text=text, data={"available": True, "build": to_dict(build)})
-        run, report = run_ncu(ctx.workspace, build, ctx.judge.device, args.get("kernel"))
-        launches = parse_ncu_csv(report + "\n" + run.output)
-        data = {"available": True, "exit_code": run.returncode, "timed_out": run.timed_out, "launches": launches}
-        return ToolOutput(text=ncu_text(run, launches, args.get("kernel"), NCU_TIMEOUT_S), data=data)
+            return NcuReport(build=build, kernel=kernel)
+        run, report = run_ncu(ctx.workspace, build, ctx.judge.device, kernel)
+        tail = "\n".join(run.output.strip().splitlines()[-NCU_OUTPUT_TAIL_LINES:])
+        return NcuReport(kernel=kernel, exit_code=run.returncode, timed_out=run.timed_out, timeout_s=NCU_TIMEOUT_S,
+                         launches=parse_ncu_csv(report + "\n" + run.output), output_tail=tail)  # fmt: skip
 
 
 def ncu_unavailable_reason(ctx: ToolContext) -> str | None:
@@ -135,8 +136,8 @@ def driver_environment(private_dir: Path) -> dict[str, str]:
     return sandbox_environment(env, private_dir)
 
 
-def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
-    """ncu's `--csv` rows (one per launch and metric) as one dict per launch: id, kernel and the metrics by label."""
+def parse_ncu_csv(text: str) -> list[NcuLaunch]:
+    """ncu's `--csv` rows (one per launch and metric) as one record per launch: id, kernel and its metrics."""
     rows = csv.DictReader(line for line in text.splitlines() if line.startswith('"'))
     launches: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -148,7 +149,7 @@ def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
         if metric == "duration" and value is not None:
             metric, value = "duration_us", value * _MICROSECONDS_PER_UNIT.get(row.get("Metric Unit", ""), 1e-3)
         launch[metric] = value
-    return sorted(launches.values(), key=lambda launch: launch["id"])
+    return [NcuLaunch(**launch) for launch in sorted(launches.values(), key=lambda launch: launch["id"])]
 
 
 def _ncu_number(text: str) -> float | None:

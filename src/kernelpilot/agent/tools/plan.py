@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelpilot.agent import RecoverableError, ToolContext, ToolOutput
+from kernelpilot.agent import RecoverableError, ToolContext
+from kernelpilot.agent.tool_results import RunFinished, TodoItem, TodoList
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
 
 
@@ -31,24 +32,15 @@ class TodoWriteTool(CheckedTool):
         ["todos"],
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        todos = [{"content": item["content"], "status": item["status"]} for item in args["todos"]]
-        in_progress = [item["content"] for item in todos if item["status"] == "in_progress"]
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> TodoList:
+        todos = [TodoItem(item["content"], item["status"]) for item in args["todos"]]
+        in_progress = [item.content for item in todos if item.status == "in_progress"]
         if len(in_progress) > 1:
             raise RecoverableError(
                 f"TodoWrite: {len(in_progress)} items are in_progress ({'; '.join(in_progress)}); mark at most one."
             )
         ctx.todos = todos
-        return ToolOutput(text=render_todos(todos), data={"todos": todos})
-
-
-def render_todos(todos: list[dict[str, Any]]) -> str:
-    if not todos:
-        return "Todo list cleared."
-    marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
-    done = sum(1 for item in todos if item["status"] == "completed")
-    items = [f"  {marks[item['status']]} {item['content']}" for item in todos]
-    return "\n".join([f"Todo list ({done}/{len(todos)} done):", *items])
+        return TodoList(todos)
 
 
 class FinishTool(CheckedTool):
@@ -61,5 +53,5 @@ class FinishTool(CheckedTool):
         {"summary": {"type": "string", "minLength": 1, "description": "what was achieved"}}, ["summary"]
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        return ToolOutput(text=f"Run finished: {args['summary']}", data={"summary": args["summary"]}, finished=True)
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> RunFinished:
+        return RunFinished(args["summary"])

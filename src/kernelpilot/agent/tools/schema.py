@@ -1,5 +1,5 @@
 """Tool arguments: the JSON-schema subset the tools use, checked without dependencies before a tool runs, and the
-base class of a tool whose arguments are checked."""
+base class of a tool whose arguments are checked and whose typed result is rendered for the model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import abc
 import json
 from typing import Any
 
-from kernelpilot.agent import RecoverableError, ToolContext, ToolOutput
+from kernelpilot.agent import RecoverableError, ToolContext, ToolOutput, ToolResult
+from kernelpilot.agent.observations import observe
 
 
 def validate_arguments(tool_name: str, schema: dict[str, Any], args: Any) -> None:
@@ -83,7 +84,8 @@ def object_schema(properties: dict[str, Any], required: list[str] | None = None)
 
 
 class CheckedTool(abc.ABC):
-    """A tool whose arguments are checked against its schema before `execute` runs."""
+    """A tool whose arguments are checked against its schema before `execute` runs, and whose typed result becomes
+    the model's text in `agent/observations.py`."""
 
     name: str
     description: str
@@ -91,8 +93,8 @@ class CheckedTool(abc.ABC):
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         validate_arguments(self.name, self.parameters, args)
-        return self.execute(args, ctx)
+        return observe(self.execute(args, ctx))
 
     @abc.abstractmethod
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        """Do the tool's work with arguments that match its schema."""
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Do the tool's work with arguments that match its schema; return its typed result."""

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.agent import ToolContext, ToolOutput
+from kernelpilot.agent import ToolContext
 from kernelpilot.agent.shell_guard import SCRATCH_DIR, WriteGuard
-from kernelpilot.agent.tools.files import PROTECTED_REASON
+from kernelpilot.agent.tool_results import CommandRun
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
 from kernelpilot.workspace import PROTECTED_FILES, tampered_files
 
@@ -48,7 +48,7 @@ class BashTool(CheckedTool):
         ["command"],
     )
 
-    def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> CommandRun:
         ws, command = ctx.workspace, args["command"]
         root, scratch = ws.root.resolve(), ws.root.resolve() / SCRATCH_DIR
         WriteGuard(root, scratch).check(command)
@@ -59,26 +59,8 @@ class BashTool(CheckedTool):
         run = run_process(["bash", "-c", command], cwd=root, env=environment, timeout=timeout)
         restored, lost = restore_protected(ws)
         output, cut = cap_middle(run.output, BASH_OUTPUT_LIMIT)
-        text = _bash_text(output, run, timeout, restored, lost)
-        data = {"command": command, "exit_code": run.returncode, "timed_out": run.timed_out,
-                "seconds": run.seconds, "output_chars": len(run.output), "cut_chars": cut,
-                "restored": restored, "not_restored": lost}  # fmt: skip
-        return ToolOutput(text=text, data=data)
-
-
-def _bash_text(output: str, run: ProcessRun, timeout: int, restored: list[str], lost: list[str]) -> str:
-    parts = [output.rstrip("\n") or "(no output)"]
-    if run.timed_out:
-        parts.append(f"[timed out after {timeout} s: the command and its child processes were killed]")
-    elif run.returncode != 0:
-        parts.append(f"[exit code {run.returncode}]")
-    if restored:
-        parts.append(f"[kernelpilot restored {', '.join(restored)}: protected, {PROTECTED_REASON}; "
-                     "put your work in kernels/ and model_new.py]")  # fmt: skip
-    if lost:
-        parts.append(f"[protected files changed and not restorable: {', '.join(lost)}; the judge will reject the "
-                     "workspace until they are restored (`kernelpilot init` brings back deleted ones)]")  # fmt: skip
-    return "\n".join(parts)
+        return CommandRun(command, run.returncode, run.timed_out, timeout, run.seconds, len(run.output), cut,
+                          restored, lost, output)  # fmt: skip
 
 
 @dataclass
