@@ -15,10 +15,12 @@ compiled form for the baselines (`mode="eager"|"compile"`), in a process where n
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,28 +182,30 @@ class LocalModel:
 
 def copy_into_slots(actual: Any, slots: list[torch.Tensor]) -> Any:
     """Describe `actual` as JSON and copy each tensor leaf into the slot of its index when layouts agree."""
-    counter = iter(range(len(slots) + 1_000_000))
+    return _describe_into(actual, slots, itertools.count())
 
-    def describe(tree: Any) -> Any:
-        if isinstance(tree, torch.Tensor):
-            index = next(counter)
-            slot = slots[index] if index < len(slots) else None
-            copied = (
-                slot is not None and tree.shape == slot.shape and tree.dtype == slot.dtype and tree.device == slot.device
-            )
-            if copied:
-                slot.copy_(tree)
-            return {"t": "tensor", "i": index, "shape": list(tree.shape), "dtype": dtype_name(tree.dtype),
-                    "device": str(tree.device), "copied": copied}  # fmt: skip
-        if isinstance(tree, (tuple, list)):
-            return {"t": "tuple" if isinstance(tree, tuple) else "list", "items": [describe(item) for item in tree]}
-        if isinstance(tree, dict):
-            return {"t": "dict", "items": {str(key): describe(item) for key, item in tree.items()}}
-        if tree is None or isinstance(tree, (bool, int, float, str)):
-            return {"t": "value", "v": tree}
-        return {"t": "other", "type": type(tree).__name__}
 
-    return describe(actual)
+def _describe_into(tree: Any, slots: list[torch.Tensor], counter: Iterator[int]) -> Any:
+    # A plain recursive function, not a closure over `slots`: a recursive closure is a reference cycle, and the
+    # shared slots it held would stay mapped until the garbage collector ran, holding the judge's memory (torch
+    # frees a CUDA IPC block on the lender's side only once every process that opened it has let go).
+    if isinstance(tree, torch.Tensor):
+        index = next(counter)
+        slot = slots[index] if index < len(slots) else None
+        copied = (
+            slot is not None and tree.shape == slot.shape and tree.dtype == slot.dtype and tree.device == slot.device
+        )
+        if copied:
+            slot.copy_(tree)
+        return {"t": "tensor", "i": index, "shape": list(tree.shape), "dtype": dtype_name(tree.dtype),
+                "device": str(tree.device), "copied": copied}  # fmt: skip
+    if isinstance(tree, (tuple, list)):
+        return {"t": "tuple" if isinstance(tree, tuple) else "list", "items": [_describe_into(item, slots, counter) for item in tree]}
+    if isinstance(tree, dict):
+        return {"t": "dict", "items": {str(key): _describe_into(item, slots, counter) for key, item in tree.items()}}
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return {"t": "value", "v": tree}
+    return {"t": "other", "type": type(tree).__name__}
 
 
 def poison_free_memory(device: torch.device, output_bytes: list[int]) -> None:
