@@ -171,7 +171,7 @@ def test_context_overflow_is_fitted_keeping_the_task(workspace):
     model = ScriptedModel([*reads, reply(call("Finish", summary="done"))], context_window=12_000)
     summary, session = run(workspace, model)
     assert summary.status == "finished"
-    from kernelpilot.agent.model import count_tokens
+    from kernelpilot.agent.context import count_tokens
 
     last = model.received[-1]
     assert count_tokens(last) <= 12_000

@@ -12,20 +12,9 @@ import time
 import pytest
 
 from kernelpilot.agent import ModelReply, RecoverableError, RunEnded, ToolCall
-from kernelpilot.agent.model import (
-    LiteLLMModel,
-    MalformedReply,
-    ModelError,
-    ScriptedModel,
-    as_text_conversation,
-    count_tokens,
-    fit_context,
-    parse_text_actions,
-    resolve_model,
-    split_text_reply,
-    text_tool_instructions,
-    truncate_output,
-)
+from kernelpilot.agent.context import count_tokens, fit_context, truncate_output
+from kernelpilot.agent.model import LiteLLMModel, MalformedReply, ModelError, ScriptedModel, resolve_model
+from kernelpilot.agent.text_actions import as_text_conversation, parse_text_actions, split_text_reply, text_tool_instructions
 
 TOOLS = [
     {

@@ -175,7 +175,7 @@ def assistant_message(reply: ModelReply) -> dict[str, Any]:
 
 
 def _fit(messages: list[dict[str, Any]], model: Model) -> list[dict[str, Any]]:
-    from kernelpilot.agent.model import count_tokens, fit_context
+    from kernelpilot.agent.context import count_tokens, fit_context
 
     window = getattr(model, "context_window", None) or DEFAULT_CONTEXT_TOKENS
     # A model that counts its own tokens (litellm's tokenizer) fits more exactly than the estimate.
@@ -183,7 +183,7 @@ def _fit(messages: list[dict[str, Any]], model: Model) -> list[dict[str, Any]]:
 
 
 def _truncate(text: str) -> str:
-    from kernelpilot.agent.model import truncate_output
+    from kernelpilot.agent.context import truncate_output
 
     return truncate_output(text, TOOL_OUTPUT_CHARS)
 

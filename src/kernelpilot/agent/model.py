@@ -3,8 +3,7 @@
 - `LiteLLMModel`: any litellm provider string (a local vLLM/SGLang/llama.cpp server is `openai/<name>` plus an api
   base), with retries on rate limits, 5xx, timeouts and dropped connections, token and cost accounting, and a
   plain-text action format for models without native tool calling.
-- `text_tool_instructions` / `parse_text_actions`: that text format, written and read.
-- `truncate_output` / `fit_context`: long outputs cut to head + tail, the conversation kept under the window.
+- The plain-text action format lives in `text_actions.py`; fitting a conversation to the window in `context.py`.
 - `ScriptedModel`: replays fixed replies (tests, demos, RL data). `resolve_model`: picks a model from the settings.
 
 litellm is imported only when a LiteLLMModel first needs it: `kernelpilot --help`, scripted runs and the built-in
@@ -13,24 +12,28 @@ policy never pay its import time, and the GPU machine's image does not have it.
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
-import math
 import os
 import random
 import re
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import Model, ModelReply, RecoverableError, RunEnded, ToolCall, Usage
+from kernelpilot.agent.context import fit_context
+from kernelpilot.agent.text_actions import (
+    LENIENT_JSON,
+    as_text_conversation,
+    new_call_id,
+    split_text_reply,
+    text_tool_instructions,
+)
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.resources import data_dir
 
 if TYPE_CHECKING:
     from kernelpilot.agent import JudgeResult
@@ -40,20 +43,7 @@ Message = dict[str, Any]
 DEFAULT_CONTEXT_WINDOW = 32_768  # tokens, for models missing from litellm's map (most local servers)
 DEFAULT_REPLY_TOKENS = 4_096  # room kept for the reply when max_tokens is not set
 TOKEN_SAFETY = 0.9  # litellm counts with a stand-in tokenizer for unknown models; leave slack for the real one
-CHARS_PER_TOKEN = 3  # code tokenizes at about 3-4 characters a token: 3 overestimates, so a fit stays a fit
-MESSAGE_OVERHEAD_TOKENS = 4  # role and separators of one chat message
-SHRUNK_OUTPUT_CHARS = 800  # what an old tool output is cut to when the context is full
-WHOLE_RECENT_TURNS = 2  # the latest turns keep their full outputs as long as anything older can give way
-DROPPED_TURNS_NOTE = (
-    "[Earlier turns of this conversation were removed to fit the model's context window; "
-    "the workspace files still hold everything they wrote.]"
-)
 NO_KEY_PLACEHOLDER = "no-key"  # the openai client insists on a key; local servers ignore it
-TEXT_ACTIONS_TEMPLATE = "text_actions.md"
-TEXT_CALL_FORMAT = (
-    'Write each call as <tool_call>{"name": "TOOL_NAME", "arguments": {...}}</tool_call>, '
-    "with the arguments as one JSON object."
-)
 
 
 class ModelError(KernelpilotError):
@@ -68,270 +58,6 @@ class MalformedReply(RecoverableError):
         super().__init__(message)
         self.content = content
         self.usage = usage or Usage()
-
-
-# --- output and context sizing -------------------------------------------------------------------------------
-
-
-def truncate_output(text: str, limit_chars: int) -> str:
-    """`text` if it fits in `limit_chars`, else its head and tail around a note saying how much was cut."""
-    if len(text) <= limit_chars:
-        return text
-    budget = max(0, limit_chars - len(_cut_note(len(text))))
-    head_end = _back_to_line_start(text, budget // 2)
-    tail_start = _forward_to_line_start(text, len(text) - (budget - budget // 2))
-    return text[:head_end] + _cut_note(tail_start - head_end) + text[tail_start:]
-
-
-def _cut_note(cut_chars: int) -> str:
-    return f"\n[... {cut_chars} characters cut ...]\n"
-
-
-def _back_to_line_start(text: str, end: int) -> int:
-    """Move a cut back to a line break when that keeps most of the head (whole lines read better)."""
-    newline = text.rfind("\n", 0, end)
-    return newline if newline >= 0.8 * end else end
-
-
-def _forward_to_line_start(text: str, start: int) -> int:
-    newline = text.find("\n", start)
-    return newline + 1 if 0 <= newline and newline + 1 - start <= 0.2 * (len(text) - start) else start
-
-
-def count_tokens(messages: Sequence[Message]) -> int:
-    """A tokenizer-free, deliberately high estimate of the prompt tokens of `messages`."""
-    return sum(MESSAGE_OVERHEAD_TOKENS + math.ceil(_message_chars(m) / CHARS_PER_TOKEN) for m in messages)
-
-
-def _message_chars(message: Message) -> int:
-    content = message.get("content") or ""
-    chars = len(content) if isinstance(content, str) else len(json.dumps(content))
-    return chars + (len(json.dumps(message["tool_calls"])) if message.get("tool_calls") else 0)
-
-
-def fit_context(
-    messages: Sequence[Message], *, max_tokens: int, count_tokens: Callable[[list[Message]], int]
-) -> list[Message]:
-    """A copy of `messages` that fits in `max_tokens` if it can be made to.
-
-    Keeps the system and task messages and the latest turns. Gives way in this order: tool outputs of older
-    turns are cut to head + tail, then the oldest turns are dropped whole (an assistant message with its tool
-    results, so every tool_call_id stays answered, as the OpenAI protocol requires), then the outputs of the
-    remaining turns are cut too. When even that is too big, the smallest version is returned: the caller decides.
-    """
-    fitter = _ContextFitter(messages, count_tokens)
-    if fitter.total() > max_tokens:
-        fitter.shrink_tool_outputs(fitter.turns[:-WHOLE_RECENT_TURNS], max_tokens)
-        fitter.drop_oldest_turns(max_tokens)
-        fitter.shrink_tool_outputs(fitter.turns, max_tokens)
-    return fitter.messages()
-
-
-class _ContextFitter:
-    """The conversation as head (system + task) and turns (an assistant message and what answered it)."""
-
-    def __init__(self, messages: Sequence[Message], count: Callable[[list[Message]], int]):
-        self.count = count
-        self.head, self.turns = _split_turns([dict(m) for m in messages])
-        self.tokens = {id(m): count([m]) for m in self.messages()}
-        self.dropped_any = False
-
-    def messages(self) -> list[Message]:
-        return self.head + [m for turn in self.turns for m in turn]
-
-    def total(self) -> int:
-        return sum(self.tokens[id(m)] for m in self.messages())
-
-    def shrink_tool_outputs(self, turns: list[list[Message]], max_tokens: int) -> None:
-        for message in (m for turn in turns for m in turn):
-            if self.total() <= max_tokens:
-                return
-            content = message.get("content")
-            if message.get("role") == "tool" and isinstance(content, str) and len(content) > SHRUNK_OUTPUT_CHARS:
-                message["content"] = truncate_output(content, SHRUNK_OUTPUT_CHARS)
-                self.tokens[id(message)] = self.count([message])
-
-    def drop_oldest_turns(self, max_tokens: int) -> None:
-        while self.total() > max_tokens and len(self.turns) > 1:
-            self.turns.pop(0)
-            if not self.dropped_any:
-                self.dropped_any = True
-                self._note_dropped_turns()
-
-    def _note_dropped_turns(self) -> None:
-        """Tell the model in the task message itself: a separate note would break strict user/assistant turns."""
-        task = self.head[-1] if self.head else None
-        if task is not None and task.get("role") == "user" and isinstance(task.get("content"), str):
-            task["content"] = f"{task['content']}\n\n{DROPPED_TURNS_NOTE}"
-            self.tokens[id(task)] = self.count([task])
-
-
-def _split_turns(messages: list[Message]) -> tuple[list[Message], list[list[Message]]]:
-    """Head = up to the first user message (the task); each later turn starts at an assistant message."""
-    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
-    if first_user is not None:
-        head_len = first_user + 1
-    else:
-        head_len = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
-    turns: list[list[Message]] = []
-    for message in messages[head_len:]:
-        if message.get("role") == "assistant" or not turns:
-            turns.append([message])
-        else:
-            turns[-1].append(message)
-    return messages[:head_len], turns
-
-
-# --- the plain-text action format ----------------------------------------------------------------------------
-
-_TAGGED_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.S)
-_FENCED_BLOCK = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)```", re.S)
-_EMPTY_FENCE = re.compile(r"```[\w+-]*\s*```")
-_LOOKS_LIKE_CALL = re.compile(r"""\A\s*\{\s*["']name["']\s*:""")
-_LENIENT_JSON = json.JSONDecoder(strict=False)  # models write raw newlines inside strings (file contents)
-_JSON_LITERALS = {"true": True, "false": False, "null": None}
-
-
-def text_tool_instructions(tools: Sequence[Any]) -> str:
-    """How to call `tools` (OpenAI function schemas or Tool objects) in plain text; appended to the system prompt."""
-    functions = [tool.get("function", tool) if isinstance(tool, dict) else tool for tool in tools]
-    return _prompt_environment().get_template(TEXT_ACTIONS_TEMPLATE).render(tools=functions).strip()
-
-
-@functools.lru_cache(maxsize=1)
-def _prompt_environment():
-    import jinja2
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(data_dir("prompts")), undefined=jinja2.StrictUndefined, autoescape=False
-    )
-
-
-def parse_text_actions(text: str) -> list[ToolCall]:
-    """The tool calls written in `text` ([] when it has none); RecoverableError when one cannot be read."""
-    return split_text_reply(text)[1]
-
-
-def split_text_reply(text: str) -> tuple[str, list[ToolCall]]:
-    """`text` as (prose without the calls, the calls). Calls are <tool_call> blocks, or, when there are none,
-    fenced JSON objects that start with a "name" key."""
-    blocks = [(m.span(), m.group(1)) for m in _TAGGED_CALL.finditer(text)]
-    if not blocks:
-        blocks = [(m.span(), m.group(1)) for m in _FENCED_BLOCK.finditer(text) if _LOOKS_LIKE_CALL.match(m.group(1))]
-    calls = [_parse_call(body, number) for number, (_, body) in enumerate(blocks, start=1)]
-    prose, end = [], 0
-    for (start, stop), _ in blocks:
-        prose.append(text[end:start])
-        end = stop
-    prose.append(text[end:])
-    return _EMPTY_FENCE.sub("", "".join(prose)).strip(), calls
-
-
-def _parse_call(body: str, number: int) -> ToolCall:
-    fenced = _FENCED_BLOCK.search(body)
-    if fenced:
-        body = fenced.group(1)
-    start = body.find("{")
-    if start == -1:
-        raise RecoverableError(f"Tool call {number} holds no JSON object. {TEXT_CALL_FORMAT}")
-    call = _load_object(body[start:], number)
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        raise RecoverableError(f'Tool call {number} has no "name" naming the tool. {TEXT_CALL_FORMAT}')
-    arguments = call.get("arguments", call.get("parameters", {}))
-    if isinstance(arguments, str):
-        arguments = _load_object(arguments, number) if arguments.strip() else {}
-    if not isinstance(arguments, dict):
-        raise RecoverableError(
-            f'The "arguments" of tool call {number} ({name}) are a {type(arguments).__name__}, not an object. '
-            f"{TEXT_CALL_FORMAT}"
-        )
-    return ToolCall(id=new_call_id(), name=name, arguments=arguments, raw_arguments=json.dumps(arguments))
-
-
-def _load_object(text: str, number: int) -> dict[str, Any]:
-    """The JSON object at the start of `text` (trailing prose ignored), or a Python-style dict (single quotes)."""
-    try:
-        value, _ = _LENIENT_JSON.raw_decode(text)
-    except json.JSONDecodeError as err:
-        value = _python_literal(text[: text.rfind("}") + 1])
-        if value is None:
-            raise RecoverableError(
-                f"Tool call {number} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}. "
-                f"{TEXT_CALL_FORMAT}"
-            ) from None
-    if not isinstance(value, dict):
-        raise RecoverableError(
-            f"Tool call {number} is a JSON {type(value).__name__}, not an object. {TEXT_CALL_FORMAT}"
-        )
-    return value
-
-
-class _JsonLiterals(ast.NodeTransformer):
-    """Read true/false/null as Python literals, so a dict written with single quotes and JSON words still parses."""
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802 - ast's naming
-        if node.id in _JSON_LITERALS:
-            return ast.copy_location(ast.Constant(_JSON_LITERALS[node.id]), node)
-        return node
-
-
-def _python_literal(text: str) -> dict[str, Any] | None:
-    try:
-        value = ast.literal_eval(_JsonLiterals().visit(ast.parse(text, mode="eval")))
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:16]}"
-
-
-def as_text_conversation(messages: Sequence[Message], tools: Sequence[Any]) -> list[Message]:
-    """The conversation for a model without native tool calling: tool instructions in the system message, its
-    own earlier calls written back in the text format, and tool results as user messages."""
-    converted: list[Message] = []
-    tool_names: dict[str, str] = {}
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant" and message.get("tool_calls"):
-            tool_names.update({c["id"]: c["function"]["name"] for c in message["tool_calls"]})
-            calls = [_format_call(c["function"]) for c in message["tool_calls"]]
-            text = "\n\n".join([message.get("content") or "", *calls]).strip()
-            converted.append({"role": "assistant", "content": text})
-        elif role == "tool":
-            name = message.get("name") or tool_names.get(message.get("tool_call_id", ""), "the tool")
-            _append_user_text(converted, f"Result of {name}:\n{message.get('content') or ''}")
-        elif role == "user" and isinstance(message.get("content"), str):
-            _append_user_text(converted, message["content"])
-        else:
-            converted.append(dict(message))
-    return _with_system_text(converted, text_tool_instructions(tools))
-
-
-def _format_call(function: dict[str, Any]) -> str:
-    arguments = function.get("arguments") or {}
-    if isinstance(arguments, str):
-        try:
-            arguments = _LENIENT_JSON.decode(arguments)
-        except json.JSONDecodeError:
-            pass  # shown as the model wrote it
-    return f"<tool_call>\n{json.dumps({'name': function['name'], 'arguments': arguments})}\n</tool_call>"
-
-
-def _append_user_text(converted: list[Message], text: str) -> None:
-    """Merge consecutive user messages: several chat templates require user and assistant to alternate."""
-    if converted and converted[-1].get("role") == "user" and isinstance(converted[-1].get("content"), str):
-        converted[-1] = {"role": "user", "content": f"{converted[-1]['content']}\n\n{text}"}
-    else:
-        converted.append({"role": "user", "content": text})
-
-
-def _with_system_text(messages: list[Message], text: str) -> list[Message]:
-    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
-        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
 
 
 # --- litellm ---------------------------------------------------------------------------------------------------
@@ -537,7 +263,7 @@ def _native_call(call, content: str, usage: Usage) -> ToolCall:
     name = call.function.name or ""
     raw = call.function.arguments or ""
     try:
-        arguments = _LENIENT_JSON.decode(raw) if raw.strip() else {}
+        arguments = LENIENT_JSON.decode(raw) if raw.strip() else {}
     except json.JSONDecodeError as err:
         raise MalformedReply(
             f"The arguments of your {name} call are not valid JSON ({err.msg} at column {err.colno}); "

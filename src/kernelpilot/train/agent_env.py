@@ -57,7 +57,7 @@ class TrajectoryWorkspaces:
     def run(self, trajectory_id: str, task_code: str, name: str, arguments: dict[str, Any]) -> ToolOutput:
         """Run tool `name` with `arguments` in the trajectory's workspace (made from `task_code` on first use)."""
         from kernelpilot.agent.loop import run_tool
-        from kernelpilot.agent.model import new_call_id
+        from kernelpilot.agent.text_actions import new_call_id
 
         ctx = self._context(trajectory_id, task_code)
         return run_tool(ToolCall(new_call_id(), name, arguments), self._tools, ctx)

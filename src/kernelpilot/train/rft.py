@@ -55,7 +55,7 @@ def load_trajectory(path: Path) -> Trajectory:
 
 def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None:
     """The first RFT filter a trajectory fails, or None when it is kept."""
-    from kernelpilot.agent.model import count_tokens
+    from kernelpilot.agent.context import count_tokens
 
     if verifier_failed(trajectory):
         return "verifier-failed"
