@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.problem import load_problem
+from kernelpilot.train.decontaminate import decontaminate, op_sequence
 from kernelpilot.train.synth import (
     Task,
     check_task,
     compose_tasks,
     crawl_operators,
-    decontaminate,
-    op_sequence,
     read_tasks,
     synthesize,
     write_dataset,
