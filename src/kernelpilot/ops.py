@@ -80,7 +80,8 @@ def loaded_namespaces() -> frozenset[str]:
 
 def _free_namespace(base: str) -> str:
     """`base`, else the first of `base_2`, `base_3`, ... that no library of this process has taken."""
-    taken = set(_namespace_of_library.values()) | {name.split("::", 1)[0] for name in torch._C._dispatch_get_all_op_names()}
+    with_ops = {name.split("::", 1)[0] for name in torch._C._dispatch_get_all_op_names()}
+    taken = set(_namespace_of_library.values()) | with_ops
     candidates = itertools.chain([base], (f"{base}_{n}" for n in itertools.count(2)))
     return next(name for name in candidates if name not in taken)
 

@@ -412,7 +412,8 @@ def test_header_change_recompiles_only_its_dependents(built):
 @pytest.mark.cuda_build
 def test_edited_binding_recompiles_only_the_binding(built):
     root, _ = built
-    _edit(root / "kernels" / "scale_binding.cpp", 'm.def("scale", &scale);', 'm.def("scale", &scale, "y = x * a");')
+    binding = root / "kernels" / "scale_binding.cpp"
+    _edit(binding, 'm.def("scale", &scale);', 'm.def("scale(Tensor x, float a) -> Tensor", &scale);')
 
     result = build_workspace(root, arch=ARCH)
 

@@ -106,7 +106,9 @@ def test_model_new_of_a_workspace_never_built_is_one_error_with_a_hint(tmp_path)
 
     with pytest.raises(OpsError) as raised:
         workspace_ops(ws.model_new_path)
-    assert str(raised.value) == f"No build of the workspace {ws.root} is loaded or built, so model_new.py has no kernels to call."
+    assert str(raised.value) == (
+        f"No build of the workspace {ws.root} is loaded or built, so model_new.py has no kernels to call."
+    )
     assert raised.value.hint == f"build it first: kernelpilot build {ws.root}"
 
 
@@ -126,7 +128,8 @@ def test_a_built_workspace_registers_its_ops_under_its_namespace_with_a_meta_ker
     kp_ops = load_extension(result)
 
     assert kp_ops is getattr(torch.ops, ws.namespace) and ws.namespace in loaded_namespaces()
-    assert str(kp_ops.scale_shift.default._schema) == f"{ws.namespace}::scale_shift(Tensor x, float a, float b) -> Tensor"
+    schema = f"{ws.namespace}::scale_shift(Tensor x, float a, float b) -> Tensor"
+    assert str(kp_ops.scale_shift.default._schema) == schema
     y = kp_ops.scale_shift(torch.empty(64, 48, device="meta"), 2.0, 1.0)
     assert (y.device.type, tuple(y.shape), y.dtype) == ("meta", (64, 48), torch.float32)
     with pytest.raises(RuntimeError, match="scale_shift: x must be a CUDA tensor, got one on cpu"):

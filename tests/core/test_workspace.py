@@ -248,7 +248,8 @@ def test_manifest_records_problem_and_protected_hashes(workspace, problem_file: 
 
     assert manifest["version"] == 2
     assert manifest["extension"] == EXTENSION_NAME
-    assert re.fullmatch(r"kp_linear_[0-9a-f]{6}", manifest["namespace"]) and manifest["namespace"] == workspace.namespace
+    assert re.fullmatch(r"kp_linear_[0-9a-f]{6}", manifest["namespace"])
+    assert manifest["namespace"] == workspace.namespace
     assert manifest["problem_id"] == load_problem(problem_file).problem_id == workspace.problem_id
     assert manifest["files"] == {name: sha256(workspace.root / name) for name in PROTECTED_FILES}
 

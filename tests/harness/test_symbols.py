@@ -50,7 +50,8 @@ HONEST = {
     # kp_module.cpp's Autograd kernel: is grad on, then on to the device kernel through the dispatcher.
     "c10::GradMode::is_enabled()": "_ZN3c108GradMode10is_enabledEv",
     "c10::Dispatcher::realSingleton()": "_ZN3c1010Dispatcher13realSingletonEv",
-    "c10::impl::OperatorEntry::reportError(c10::DispatchKey) const": "_ZNK3c104impl13OperatorEntry11reportErrorENS_11DispatchKeyE",
+    "c10::impl::OperatorEntry::reportError(c10::DispatchKey) const":
+        "_ZNK3c104impl13OperatorEntry11reportErrorENS_11DispatchKeyE",
     "caffe2::TypeMeta::typeMetaDatas()": "_ZN6caffe28TypeMeta13typeMetaDatasEv",
     "PyObject_GetAttrString": "PyObject_GetAttrString",
     "cudaLaunchKernel": "cudaLaunchKernel",

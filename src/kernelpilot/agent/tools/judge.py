@@ -40,8 +40,8 @@ class CompileTool(CheckedTool):
     name = "Compile"
     description = (
         "Build kernels/ into the workspace's library of torch ops (incremental: only changed files recompile). "
-        "Returns ok or failed, the files recompiled, compiler errors as file:line: message, and per-kernel registers, shared "
-        "memory and spills from ptxas. Compile after editing kernels, before Verify."
+        "Returns ok or failed, the files recompiled, compiler errors as file:line: message, and per-kernel "
+        "registers, shared memory and spills from ptxas. Compile after editing kernels, before Verify."
     )
     parameters = object_schema({})
 
