@@ -1,10 +1,10 @@
-"""Build this workspace's kernels/*.cu and kernels/*.cpp into the extension `kp_kernels` (protected: do not edit).
+"""Build this workspace's kernels/*.cu and kernels/*.cpp into the library `kp_kernels` (protected: do not edit).
 
-    pip install --no-build-isolation .        # or: python setup.py build_ext --inplace
+    python setup.py build_ext --inplace
 
-`--no-build-isolation` lets the build use the torch already installed (an isolated build would have none).
-`kernelpilot build` builds the same extension incrementally and faster; this file lets the kernels be
-built and used without kernelpilot.
+`kernelpilot build` builds the same library incrementally and faster; this file builds it with setuptools alone.
+The library holds the kernels as torch custom operators: model_new.py imported on its own registers the newest
+of this build and `kernelpilot build`'s (`workspace_ops(__file__)`).
 """
 
 from pathlib import Path

@@ -79,7 +79,9 @@ SCALE_MUL_CANDIDATE = """
 import torch
 from torch import nn
 
-import kp_kernels
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 class ModelNew(nn.Module):
@@ -88,14 +90,16 @@ class ModelNew(nn.Module):
         self.scale = nn.Parameter(torch.empty(features))
 
     def forward(self, x):
-        return kp_kernels.scale_mul(x, self.scale)
+        return kp_ops.scale_mul(x, self.scale)
 """
 
 # The scale-shift problem answered by the CUDA example kernel every new workspace holds.
 EXAMPLE_KERNEL_CANDIDATE = """
 from torch import nn
 
-import kp_kernels
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 class ModelNew(nn.Module):
@@ -103,7 +107,7 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        return kp_kernels.scale_shift(x, 2.0, 1.0)
+        return kp_ops.scale_shift(x, 2.0, 1.0)
 """
 
 # y = x * scale per column, REPEATS times over (a compiler barrier keeps every pass), plus OFFSET.
@@ -117,6 +121,7 @@ namespace {
 torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
   TORCH_CHECK(x.is_contiguous() && scale.is_contiguous(), "scale_mul: contiguous tensors only");
   torch::Tensor y = torch::empty_like(x);
+  if (x.is_meta()) return y;
   const float* xs = x.data_ptr<float>();
   const float* ss = scale.data_ptr<float>();
   float* ys = y.data_ptr<float>();
@@ -128,11 +133,9 @@ torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
   return y;
 }
 
-void register_scale_mul(pybind11::module_& m) { m.def("scale_mul", &scale_mul); }
-
 }  // namespace
 
-KP_REGISTER(register_scale_mul);
+KP_OP("scale_mul(Tensor x, Tensor scale) -> Tensor", scale_mul);
 """
 
 

@@ -1,10 +1,11 @@
 """Incremental build of a workspace's extension: our own build.ninja with cpp_extension's flags, run by ninja.
 
 Why not `torch.utils.cpp_extension.load`: its versioner renames the extension (`name_v1`, `name_v2`, ...) on
-every change, and with it `-DTORCH_EXTENSION_NAME`, which invalidates every object. Here the name is always
-`kp_kernels`, each source has its own object with a depfile, so a one-file edit recompiles one file. Each linked
-library is copied to `build/versions/<content hash>/`, a new path per build, so one long-lived process can load
-build after build (`load_extension`). Compiler output becomes `Diagnostic`s and `-Xptxas -v` output becomes
+every change, and with it `-DTORCH_EXTENSION_NAME`, which invalidates every object. Here the library is always
+`kp_kernels.so` and nothing about a build is compiled in (the ops' torch namespace is given at load time), each
+source has its own object with a depfile, so a one-file edit recompiles one file. Each linked library is copied
+to `build/versions/<content hash>/`, a new path per build, so one long-lived process can load build after build
+(`load_extension`). Compiler output becomes `Diagnostic`s and `-Xptxas -v` output becomes
 `KernelResources`, cached per source so every build reports the resources of all kernels. A source that
 includes cublasLt.h (cudnn.h) gets cuBLASLt's (cuDNN's) headers, and the library links it, from the CUDA toolkit
 or from the nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
@@ -17,8 +18,6 @@ import contextlib
 import fcntl
 import functools
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import logging
 import os
@@ -314,7 +313,6 @@ def _compile_flags(root: Path, toolchain: _Toolchain, torch_flags: _TorchFlags) 
     """Defines and include paths shared by g++ and nvcc."""
     includes = [*torch_flags.include_dirs, str(toolchain.cuda_home / "include")]
     return [
-        f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",  # stable: a rename would invalidate every object
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         *torch_flags.abi_defines,
         f"-I{root / 'kernels'}",
@@ -707,28 +705,22 @@ def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Ite
 
 
 def load_extension(result: BuildResult) -> types.ModuleType:
-    """Import the build's versioned library and register it as sys.modules["kp_kernels"], replacing older builds.
+    """Load the build's versioned library and register its kernels as torch custom operators; return
+    `torch.ops.<namespace>`, whose attributes are the ops.
 
-    A new build is a new file, so it loads as a new module in the same process; loading the same build again
-    returns the module already loaded. The module is created under a name unique to the build
-    ("kp_build_<hash>.kp_kernels"): pybind11 >= 3 caches modules by their import name and would otherwise hand
-    back the first build's module. Python finds the init function by the last part of the name, which stays
-    `kp_kernels`, the name the library was compiled with.
+    The workspace's model_new.py, executed next, reaches the same ops through `kernelpilot.ops.workspace_ops`. A new
+    build is a new file, so it loads in the same process beside the earlier ones, under a namespace of its own when
+    the workspace's is taken (`kernelpilot.ops` says why); loading the same build again registers nothing.
     """
     if not result.ok or not result.library:
         raise BuildError(
             "There is no library to load: the build failed.", hint="fix the errors `kernelpilot build` reports"
         )
-    import torch  # noqa: F401 - the module imports torch's pybind casters and symbols, loaded by this import
+    import torch
 
-    library = Path(result.library)
-    unique_name = f"kp_build_{library.parent.name}.{result.extension_name}"
-    loader = importlib.machinery.ExtensionFileLoader(unique_name, str(library))
-    spec = importlib.util.spec_from_file_location(unique_name, library, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    sys.modules[result.extension_name] = module
-    return module
+    from kernelpilot.ops import load_library
+
+    return getattr(torch.ops, load_library(result.library, result.workspace))
 
 
 # ------------------------------------------------------------------------------------- diagnostics

@@ -2,13 +2,16 @@
 
 The layout is described in docs/ARCHITECTURE.md. Protected files are kernelpilot's (the reference, the
 binding infrastructure, the build and benchmark scripts, the rules); everything else is the user's or
-the agent's, and `init` never overwrites it.
+the agent's, and `init` never overwrites it. The manifest also holds the workspace's torch namespace, under
+which its kernels are registered as custom operators (`kernelpilot.ops`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import secrets
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from kernelpilot.resources import data_dir, template_environment
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
 
-EXTENSION_NAME = "kp_kernels"
+EXTENSION_NAME = "kp_kernels"  # the built library: build/kp_kernels.so
 PROTECTED_FILES = (
     "model.py",
     "setup.py",
@@ -34,7 +37,7 @@ PROTECTED_FILES = (
 )
 # Why the agent may not change the protected files, as its tools tell it.
 PROTECTED_REASON = "it is kernelpilot's (the reference or the build infrastructure) and must stay unchanged"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: kernels are torch custom operators under the manifest's "namespace"
 MANIFEST_PATH = ".kernelpilot/manifest.json"
 MODEL_NEW_TEMPLATE = "model_new.py.j2"
 # Starter files the user edits or deletes: written only into a new workspace, so that a re-run of
@@ -44,6 +47,8 @@ EXAMPLE_KERNELS = ("kernels/example_scale_shift.cu", "kernels/example_scale_shif
 GITIGNORE_PATH = ".gitignore"
 GITIGNORE_TEMPLATE = "gitignore"  # no dot in templates/, where git would apply it to kernelpilot's own checkout
 _INIT_HINT = "Run `kernelpilot init PROBLEM.py` to create a workspace, then pass the folder it made."
+# A torch library namespace: a Python identifier, so `torch.ops.<namespace>` reads it.
+NAMESPACE_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass
@@ -76,6 +81,14 @@ class Workspace:
     def problem_id(self) -> str:
         """The content hash of the problem this workspace was made for (from the manifest)."""
         return _read_manifest(self)["problem_id"]
+
+    @property
+    def namespace(self) -> str:
+        """The torch namespace of this workspace's ops (`torch.ops.<namespace>`): the manifest's, or for a folder
+        with kernels/ and no manifest (tests and scripts build those), one derived from its path."""
+        if self.manifest_path.is_file():
+            return _read_manifest(self)["namespace"]
+        return f"kp_{_slug(self.root.name)}_{hashlib.sha256(str(self.root).encode()).hexdigest()[:6]}"
 
     def kernel_sources(self) -> list[Path]:
         """The sources compiled into the extension: kernels/*.cu and kernels/*.cpp, sorted."""
@@ -115,6 +128,17 @@ def init_workspace(
         raise WorkspaceError(
             f"Cannot write the workspace {ws.root}: {err.strerror or err}.", hint="Pass a writable folder with --dir."
         ) from None
+
+
+def new_namespace(problem_name: str) -> str:
+    """A namespace for a new workspace: `kp_<problem name>_<6 random hex digits>`. Random rather than derived from
+    the path, so two workspaces of one problem differ and a moved or cloned workspace keeps its own."""
+    return f"kp_{_slug(problem_name)}_{secrets.token_hex(3)}"
+
+
+def _slug(name: str) -> str:
+    """`name` as lower-case letters, digits and single underscores, at most 24 characters ("ws" when none is left)."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:24].strip("_") or "ws"
 
 
 def workspace_root(problem_path: Path | str, dest: Path | None = None) -> Path:
@@ -213,7 +237,7 @@ def _scaffold(ws: Workspace, problem_path: Path, problem_id: str, model_new_sour
         created += _copy_templates(EXAMPLE_KERNELS, ws.root)
         shutil.copyfile(data_dir("templates") / GITIGNORE_TEMPLATE, ws.root / GITIGNORE_PATH)
         created.append(GITIGNORE_PATH)
-    if _write_manifest(ws, problem_id):
+    if _write_manifest(ws, problem_id, problem_path):
         created.append(MANIFEST_PATH)
     return created
 
@@ -244,12 +268,15 @@ def _copy_templates(names: Sequence[str], root: Path) -> list[str]:
     return list(names)
 
 
-def _write_manifest(ws: Workspace, problem_id: str) -> bool:
-    """Record the hashes of the protected files as they are now; return True when the manifest changed."""
+def _write_manifest(ws: Workspace, problem_id: str, problem_path: Path) -> bool:
+    """Record the hashes of the protected files as they are now, and the namespace; True when the manifest changed."""
+    # A workspace keeps its namespace for good: init again, a clone or a move never changes it.
+    namespace = ws.namespace if ws.manifest_path.exists() else new_namespace(problem_path.stem)
     manifest = {
         "version": MANIFEST_VERSION,
         "problem_id": problem_id,
         "extension": EXTENSION_NAME,
+        "namespace": namespace,
         "files": {name: _sha256(ws.root / name) for name in PROTECTED_FILES},
     }
     text = json.dumps(manifest, indent=2) + "\n"
@@ -276,6 +303,7 @@ def _read_manifest(ws: Workspace) -> dict:
         and manifest.get("version") == MANIFEST_VERSION
         and isinstance(manifest.get("problem_id"), str)
         and isinstance(manifest.get("files"), dict)
+        and NAMESPACE_PATTERN.fullmatch(str(manifest.get("namespace"))) is not None
     )
     if not well_formed:
         raise WorkspaceError(

@@ -1,8 +1,8 @@
 // Torch-free CUDA helpers for kernels/*.cu (protected: do not edit).
 //
 // .cu files include this header and never a torch header, so nvcc compiles one in about a second
-// and a half instead of twenty-five. Errors are thrown as std::runtime_error; pybind11 turns them
-// into a Python RuntimeError that names the file, the line and the failing call.
+// and a half instead of twenty-five. Errors are thrown as std::runtime_error; torch's dispatcher passes them
+// on to Python as a RuntimeError that names the file, the line and the failing call.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,30 +1,47 @@
-// The registry through which each kernels/*_binding.cpp adds its functions to the one extension
-// module, kp_kernels (protected: do not edit).
+// The registry through which each kernels/*_binding.cpp adds its operators to this workspace's torch library
+// (protected: do not edit).
 //
-// A binding file defines a function that takes the module and calls m.def(...), then registers it:
+// A binding defines a C++ function on tensors and registers it with the operator's schema:
 //
-//   static void register_my_op(pybind11::module_& m) { m.def("my_op", &my_op, "what it computes"); }
-//   KP_REGISTER(register_my_op);
+//   torch::Tensor my_op(const torch::Tensor& x, double alpha) {
+//     TORCH_CHECK(x.is_cuda() || x.is_meta(), "my_op: x must be a CUDA tensor, got one on ", x.device());
+//     torch::Tensor y = torch::empty_like(x);
+//     if (x.is_meta()) return y;  // torch.compile and opcheck ask only for the output's shape and dtype
+//     ...launch the kernel...
+//     return y;
+//   }
+//   KP_OP("my_op(Tensor x, float alpha) -> Tensor", my_op);
 //
-// kp_module.cpp runs every registered function when Python imports kp_kernels, so adding a kernel
-// never means editing a shared file. Only the slim pybind header is included: torch/extension.h
-// would add seconds to every binding's compile.
+// kp_module.cpp registers each function as the op's CUDA, CPU and Meta kernel, so the same code answers a real
+// call and a shape-only (meta) call. The schema's types must match the function's: Tensor is a
+// `const torch::Tensor&`, float a double, int an int64_t, bool a bool, int[] a torch::IntArrayRef, Tensor? a
+// `const std::optional<torch::Tensor>&`; `-> (Tensor, Tensor)` is a std::tuple, `-> ()` a void function. An op
+// that writes into an argument says so: `my_op_into(Tensor x, Tensor(a!) out) -> ()`.
+//
+// Adding a kernel never means editing a shared file. Only torch/library.h is included, never torch/extension.h,
+// which adds seconds to every binding's compile.
 #pragma once
 
-#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <vector>
 
 namespace kp {
 
-using Registration = void (*)(pybind11::module_&);
+// Adds an op's C++ function to `library` as the op's kernel for `key`; KP_OP writes one per op.
+using AddKernel = void (*)(torch::Library& library, const char* name, c10::DispatchKey key);
 
-// Hidden, so that two builds of kp_kernels loaded into one process (each build is a new .so) keep
-// separate registries instead of the dynamic linker merging them into one.
-__attribute__((visibility("hidden"))) std::vector<Registration>& registrations();
+struct Op {
+  const char* schema;  // "my_op(Tensor x, float alpha) -> Tensor"
+  AddKernel add_kernel;
+};
 
-struct Registrar {
-  explicit Registrar(Registration registration) { registrations().push_back(registration); }
+// Hidden, so that two builds loaded into one process (each build is a new .so) keep separate registries instead
+// of the dynamic linker merging them into one.
+__attribute__((visibility("hidden"))) std::vector<Op>& ops();
+
+struct OpRegistrar {
+  OpRegistrar(const char* schema, AddKernel add_kernel) { ops().push_back(Op{schema, add_kernel}); }
 };
 
 }  // namespace kp
@@ -32,5 +49,9 @@ struct Registrar {
 #define KP_CONCAT_INNER_(a, b) a##b
 #define KP_CONCAT_(a, b) KP_CONCAT_INNER_(a, b)
 
-// Runs `fn(module)` when kp_kernels is imported; use once per registration function.
-#define KP_REGISTER(fn) static const ::kp::Registrar KP_CONCAT_(kp_registrar_, __LINE__)(fn)
+// Registers `function` as the operator `schema` declares; use once per operator.
+#define KP_OP(schema, function)                                                            \
+  static const ::kp::OpRegistrar KP_CONCAT_(kp_op_, __LINE__)(                             \
+      schema, [](torch::Library& library, const char* name, c10::DispatchKey key) {        \
+        library.impl(name, torch::dispatch(key, TORCH_FN(function)));                       \
+      })

@@ -312,9 +312,10 @@ from pathlib import Path
 
 from torch import nn
 
-import kp_kernels
+from kernelpilot.ops import workspace_ops
 from kernelpilot.problem import load_problem
 
+kp_ops = workspace_ops(__file__)
 Model = load_problem(Path(__file__).with_name("model.py"), validate=False).model_cls
 
 
@@ -324,7 +325,7 @@ class ModelNew(nn.Module):
         self.__dict__.update(vars(Model()))
 
     def forward(self, x):
-        return kp_kernels.softmax_rows(x.contiguous())
+        return kp_ops.softmax_rows(x.contiguous())
 """
 
 

@@ -58,15 +58,16 @@ class Net(nn.Module):
         return self.layer(self.mlp(x, mask, mode="residual"))
 '''
 
-# A ModelNew for a problem captured from `Scale`, calling kp_kernels.scale_mul (kp_testing.scale_mul_binding).
+# A ModelNew for a problem captured from `Scale`, calling the workspace op scale_mul (kp_testing.scale_mul_binding).
 SCALE_MUL_MODEL_NEW = '''
 from pathlib import Path
 
 from torch import nn
 
-import kp_kernels
+from kernelpilot.ops import workspace_ops
 from kernelpilot.problem import load_problem
 
+kp_ops = workspace_ops(__file__)
 Model = load_problem(Path(__file__).with_name("model.py"), validate=False).model_cls
 
 
@@ -77,7 +78,7 @@ class ModelNew(nn.Module):
         self.__dict__.update(vars(reference))
 
     def forward(self, x):
-        return kp_kernels.scale_mul(x, self.module.scale)
+        return kp_ops.scale_mul(x, self.module.scale)
 '''
 
 

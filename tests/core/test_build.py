@@ -324,8 +324,8 @@ SCALE_CU = """
 """
 
 SCALE_BINDING_CPP = """
+    #include <torch/library.h>
     #include <torch/types.h>
-    #include <torch/csrc/utils/pybind.h>
     #include "scale.h"
 
     torch::Tensor scale(const torch::Tensor& x, double a) {
@@ -335,12 +335,12 @@ SCALE_BINDING_CPP = """
       return y;
     }
 
-    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("scale", &scale); }
+    TORCH_LIBRARY(kp_build_test, m) { m.def("scale", &scale); }
 """
 
 
 def _scale_workspace(root: Path) -> Path:
-    """A folder with kernels/ only: a torch-free .cu and its headers, and a binding with the module."""
+    """A folder with kernels/ only: a torch-free .cu and its headers, and a binding that registers an op."""
     for name, text in [
         ("scale.h", SCALE_H), ("tuning.h", TUNING_H), ("scale.cu", SCALE_CU), ("scale_binding.cpp", SCALE_BINDING_CPP)
     ]:
@@ -412,7 +412,8 @@ def test_header_change_recompiles_only_its_dependents(built):
 @pytest.mark.cuda_build
 def test_edited_binding_recompiles_only_the_binding(built):
     root, _ = built
-    _edit(root / "kernels" / "scale_binding.cpp", 'm.def("scale", &scale);', 'm.def("scale", &scale, "y = x * a");')
+    binding = root / "kernels" / "scale_binding.cpp"
+    _edit(binding, 'm.def("scale", &scale);', 'm.def("scale(Tensor x, float a) -> Tensor", &scale);')
 
     result = build_workspace(root, arch=ARCH)
 
@@ -499,32 +500,12 @@ def test_build_of_a_folder_without_kernels_raises_a_workspace_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------- loading builds
+# Loading a build registers its ops: tests/core/test_ops.py.
 
 
 def _version_module(root: Path, version: int) -> Path:
-    """A torch-free C++-only extension whose version() returns `version`: cheap to build, imports without a GPU."""
-    return _write(
-        root / "kernels" / "module.cpp",
-        f"""
-        #include <pybind11/pybind11.h>
-        PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def("version", [] {{ return {version}; }}); }}
-        """,
-    )
-
-
-@pytest.mark.cuda_build
-def test_two_builds_load_side_by_side_in_one_process(tmp_path):
-    _version_module(tmp_path, 1)
-    first = build_workspace(tmp_path, arch=ARCH)
-    first_module = load_extension(first)
-    _version_module(tmp_path, 2)
-    second = build_workspace(tmp_path, arch=ARCH)
-    second_module = load_extension(second)
-
-    assert first.ok and second.ok and first.library != second.library
-    assert (first_module.version(), second_module.version()) == (1, 2)
-    assert sys.modules["kp_kernels"] is second_module
-    assert load_extension(second) is second_module  # the same build is not loaded twice
+    """A torch-free C++ source whose kp_version() returns `version`: a cheap build."""
+    return _write(root / "kernels" / "module.cpp", f'extern "C" int kp_version() {{ return {version}; }}\n')
 
 
 def test_loading_a_failed_build_is_a_build_error():
@@ -687,15 +668,15 @@ def test_scaffolded_example_runs_and_an_edited_build_loads_in_the_same_process(s
 
     first = build_workspace(scaffolded)
     assert first.ok, first.log
-    first_module = load_extension(first)
+    first_ops = load_extension(first)
     x = torch.randn(1000, 1003, device="cuda")  # odd size: the vector loop and the scalar tail both run
-    torch.testing.assert_close(first_module.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)
+    torch.testing.assert_close(first_ops.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)
 
     _edit(scaffolded / "kernels" / "example_scale_shift.cu", "vector_count, a, b);", "vector_count, a, b + 1.0f);")
     second = build_workspace(scaffolded)
     assert second.ok, second.log
     assert second.compiled == ["kernels/example_scale_shift.cu"]
-    second_module = load_extension(second)
+    second_ops = load_extension(second)
 
-    torch.testing.assert_close(second_module.scale_shift(x, 1.5, -0.25), x * 1.5 + 0.75)
-    torch.testing.assert_close(first_module.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)  # still the old build
+    torch.testing.assert_close(second_ops.scale_shift(x, 1.5, -0.25), x * 1.5 + 0.75)
+    torch.testing.assert_close(first_ops.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)  # still the old build

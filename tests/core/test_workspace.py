@@ -6,16 +6,17 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import re
 import stat
 import subprocess
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from kernelpilot import ops
 from kernelpilot.cli import app
 from kernelpilot.errors import WorkspaceError
 from kernelpilot.problem import load_problem
@@ -146,12 +147,13 @@ def sha256(path: Path) -> str:
 def import_model_new(monkeypatch):
     """Import a workspace's model_new.py as a fresh module.
 
-    model_new.py imports the built extension, and building needs nvcc; the constructor never touches it, so an
-    empty module stands in for kp_kernels here. The GPU test below imports ModelNew with the real build.
+    model_new.py asks for the workspace's ops, and building them needs nvcc; the constructor never touches them, so
+    an empty torch.ops namespace stands in for a loaded build here. The GPU test below imports ModelNew with the
+    real build.
     """
-    monkeypatch.setitem(sys.modules, EXTENSION_NAME, types.ModuleType(EXTENSION_NAME))
 
     def load(ws_root: Path, module_name: str):
+        monkeypatch.setitem(ops._namespace_of_workspace, ws_root.resolve(), "kp_not_built")
         spec = importlib.util.spec_from_file_location(module_name, ws_root / "model_new.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -244,8 +246,10 @@ def test_gitignore_keeps_build_and_bookkeeping_but_not_the_manifest_out_of_git(w
 def test_manifest_records_problem_and_protected_hashes(workspace, problem_file: Path):
     manifest = json.loads(workspace.manifest_path.read_text())
 
-    assert manifest["version"] == 1
+    assert manifest["version"] == 2
     assert manifest["extension"] == EXTENSION_NAME
+    assert re.fullmatch(r"kp_linear_[0-9a-f]{6}", manifest["namespace"])
+    assert manifest["namespace"] == workspace.namespace
     assert manifest["problem_id"] == load_problem(problem_file).problem_id == workspace.problem_id
     assert manifest["files"] == {name: sha256(workspace.root / name) for name in PROTECTED_FILES}
 
@@ -310,7 +314,7 @@ def test_model_new_forward_says_where_the_kernels_go(workspace, import_model_new
 
     with pytest.raises(NotImplementedError, match="kernels from kernels/; see SKILL.md"):
         model_new.ModelNew(16, 8)(None)
-    assert "kp_kernels.scale_shift(" in model_new.ModelNew.forward.__doc__
+    assert "kp_ops.scale_shift(" in model_new.ModelNew.forward.__doc__
 
 
 # ---------------------------------------------------------------------------------- protected files
@@ -445,8 +449,13 @@ def test_open_workspace_on_a_non_workspace_gives_one_sentence(tmp_path: Path, ma
 
 @pytest.mark.parametrize(
     ("content", "complaint"),
-    [("{not json", "cannot be read"), ('{"version": 1}', "not a version-1 kernelpilot manifest")],
-    ids=["not-json", "missing-keys"],
+    [
+        ("{not json", "cannot be read"),
+        ('{"version": 2}', "not a version-2 kernelpilot manifest"),
+        # A workspace made before kernels became torch ops: its kp_module.cpp and bindings are of the old form.
+        ('{"version": 1, "problem_id": "p", "extension": "kp_kernels", "files": {}}', "not a version-2 kernelpilot"),
+    ],
+    ids=["not-json", "missing-keys", "version-1"],
 )
 def test_open_workspace_with_a_broken_manifest(workspace, content: str, complaint: str):
     workspace.manifest_path.write_text(content)
@@ -520,7 +529,6 @@ def test_example_kernel_and_bindings_compile(tmp_path: Path):
     # nvcc drives g++ for .cpp files and adds the CUDA include folder itself, so no CUDA_HOME is needed.
     binding_flags = [
         "-std=c++20",
-        f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",
         f"-I{kernels}",
         *torch_includes,
         f"-I{sysconfig.get_paths()['include']}",
@@ -547,23 +555,25 @@ def test_example_kernel_and_bindings_compile(tmp_path: Path):
         assert (tmp_path / f"{name}.o").stat().st_size > 0
 
 
-# Run in a fresh interpreter inside the built workspace, so this test process never loads kp_kernels.
+# Run in a fresh interpreter inside the built workspace, so this test process never loads its library.
 SCALE_SHIFT_CHECK = """
 import torch
-import kp_kernels
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops("model_new.py")  # no build loaded yet: the library setup.py built in place
 
 for n in [1, 3, 4, 5, 1023, 4096, (1 << 20) + 3]:
     base = torch.randn(n + 1, device="cuda")
     for x in (base[:n], base[1:]):  # 16-byte aligned (float4 path), then 4 bytes off (scalar path)
-        torch.testing.assert_close(kp_kernels.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)
+        torch.testing.assert_close(kp_ops.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)
 
 side = torch.cuda.Stream()
 with torch.cuda.stream(side):  # launches on torch's current stream, whichever it is
     x = torch.randn(1 << 16, device="cuda")
-    y = kp_kernels.scale_shift(x, 2.0, 1.0)
+    y = kp_ops.scale_shift(x, 2.0, 1.0)
 side.synchronize()
 torch.testing.assert_close(y, x * 2.0 + 1.0)
-assert kp_kernels.scale_shift(torch.empty(0, device="cuda"), 2.0, 1.0).numel() == 0
+assert kp_ops.scale_shift(torch.empty(0, device="cuda"), 2.0, 1.0).numel() == 0
 
 for bad, complaint in [
     (torch.randn(8), "CUDA tensor"),
@@ -571,13 +581,14 @@ for bad, complaint in [
     (torch.randn(8, 8, device="cuda").t(), "contiguous"),
 ]:
     try:
-        kp_kernels.scale_shift(bad, 1.0, 0.0)
+        kp_ops.scale_shift(bad, 1.0, 0.0)
     except RuntimeError as err:
         assert complaint in str(err), err
     else:
         raise AssertionError(f"scale_shift accepted a tensor that is not {complaint}")
 
-import model_new  # the generated ModelNew imports the real extension and builds Model's state_dict
+import model_new  # the generated ModelNew reaches the same ops and builds Model's state_dict
+assert model_new.kp_ops is kp_ops
 from kernelpilot.problem import load_problem
 
 problem = load_problem("model.py")

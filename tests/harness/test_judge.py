@@ -204,7 +204,9 @@ GPU_CANDIDATE = """
 import torch
 from torch import nn
 
-import kp_kernels
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 class ModelNew(nn.Module):
@@ -230,7 +232,7 @@ def use_forward(root: Path, body: str) -> None:
 
 @pytest.mark.gpu
 def test_gpu_the_example_kernel_passes_and_is_timed_through_the_cli(gpu_workspace):
-    use_forward(gpu_workspace, "return kp_kernels.scale_shift(x, 2.0, 1.0)")
+    use_forward(gpu_workspace, "return kp_ops.scale_shift(x, 2.0, 1.0)")
     outcome = CliRunner().invoke(app, ["eval", str(gpu_workspace), "--json"])
     result = from_dict(EvalResult, json.loads(outcome.stdout))
     assert outcome.exit_code == 0, result.message
@@ -247,7 +249,7 @@ def test_gpu_a_sticky_cuda_error_ends_the_candidates_sandbox_and_the_next_evalua
         pid = judge.worker.start()["pid"]
         broken = judge.evaluate(gpu_workspace, bench=False)
         assert judge.worker.pid == pid, "the judge's own process is untouched by the candidate's CUDA error"
-        use_forward(gpu_workspace, "return kp_kernels.scale_shift(x, 2.0, 1.0)")
+        use_forward(gpu_workspace, "return kp_ops.scale_shift(x, 2.0, 1.0)")
         recovered = judge.evaluate(gpu_workspace, bench=False)
 
     assert (broken.error_kind, broken.reward) == ("cuda-error", -1), broken.message
@@ -267,7 +269,7 @@ def test_gpu_out_of_memory_is_reported_and_the_worker_stays(gpu_workspace):
 
 @pytest.mark.gpu
 def test_gpu_an_edited_kernel_is_rebuilt_and_loaded_in_the_same_worker(gpu_workspace):
-    use_forward(gpu_workspace, "return kp_kernels.scale_shift(x, 2.0, 1.0)")
+    use_forward(gpu_workspace, "return kp_ops.scale_shift(x, 2.0, 1.0)")
     kernel = gpu_workspace / "kernels" / "example_scale_shift.cu"
     original = kernel.read_text()
     with Judge() as judge:

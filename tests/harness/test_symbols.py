@@ -47,8 +47,11 @@ HONEST = {
     "c10::cuda::getCurrentCUDAStream(signed char)": "_ZN3c104cuda20getCurrentCUDAStreamEa",
     "c10::operator<<(std::ostream&, c10::Device const&)": "_ZN3c10lsERSoRKNS_6DeviceE",
     "vtable for torch::autograd::AutogradMeta": "_ZTVN5torch8autograd12AutogradMetaE",
-    "pybind11::detail::type_caster<at::Tensor, void>::load(pybind11::handle, bool)":
-        "_ZN8pybind116detail11type_casterIN2at6TensorEvE4loadENS_6handleEb",
+    # kp_module.cpp's Autograd kernel: is grad on, then on to the device kernel through the dispatcher.
+    "c10::GradMode::is_enabled()": "_ZN3c108GradMode10is_enabledEv",
+    "c10::Dispatcher::realSingleton()": "_ZN3c1010Dispatcher13realSingletonEv",
+    "c10::impl::OperatorEntry::reportError(c10::DispatchKey) const":
+        "_ZNK3c104impl13OperatorEntry11reportErrorENS_11DispatchKeyE",
     "caffe2::TypeMeta::typeMetaDatas()": "_ZN6caffe28TypeMeta13typeMetaDatasEv",
     "PyObject_GetAttrString": "PyObject_GetAttrString",
     "cudaLaunchKernel": "cudaLaunchKernel",
@@ -120,9 +123,14 @@ def test_allocation_views_and_free_layout_ops_pass():
     assert find_torch_compute_symbols(metadata) is None
 
 
-# What a TORCH_LIBRARY registration of a custom op (m.def with a schema string, m.impl) references.
+# What a TORCH_LIBRARY registration of a custom op (m.def with a schema string, m.impl) references, and so
+# kp_module.cpp's registration of the KP_OP ops.
 CUSTOM_OP_REGISTRATION = [
+    "torch::CppFunction::CppFunction(c10::KernelFunction, std::optional<c10::impl::CppSignature>, "
+    "std::unique_ptr<c10::FunctionSchema, std::default_delete<c10::FunctionSchema> >)",
     "torch::CppFunction::~CppFunction()",
+    "torch::Library::_def(c10::FunctionSchema&&, c10::OperatorName*, std::vector<torch::headeronly::Tag, "
+    "std::allocator<torch::headeronly::Tag> > const&, torch::_RegisterOrVerify) &",
     "torch::jit::parseSchema(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, bool)",
     "torch::Library::Library(torch::Library::Kind, std::__cxx11::basic_string<char, std::char_traits<char>, "
     "std::allocator<char> >, std::optional<c10::DispatchKey>, char const*, unsigned int)",
@@ -215,22 +223,16 @@ torch::Tensor relu(const torch::Tensor& x) {
   c10::impl::ExcludeDispatchKeyGuard guard(c10::DispatchKey::Python);
   return at::relu(x);
 }
-
-void register_relu(pybind11::module_& m) { m.def("relu", &relu); }
 }  // namespace
-KP_REGISTER(register_relu);
+KP_OP("relu(Tensor x) -> Tensor", relu);
 """
 
 MATMULS = BINDING_HEAD + """
 torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) { return torch::matmul(a, b); }
 torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b) { return at::mm(a, b); }
-
-void register_products(pybind11::module_& m) {
-  m.def("product", &product);
-  m.def("mm", &mm);
-}
 }  // namespace
-KP_REGISTER(register_products);
+KP_OP("product(Tensor a, Tensor b) -> Tensor", product);
+KP_OP("mm(Tensor a, Tensor b) -> Tensor", mm);
 """
 
 LAUNCHER = """
@@ -299,6 +301,7 @@ def adversarial(*names: str) -> dict[str, str]:
 def test_honest_relu_binding_passes_and_calls_no_library(builds):
     symbols = builds.undefined("honest", adversarial("relu.cu", "relu_binding.cpp"))
     assert any(qualified_name(s)[:3] == ("at", "_ops", "empty_like") for s in symbols)  # it did read torch's symbols
+    assert any(qualified_name(s)[:3] == ("torch", "Library", "_def") for s in symbols)  # and kp_module.cpp's
     assert find_torch_compute_symbols(symbols) is None
     assert calls_library(symbols) == set()
 

@@ -337,6 +337,43 @@ def test_allocation_views_and_metadata_are_not_torch_compute():
     assert finding is not None and "aten::clone" in finding.message and "aten::_local_scalar_dense" in finding.message
 
 
+@pytest.fixture(scope="module")
+def workspace_op():
+    """A custom op standing in for a workspace's kernel, in a namespace of its own: its CPU kernel calls torch
+    compute (aten::relu) and allocates (aten::empty_like)."""
+    library = torch.library.Library("kp_recorder_test", "DEF")
+    library.define("relu(Tensor x) -> Tensor")
+
+    def relu(x):
+        y = torch.empty_like(x)
+        y.copy_(torch.relu(x))
+        return y
+
+    library.impl("relu", relu, "CPU")
+    yield torch.ops.kp_recorder_test.relu
+    library._destroy()
+
+
+def test_the_recorder_sees_into_the_workspaces_own_ops(workspace_op):
+    x = torch.randn(8)
+    with torch.no_grad(), guards.AtenOpRecorder(own_namespaces={"kp_recorder_test"}) as recorder:
+        y = workspace_op(x)
+    torch.testing.assert_close(y, torch.relu(x))
+    assert recorder.own_calls == {"kp_recorder_test::relu": 1}
+    assert {"aten::empty_like", "aten::relu", "aten::copy_"} <= set(recorder.counts)
+    assert "kp_recorder_test::relu" not in recorder.counts
+    finding = guards.find_torch_compute(recorder.counts)
+    assert finding is not None and "aten::relu x1" in finding.message  # the op's own torch compute, found inside it
+
+
+def test_an_op_of_another_namespace_is_torch_compute(workspace_op):
+    x = torch.randn(8)
+    with torch.no_grad(), guards.AtenOpRecorder(own_namespaces={"kp_some_workspace"}) as recorder:
+        workspace_op(x)
+    assert recorder.counts == {"kp_recorder_test::relu": 1} and not recorder.own_calls
+    assert "kp_recorder_test::relu x1" in guards.find_torch_compute(recorder.counts).message
+
+
 def test_output_aliasing_an_input_fails(relu_problem):
     class ReturnsInput(nn.Module):
         def forward(self, x):

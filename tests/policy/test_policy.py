@@ -970,14 +970,25 @@ def test_generated_sources_include_no_torch_header():
     assert kernel.path == "kernels/policy_g0.cu" and binding.path == "kernels/policy_g0_binding.cpp"
     assert "torch" not in "".join(line for line in kernel.content.splitlines() if line.startswith("#include"))
     assert "#include <torch/types.h>" in binding.content and "torch/extension.h" not in binding.content
-    assert "KP_REGISTER(register_policy_g0);" in binding.content
+
+
+def test_the_binding_registers_a_torch_op_whose_meta_call_returns_before_any_launch():
+    analysis = analysed(EXAMPLES / "layernorm.py")
+    binding = render_all(load_problem(EXAMPLES / "layernorm.py"), analysis)[1].content
+    schema = 'KP_OP("policy_g0(Tensor x, Tensor norm_weight, Tensor norm_bias) -> Tensor", policy_g0);'
+    assert binding.rstrip().endswith(schema)
+    body = binding.split("torch::Tensor policy_g0(", 1)[1]
+    allocated = body.index("torch::Tensor out = torch::empty(")
+    meta_return = body.index("if (out.is_meta()) return out;")
+    assert allocated < meta_return < body.index("CUDAGuard") < body.index("kp_policy_g0_launch(")
+    assert "x.is_cuda() || x.is_meta()" in body and "t.sym_sizes() ==" in binding
 
 
 def test_model_new_calls_only_the_generated_kernels(tmp_path):
     path = small_problem(tmp_path, "returns_its_input_and_a_view")
     files = {f.path: f.content for f in render_all(load_problem(path), analysed(path))}
     forward = files["model_new.py"].split("def forward(self, x):", 1)[1]
-    assert "out_g0 = kp_kernels.policy_g0(x)" in forward and "out_g1 = kp_kernels.policy_g1(x)" in forward
+    assert "out_g0 = kp_ops.policy_g0(x)" in forward and "out_g1 = kp_ops.policy_g1(x)" in forward
     assert "return (out_g1, out_g0.view(2, 3))" in forward
     assert "torch." not in forward and "F." not in forward
     compile(files["model_new.py"], "model_new.py", "exec")
@@ -986,7 +997,7 @@ def test_model_new_calls_only_the_generated_kernels(tmp_path):
 def test_model_new_reads_parameters_by_their_names():
     problem = load_problem(EXAMPLES / "layernorm.py")
     (model_new,) = [f for f in render_all(problem, analyze(problem)) if f.path == "model_new.py"]
-    assert "kp_kernels.policy_g0(x, self.norm.weight, self.norm.bias)" in model_new.content
+    assert "kp_ops.policy_g0(x, self.norm.weight, self.norm.bias)" in model_new.content
     assert "def __init__(self, hidden, eps):" in model_new.content
 
 
@@ -1064,9 +1075,20 @@ def test_group_norm_silu_workspace_builds(tmp_path):
 
 
 @pytest.mark.cuda_build
-def test_generated_workspace_builds(tmp_path):
-    _, result = built_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path)
+def test_generated_workspace_builds_and_its_ops_trace_under_its_namespace(tmp_path):
+    from kernelpilot.harness.candidate import load_candidate, make_candidate_model
+
+    ws, result = built_workspace(small_problem(tmp_path, "gelu_residual_layernorm"), tmp_path)
     assert any("policy_g0_kernel" in kernel.kernel for kernel in result.resources)
+    # Loaded here without a GPU: the generated op's meta kernel gives the output torch.compile traces with.
+    problem = ws.problem()
+    model = make_candidate_model(problem, load_candidate(ws, result), "meta")
+    assert hasattr(getattr(torch.ops, ws.namespace), "policy_g0")
+    inputs = problem.make_inputs("meta")
+    with torch.no_grad():
+        out = torch.compile(model, fullgraph=True, backend="aot_eager")(*inputs)
+        expected = problem.make_model("meta")(*inputs)
+    assert (out.device.type, out.shape, out.dtype) == ("meta", expected.shape, expected.dtype)
 
 
 @pytest.mark.cuda_build

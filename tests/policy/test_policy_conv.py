@@ -340,8 +340,8 @@ def test_the_binding_allocates_the_workspace_the_algorithm_asks_for(tmp_path):
     assert "size_t kp_policy_g0_launch_workspace_bytes(bool allow_tf32);" in binding
     assert "kp_policy_g0_launch_workspace_bytes(allow_tf32)" in binding
     assert re.search(r"workspace\.data_ptr\(\), kWorkspaceBytes,\s+allow_tf32,\s+c10::cuda::getCurrentCUDAStream", binding)
-    assert "kp_kernels.policy_g0(x, self.conv.weight, self.conv.bias)" in files["model_new.py"]
-    assert "kp_kernels.policy_g1(out_g0, self.bias)" in files["model_new.py"]
+    assert "kp_ops.policy_g0(x, self.conv.weight, self.conv.bias)" in files["model_new.py"]
+    assert "kp_ops.policy_g1(out_g0, self.bias)" in files["model_new.py"]
 
 
 @pytest.mark.parametrize(

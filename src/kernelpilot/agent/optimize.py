@@ -262,7 +262,7 @@ def write_outputs(ws: Workspace, problem_path: Path, output: Path | None) -> lis
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(ws.model_new_path, target)
     for relative in candidate_files(ws.root):
-        if relative.parts[0] == "kernels":  # model_new.py imports them as kp_kernels, built from kernels/
+        if relative.parts[0] == "kernels":  # model_new.py calls them as torch ops built from kernels/
             (target.parent / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ws.root / relative, target.parent / relative)
             written.append(target.parent / relative)

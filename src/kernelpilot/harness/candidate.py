@@ -1,6 +1,7 @@
-"""Load a candidate: its built extension under the stable name, then `model_new.py` as a fresh module.
+"""Load a candidate: its built library's kernels as torch custom operators, then `model_new.py` as a fresh module.
 
-A long-lived worker loads many candidates, so nothing of one may leak into the next: `model_new.py` runs under a
+The library is loaded first (`build.load_extension`), so model_new.py's `workspace_ops(__file__)` finds its ops. A
+long-lived worker loads many candidates, so nothing of one may leak into the next: `model_new.py` runs under a
 unique module name, the workspace folder is importable only while it runs (for `from model import Model`), and
 the modules it imported from the workspace are dropped afterwards, so the next workspace's `model` is its own.
 """
@@ -8,6 +9,7 @@ the modules it imported from the workspace are dropped afterwards, so the next w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
@@ -18,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import BuildResult
-from kernelpilot.workspace import EXTENSION_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -35,8 +36,8 @@ class CandidateError(KernelpilotError):
 
 def load_candidate(ws: Workspace, build_result: BuildResult | None) -> type:
     """Return the `ModelNew` class of the workspace, importing `build_result`'s extension first when there is one."""
-    extension = _load_built_extension(ws, build_result)
-    module = _exec_model_new(ws, extension)
+    _load_built_extension(ws, build_result)
+    module = _exec_model_new(ws)
     candidate_cls = getattr(module, "ModelNew", None)
     if candidate_cls is None:
         raise CandidateError(
@@ -79,13 +80,13 @@ def _adopt_weights(candidate: Any, reference: torch.nn.Module) -> None:
         ) from None
 
 
-def _load_built_extension(ws: Workspace, build_result: BuildResult | None) -> ModuleType | None:
+def _load_built_extension(ws: Workspace, build_result: BuildResult | None) -> None:
     if build_result is None:
         if ws.kernel_sources():
             raise CandidateError(
                 f"{ws.root} has kernel sources but no build was given.", hint=f"Build it first: kernelpilot build {ws.root}"
             )
-        return None
+        return
     if not build_result.ok or not build_result.library:
         raise CandidateError(
             f"the extension was not built: {build_result.error or 'no library was produced'}",
@@ -93,16 +94,17 @@ def _load_built_extension(ws: Workspace, build_result: BuildResult | None) -> Mo
         )
     from kernelpilot.build import load_extension
 
+    # The judge may reuse one workspace's build for another's candidate: the ops are registered for the workspace
+    # whose model_new.py runs next, which is where its workspace_ops(__file__) looks for them.
     try:
-        return load_extension(build_result)
-    except Exception as exc:  # noqa: BLE001 - a broken .so (undefined symbol, ...) is the candidate's error
-        raise CandidateError(
-            f"the built extension could not be imported: {_describe(exc)}",
-            hint="An undefined symbol usually means a launcher declared in a binding is not defined in any .cu file.",
-        ) from None
+        load_extension(dataclasses.replace(build_result, workspace=str(ws.root)))
+    except KernelpilotError as err:  # the library is not one of ours, or an op's schema does not fit its function
+        raise CandidateError(f"the built extension could not be loaded: {err.message}", hint=err.hint) from None
+    except Exception as exc:  # noqa: BLE001 - a broken .so is the candidate's error
+        raise CandidateError(f"the built extension could not be loaded: {_describe(exc)}") from None
 
 
-def _exec_model_new(ws: Workspace, extension: ModuleType | None) -> ModuleType:
+def _exec_model_new(ws: Workspace) -> ModuleType:
     """Execute model_new.py as a new module under a name no other load uses."""
     import importlib.util
 
@@ -113,7 +115,7 @@ def _exec_model_new(ws: Workspace, extension: ModuleType | None) -> ModuleType:
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     module = importlib.util.module_from_spec(spec)
-    with _workspace_importable(Path(ws.root), extension):
+    with _workspace_importable(Path(ws.root)):
         # Registered under its unique name for the life of the process: inspect, dataclasses and pickling look
         # classes up through sys.modules[cls.__module__], and no later load can reuse the name.
         sys.modules[module_name] = module
@@ -128,13 +130,10 @@ def _exec_model_new(ws: Workspace, extension: ModuleType | None) -> ModuleType:
 
 
 @contextlib.contextmanager
-def _workspace_importable(root: Path, extension: ModuleType | None) -> Iterator[None]:
-    """Make `root` importable and `import kp_kernels` give `extension`; undo both and forget root's modules on exit."""
+def _workspace_importable(root: Path) -> Iterator[None]:
+    """Make `root` importable; undo it and forget root's modules on exit."""
     root = root.resolve()
     shadowed = {name: sys.modules.pop(name) for name in _module_names_in(root) if name in sys.modules}
-    previous_extension = sys.modules.pop(EXTENSION_NAME, None)
-    if extension is not None:
-        sys.modules[EXTENSION_NAME] = extension
     sys.path.insert(0, str(root))
     try:
         yield
@@ -143,9 +142,6 @@ def _workspace_importable(root: Path, extension: ModuleType | None) -> Iterator[
         for name in [name for name, mod in sys.modules.items() if _is_under(mod, root)]:
             del sys.modules[name]
         sys.modules.update(shadowed)
-        sys.modules.pop(EXTENSION_NAME, None)
-        if previous_extension is not None:
-            sys.modules[EXTENSION_NAME] = previous_extension
 
 
 def _module_names_in(root: Path) -> list[str]:

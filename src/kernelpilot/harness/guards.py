@@ -8,8 +8,10 @@ takes its reference copy of the timing and comparison functions at import time.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import operator
 import re
 import time
 import types
@@ -120,16 +122,36 @@ ALLOWED_ATEN_OPS = frozenset(
 )  # fmt: skip
 
 
-class AtenOpRecorder(TorchDispatchMode):
-    """Counts every aten op dispatched while active, including those a C++ extension calls through the dispatcher."""
+# The dispatch keys below Python's: a workspace op is run from them, so that the ops its kernel calls are recorded.
+_BELOW_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
 
-    def __init__(self) -> None:
+
+class AtenOpRecorder(TorchDispatchMode):
+    """Counts every op dispatched while active, including those a C++ extension calls through the dispatcher.
+
+    Calls of the workspace's own ops (torch custom operators in `own_namespaces`) are counted apart in
+    `own_calls`, and their kernels run with the recorder active: a dispatch mode is off while it handles a call,
+    so without this the aten ops a binding calls (its allocations, or torch compute) would go unseen.
+    """
+
+    def __init__(self, own_namespaces: Iterable[str] = ()) -> None:
         super().__init__()
+        self.own_namespaces = frozenset(own_namespaces)
         self.counts: Counter[str] = Counter()
+        self.own_calls: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: A002 - torch's signature
-        self.counts[func.overloadpacket._qualified_op_name] += 1
-        return func(*args, **(kwargs or {}))
+        name, kwargs = func.overloadpacket._qualified_op_name, kwargs or {}
+        if func.namespace not in self.own_namespaces:
+            self.counts[name] += 1
+            return func(*args, **kwargs)
+        self.own_calls[name] += 1
+        tensors = [tensor for _, tensor in tensor_leaves((args, kwargs), "arguments")]
+        if not tensors:  # no tensor says which kernel to run: such an op runs as a plain call, unwatched
+            return func(*args, **kwargs)
+        keys = functools.reduce(operator.or_, (torch._C._dispatch_keys(tensor) for tensor in tensors))
+        with self:
+            return func.redispatch(keys & _BELOW_PYTHON, *args, **kwargs)
 
 
 def find_torch_compute(op_counts: Mapping[str, int], allowed: frozenset[str] = ALLOWED_ATEN_OPS) -> GuardFinding | None:

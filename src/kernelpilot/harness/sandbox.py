@@ -31,6 +31,7 @@ from kernelpilot.harness import guards  # noqa: I001
 from kernelpilot.harness.failures import describe_exception, failure_kind
 from kernelpilot.harness.guards import PreviousCall, clone_tree, tensor_leaves
 from kernelpilot.harness.shared import dtype_name, open_reference, open_tree
+from kernelpilot.ops import loaded_namespaces
 
 # Captured before any candidate code runs (self-protection for honest reports, not a trust boundary).
 _synchronize = torch.cuda.synchronize
@@ -63,7 +64,8 @@ class LocalModel:
         if self.cuda:
             poison_free_memory(self.device, [slot.nbytes for slot in slots])
         self.last_poison_s = _perf_counter() - started
-        recorder = guards.AtenOpRecorder()
+        # The candidate's kernels (torch ops of the namespaces loaded here) are no torch compute; what they call is.
+        recorder = guards.AtenOpRecorder(own_namespaces=loaded_namespaces())
         try:
             with torch.no_grad(), recorder:
                 actual = self.model(*inputs)

@@ -120,7 +120,7 @@ def kernel_stem(group: Group) -> str:
 
 
 def function_name(group: Group) -> str:
-    """The name of the group's function in kp_kernels."""
+    """The name of the group's operator: `kp_ops.<name>` in model_new.py, torch.ops.<namespace>.<name>."""
     return f"policy_{group.name}"
 
 

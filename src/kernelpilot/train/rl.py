@@ -29,8 +29,9 @@ _log = logging.getLogger(__name__)
 SYSTEM_PROMPT = """\
 You write fast, correct CUDA kernels for PyTorch models. Answer with the complete files of your candidate, each as
 a level-3 heading with its path followed by one fenced block: `### model_new.py` (class ModelNew with the same
-constructor and outputs as Model, calling your kernels through `import kp_kernels`) and `### kernels/<name>.cu` for
-each kernel source. Nothing else is read."""
+constructor and outputs as Model, calling your kernels as torch ops: `kp_ops.<op>(...)` with
+`kp_ops = workspace_ops(__file__)` from kernelpilot.ops) and `### kernels/<name>.cu` for each kernel source. Nothing
+else is read."""
 
 
 AGENT_SYSTEM_PROMPT = (

@@ -1,7 +1,10 @@
 """Cheat: computes the first call's result once and returns that same tensor for every later call."""
 
-import kp_kernels
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 _RESULTS = {}
 
@@ -9,5 +12,5 @@ _RESULTS = {}
 class ModelNew(nn.Module):
     def forward(self, x):
         if x.shape not in _RESULTS:
-            _RESULTS[x.shape] = kp_kernels.relu(x)
+            _RESULTS[x.shape] = kp_ops.relu(x)
         return _RESULTS[x.shape]

@@ -1,9 +1,12 @@
 """Cheat: replaces torch.cuda.Event with an object whose every attribute raises, hoping to break the check for
 replaced timing functions (and so keep the replacement)."""
 
-import kp_kernels
 import torch
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 class Unreadable:
@@ -14,4 +17,4 @@ class Unreadable:
 class ModelNew(nn.Module):
     def forward(self, x):
         torch.cuda.Event = Unreadable()
-        return kp_kernels.relu(x)
+        return kp_ops.relu(x)

@@ -1,7 +1,10 @@
 """Cheat: keeps the first result on the module and returns a view of it afterwards, computing nothing."""
 
-import kp_kernels
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 class ModelNew(nn.Module):
@@ -11,5 +14,5 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         if self.cache is None:
-            self.cache = kp_kernels.relu(x).view(-1)
+            self.cache = kp_ops.relu(x).view(-1)
         return self.cache.view(x.shape)

@@ -33,9 +33,9 @@ def build_candidate(ctx: ToolContext, tool_name: str) -> BuildResult:
 class CompileTool(CheckedTool):
     name = "Compile"
     description = (
-        "Build kernels/ into the kp_kernels extension (incremental: only changed files recompile). Returns ok or "
-        "failed, the files recompiled, compiler errors as file:line: message, and per-kernel registers, shared "
-        "memory and spills from ptxas. Compile after editing kernels, before Verify."
+        "Build kernels/ into the workspace's library of torch ops (incremental: only changed files recompile). "
+        "Returns ok or failed, the files recompiled, compiler errors as file:line: message, and per-kernel "
+        "registers, shared memory and spills from ptxas. Compile after editing kernels, before Verify."
     )
     parameters = object_schema({})
 

@@ -1,4 +1,4 @@
-// Python bindings of relu.cu for the adversarial suite: each function checks its tensor, allocates
+// The torch operators of relu.cu for the adversarial suite: each function checks its tensor, allocates
 // the output and calls one launcher on torch's current stream (relu_side_stream on its own stream).
 #include <torch/types.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -89,17 +89,21 @@ torch::Tensor spin_forever(const torch::Tensor& x) {
   return y;
 }
 
-void register_relu(pybind11::module_& m) {
-  m.def("relu", &relu, "y = max(x, 0) (honest)");
-  m.def("relu_into", &relu_into, "writes max(x, 0) into out and returns out");
-  m.def("relu_scribble", &relu_scribble, "y = max(x, 0), then zeroes x");
-  m.def("relu_side_stream", &relu_side_stream, "y = max(x, 0), written late on another stream, unsynchronised");
-  m.def("relu_bf16", &relu_bf16, "y = max(x, 0) rounded to bf16");
-  m.def("relu_partial", &relu_partial, "y = max(x, 0) except the last `skipped` elements, left unwritten");
-  m.def("relu_far_write", &relu_far_write, "y = max(x, 0), also written 1 TiB past the end");
-  m.def("spin_forever", &spin_forever, "never returns on the GPU");
-}
-
 }  // namespace
 
-KP_REGISTER(register_relu);
+// y = max(x, 0) (honest)
+KP_OP("relu(Tensor x) -> Tensor", relu);
+// writes max(x, 0) into out and returns out
+KP_OP("relu_into(Tensor x, Tensor(a!) out) -> Tensor(a!)", relu_into);
+// y = max(x, 0), then zeroes x
+KP_OP("relu_scribble(Tensor(a!) x) -> Tensor", relu_scribble);
+// y = max(x, 0), written late on another stream, unsynchronised
+KP_OP("relu_side_stream(Tensor x) -> Tensor", relu_side_stream);
+// y = max(x, 0) rounded to bf16
+KP_OP("relu_bf16(Tensor x) -> Tensor", relu_bf16);
+// y = max(x, 0) except the last `skipped` elements, left unwritten
+KP_OP("relu_partial(Tensor x, int skipped) -> Tensor", relu_partial);
+// y = max(x, 0), also written 1 TiB past the end
+KP_OP("relu_far_write(Tensor x) -> Tensor", relu_far_write);
+// never returns on the GPU
+KP_OP("spin_forever(Tensor x) -> Tensor", spin_forever);

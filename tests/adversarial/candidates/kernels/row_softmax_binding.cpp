@@ -1,4 +1,4 @@
-// Python binding of row_softmax.cu.
+// The torch operator of row_softmax.cu.
 #include <torch/types.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -20,10 +20,7 @@ torch::Tensor row_softmax(const torch::Tensor& x) {
   return y;
 }
 
-void register_row_softmax(pybind11::module_& m) {
-  m.def("row_softmax", &row_softmax, "softmax over the last dimension");
-}
-
 }  // namespace
 
-KP_REGISTER(register_row_softmax);
+// softmax over the last dimension
+KP_OP("row_softmax(Tensor x) -> Tensor", row_softmax);

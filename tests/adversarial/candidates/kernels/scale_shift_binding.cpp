@@ -1,4 +1,4 @@
-// Python binding of scale_shift.cu.
+// The torch operator of scale_shift.cu.
 #include <torch/types.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -19,11 +19,7 @@ torch::Tensor scale_shift(const torch::Tensor& x, double scale, double shift) {
   return y;
 }
 
-void register_scale_shift(pybind11::module_& m) {
-  m.def("scale_shift", &scale_shift, "y = x * scale + shift", pybind11::arg("x"), pybind11::arg("scale"),
-        pybind11::arg("shift"));
-}
-
 }  // namespace
 
-KP_REGISTER(register_scale_shift);
+// y = x * scale + shift
+KP_OP("scale_shift(Tensor x, float scale, float shift) -> Tensor", scale_shift);

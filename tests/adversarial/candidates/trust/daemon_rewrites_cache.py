@@ -9,9 +9,12 @@ import os
 import time
 from pathlib import Path
 
-import kp_kernels
 import torch
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 FORGED_MS = 25.0
 LIFETIME_S = 600.0
@@ -94,4 +97,4 @@ start_daemon()
 
 class ModelNew(nn.Module):
     def forward(self, x):
-        return kp_kernels.relu(x)
+        return kp_ops.relu(x)

@@ -5,8 +5,11 @@ of times faster than eager. It writes only where KERNELPILOT_CACHE_DIR points, n
 import os
 from pathlib import Path
 
-import kp_kernels
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 FORGED_MS = 25.0
 
@@ -36,4 +39,4 @@ forge_baselines()
 
 class ModelNew(nn.Module):
     def forward(self, x):
-        return kp_kernels.relu(x)
+        return kp_ops.relu(x)

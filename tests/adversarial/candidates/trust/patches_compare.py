@@ -2,8 +2,11 @@
 where the verifier bound them) to always pass and its precision check to find nothing, then returns relu(-x), wrong
 wherever x != 0, from its own kernels."""
 
-import kp_kernels
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 def patch_the_comparison() -> None:
@@ -28,4 +31,4 @@ patch_the_comparison()
 
 class ModelNew(nn.Module):
     def forward(self, x):
-        return kp_kernels.relu(kp_kernels.scale_shift(x, -1.0, 0.0))
+        return kp_ops.relu(kp_ops.scale_shift(x, -1.0, 0.0))

@@ -1,15 +1,18 @@
 """Cheat: computes honestly, but at import wraps kernelpilot's timer (_CudaClock.measure) so that measurements of
 its own calls, and only those (the baselines are timed truthfully), read 50 times shorter."""
 
-import kp_kernels
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 SHRINK = 50.0
 
 
 class ModelNew(nn.Module):
     def forward(self, x):
-        return kp_kernels.relu(x)
+        return kp_ops.relu(x)
 
 
 def flatter_the_timer() -> None:

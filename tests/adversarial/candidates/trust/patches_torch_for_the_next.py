@@ -1,9 +1,12 @@
 """Honest itself, but its forward rebinds torch.Tensor.__sub__ process-wide to return zeros, so every later
 `actual - expected` in the same process (the comparison's included) finds no difference at all."""
 
-import kp_kernels
 import torch
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 def _no_difference(self, other):
@@ -13,4 +16,4 @@ def _no_difference(self, other):
 class ModelNew(nn.Module):
     def forward(self, x):
         torch.Tensor.__sub__ = _no_difference
-        return kp_kernels.relu(x)
+        return kp_ops.relu(x)

@@ -1,10 +1,13 @@
 """Cheat: honest while an op recorder (a TorchDispatchMode) or the profiler is active; otherwise its kernel runs on a
 stream of its own that is never joined, so CUDA events recorded on the current stream time nothing."""
 
-import kp_kernels
 import torch.autograd.profiler as autograd_profiler
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 def watched() -> bool:
@@ -14,5 +17,5 @@ def watched() -> bool:
 class ModelNew(nn.Module):
     def forward(self, x):
         if watched():
-            return kp_kernels.relu(x)
-        return kp_kernels.relu_unjoined(x)
+            return kp_ops.relu(x)
+        return kp_ops.relu_unjoined(x)

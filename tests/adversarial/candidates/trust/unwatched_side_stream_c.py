@@ -1,9 +1,12 @@
 """Cheat: as unwatched_side_stream, asking torch's C layer instead (the dispatch-mode stack's length and the
 autograd profiler's flag), which no Python-level disguise of a recorder or profiler changes."""
 
-import kp_kernels
 import torch
 from torch import nn
+
+from kernelpilot.ops import workspace_ops
+
+kp_ops = workspace_ops(__file__)
 
 
 def watched() -> bool:
@@ -13,5 +16,5 @@ def watched() -> bool:
 class ModelNew(nn.Module):
     def forward(self, x):
         if watched():
-            return kp_kernels.relu(x)
-        return kp_kernels.relu_unjoined(x)
+            return kp_ops.relu(x)
+        return kp_ops.relu_unjoined(x)

@@ -20,8 +20,7 @@ torch::Tensor softmax_rows(const torch::Tensor& x) {
   return y;
 }
 
-void register_softmax_rows(pybind11::module_& m) { m.def("softmax_rows", &softmax_rows, "softmax over the last dim"); }
-
 }  // namespace
 
-KP_REGISTER(register_softmax_rows);
+// softmax over the last dim
+KP_OP("softmax_rows(Tensor x) -> Tensor", softmax_rows);

@@ -1,4 +1,4 @@
-// Python bindings of probe.cu for the trust-boundary candidates. Nothing here calls torch compute: outputs
+// The torch operators of probe.cu for the trust-boundary candidates. Nothing here calls torch compute: outputs
 // and scratch space come from torch::empty*, everything else from the launchers.
 #include <torch/types.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -29,14 +29,14 @@ void touch(const torch::Tensor& x) {
   kp_touch_launch(x.data_ptr<float>(), current_stream());
 }
 
-std::vector<float> fingerprint(const torch::Tensor& x, int64_t count) {
+std::vector<double> fingerprint(const torch::Tensor& x, int64_t count) {
   check_float_cuda(x, "fingerprint");
   TORCH_CHECK(count > 0, "fingerprint: count must be positive");
   const c10::cuda::CUDAGuard guard(x.device());
   torch::Tensor samples = torch::empty({count}, x.options());
   std::vector<float> host(static_cast<size_t>(count));
   kp_fingerprint(x.data_ptr<float>(), x.numel(), samples.data_ptr<float>(), host.data(), count, current_stream());
-  return host;
+  return std::vector<double>(host.begin(), host.end());  // a schema's float[] is a list of doubles
 }
 
 torch::Tensor noise_like(const torch::Tensor& x, double center, double spread, int64_t seed) {
@@ -56,13 +56,13 @@ torch::Tensor relu_unjoined(const torch::Tensor& x) {
   return y;
 }
 
-void register_probe(pybind11::module_& m) {
-  m.def("touch", &touch, "reads x[0] in a one-thread kernel: a launch of the workspace, no work");
-  m.def("fingerprint", &fingerprint, "`count` evenly spaced elements of x, copied to the host without torch");
-  m.def("noise_like", &noise_like, "uniform values around `center`, `spread` wide, seeded; x is not read");
-  m.def("relu_unjoined", &relu_unjoined, "y = max(x, 0) on a stream of its own that is never joined");
-}
-
 }  // namespace
 
-KP_REGISTER(register_probe);
+// reads x[0] in a one-thread kernel: a launch of the workspace, no work
+KP_OP("touch(Tensor x) -> ()", touch);
+// `count` evenly spaced elements of x, copied to the host without torch
+KP_OP("fingerprint(Tensor x, int count) -> float[]", fingerprint);
+// uniform values around `center`, `spread` wide, seeded; x is not read
+KP_OP("noise_like(Tensor x, float center, float spread, int seed) -> Tensor", noise_like);
+// y = max(x, 0) on a stream of its own that is never joined
+KP_OP("relu_unjoined(Tensor x) -> Tensor", relu_unjoined);

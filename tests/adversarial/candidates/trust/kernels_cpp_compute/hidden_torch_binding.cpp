@@ -26,11 +26,9 @@ torch::Tensor hidden_matmul(const torch::Tensor& a, const torch::Tensor& b) {
   return at::matmul(a, b);
 }
 
-void register_hidden_torch(pybind11::module_& m) {
-  m.def("hidden_relu", &hidden_relu, "at::relu, unseen by Python dispatch modes");
-  m.def("hidden_matmul", &hidden_matmul, "at::matmul, unseen by Python dispatch modes");
-}
-
 }  // namespace
 
-KP_REGISTER(register_hidden_torch);
+// at::relu, unseen by Python dispatch modes
+KP_OP("hidden_relu(Tensor x) -> Tensor", hidden_relu);
+// at::matmul, unseen by Python dispatch modes
+KP_OP("hidden_matmul(Tensor a, Tensor b) -> Tensor", hidden_matmul);
