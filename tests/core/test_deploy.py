@@ -169,8 +169,15 @@ LOAD_AND_SWAP = """
     except KernelpilotError as err:
         print(json.dumps({{"error": err.message, "hint": err.hint}}))
         raise SystemExit(3)
-    swapped = net.layer(x)
+    with torch.no_grad():  # inference: the kernels have no backward
+        swapped = net.layer(x)
+    try:
+        net.layer(x)  # the weights require grad: a call outside no_grad must refuse, not give a silent wrong grad
+        refused = ""
+    except RuntimeError as err:
+        refused = str(err)
     print(json.dumps({{
+        "refused_with_grad": refused,
         "class": type(new).__name__,
         "source": inspect.getsourcefile(type(new)),
         "kernel_offset": (swapped - expected).mean().item(),
@@ -217,6 +224,7 @@ def test_an_accepted_workspace_loads_and_swaps_in_a_fresh_process_in_another_fol
     code, swapped = run_fresh()
     assert code == 0, swapped
     assert swapped.pop("kernel_offset") == pytest.approx(KERNEL_OFFSET, rel=1e-2)
+    assert "has no backward yet" in swapped.pop("refused_with_grad")
     assert swapped == {"class": "ModelNew", "source": str(ws.model_new_path), "close": True, "shared": True,
                        "training": False}  # fmt: skip
 
