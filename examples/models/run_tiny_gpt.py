@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,9 @@ from tiny_gpt import GPTConfig, RMSNorm, TinyGPT  # noqa: E402 - the user model 
 BATCH, SEQUENCE = 8, 1024
 # The swapped layers' kernels round differently from eager's; over four bf16 blocks that stays well inside these.
 ATOL = RTOL = 5e-2
+# One layer's verification: its kernels compute in float32 and round once, the reference rounds every bfloat16 step,
+# so they differ by up to a few units in the last place (2 ulp is 1.6%: over the default 1e-2, measured on an H100).
+TOLERANCE = 2e-2
 
 
 def main() -> int:
@@ -50,6 +54,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="results file (default: OUT/results.json)")
     parser.add_argument("--max-turns", type=int, default=40, help="turns of each optimize run")
     parser.add_argument("--runs", type=int, default=50, help="timed forward calls of each variant")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+                        help="atol and rtol of optimize's and accept's verification (bfloat16 layers)")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: no CUDA GPU is visible; this example optimizes and times kernels on one.", file=sys.stderr)
@@ -70,7 +76,7 @@ def main() -> int:
               f"{'; '.join(results['layers'][n]['blockers'] for n in unsupported)}", file=sys.stderr)  # fmt: skip
         return 1
     for name, path in problems.items():
-        results["layers"][name] |= optimize_and_accept(path, out / f"kp-{name}", args.max_turns)
+        results["layers"][name] |= optimize_and_accept(path, out / f"kp-{name}", args.max_turns, args.tolerance)
 
     results["model"] = {
         "eager": measure(model, x, args.runs),
@@ -118,13 +124,14 @@ def analysis_of(problem: Path) -> dict:
     }
 
 
-def optimize_and_accept(problem: Path, workspace: Path, max_turns: int) -> dict:
+def optimize_and_accept(problem: Path, workspace: Path, max_turns: int, tolerance: float) -> dict:
     """`kernelpilot optimize` with the built-in policy, then `kernelpilot accept --no-commit`; the lock's figures."""
     started = time.perf_counter()
     kernelpilot_cli("optimize", problem, "--dir", workspace, "--output", workspace / "model_new.py",
-                    "--max-turns", str(max_turns))  # fmt: skip
+                    "--max-turns", str(max_turns), env={"KERNELPILOT_ATOL": str(tolerance),
+                                                        "KERNELPILOT_RTOL": str(tolerance)})  # fmt: skip
     optimized_s = time.perf_counter() - started
-    kernelpilot_cli("accept", workspace, "--no-commit")
+    kernelpilot_cli("accept", workspace, "--no-commit", "--atol", tolerance, "--rtol", tolerance)
     lock = read_lock(lock_path(open_workspace(workspace)))
     timings = lock.timings
     return {
@@ -139,10 +146,10 @@ def optimize_and_accept(problem: Path, workspace: Path, max_turns: int) -> dict:
     }
 
 
-def kernelpilot_cli(*args: object) -> None:
+def kernelpilot_cli(*args: object, env: dict[str, str] | None = None) -> None:
     command = [sys.executable, "-m", "kernelpilot", *map(str, args)]
     print("$", " ".join(command[2:]), flush=True)
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
     print(done.stdout[-2000:], done.stderr[-2000:], sep="", flush=True)
     if done.returncode != 0:
         raise SystemExit(f"`{' '.join(command[2:])}` failed with exit code {done.returncode}")
