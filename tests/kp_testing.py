@@ -120,6 +120,7 @@ namespace {
 
 torch::Tensor scale_mul(const torch::Tensor& x, const torch::Tensor& scale) {
   TORCH_CHECK(x.is_contiguous() && scale.is_contiguous(), "scale_mul: contiguous tensors only");
+  ROWS_CHECK
   torch::Tensor y = torch::empty_like(x);
   if (x.is_meta()) return y;
   const float* xs = x.data_ptr<float>();
@@ -154,9 +155,11 @@ def scale_mul_candidate(features: int) -> str:
     return SCALE_MUL_CANDIDATE.replace("FEATURES", str(features))
 
 
-def scale_mul_binding(offset: float = 0.0, repeats: int = 1) -> str:
-    """The C++ `scale_mul` binding; a non-zero offset makes it wrong, more repeats make it slower."""
-    return SCALE_MUL_BINDING.replace("REPEATS", str(repeats)).replace("OFFSET", f"{offset!r}f")
+def scale_mul_binding(offset: float = 0.0, repeats: int = 1, rows: int | None = None) -> str:
+    """The C++ `scale_mul` binding; a non-zero offset makes it wrong, more repeats make it slower, `rows` makes it
+    refuse inputs of any other number of rows (as a kernel specialised to the problem's shapes)."""
+    check = f'TORCH_CHECK(x.size(0) == {rows}, "scale_mul: compiled for {rows} rows");' if rows is not None else ""
+    return SCALE_MUL_BINDING.replace("REPEATS", str(repeats)).replace("OFFSET", f"{offset!r}f").replace("ROWS_CHECK", check)
 
 
 def nonempty(items, what: str = "items") -> list:

@@ -1,8 +1,9 @@
 """`kernelpilot check`: re-verify and re-time accepted candidates against their lock files (the pre-commit hook).
 
 For each lock file found from the given paths, the judge rebuilds, verifies (the recorded trials and tolerances)
-and times the workspace's candidate. A candidate fails on a wrong answer, or when it is slower than recorded by
-more than the tolerance on the same GPU model; on another GPU model only correctness is checked, and the report
+and times the workspace's candidate. A candidate fails on a wrong answer (at the problem's shapes, or at a
+leading-dim variant of them verified at accept), or when it is slower than recorded by more than the tolerance
+on the same GPU model; on another GPU model only correctness is checked, and the report
 says so. Without a GPU nothing can be checked: the report says so and passes, unless a GPU is required.
 """
 
@@ -122,9 +123,9 @@ def check_one(judge: Judge, lock_file: Path, tolerance: float) -> CheckOutcome:
                 where, passed=False, reason="the lock file was written for another problem than model.py's."
             )
         verification = lock.verification
-        result = judge.evaluate(
-            ws.root, trials=max(len(verification.seeds), 1), atol=verification.atol, rtol=verification.rtol
-        )
+        variants = lock.shapes.verified_variants if lock.shapes is not None else []
+        result = judge.evaluate(ws.root, trials=max(len(verification.seeds), 1), atol=verification.atol,
+                                rtol=verification.rtol, variants=variants)  # fmt: skip
         outcome = compare(lock, result, tolerance)
         outcome.workspace, outcome.changed = where, changed_files(ws, lock)
         return outcome
@@ -139,6 +140,10 @@ def compare(lock: Lock, result: EvalResult, tolerance: float) -> CheckOutcome:
     if result.verify is None or not result.verify.ok or result.reward < 1:
         outcome.correct = False if result.verify is not None else None
         outcome.reason = f"{result.error_kind or 'failed'}: {result.message}"
+        return outcome
+    lost = _variants_lost(lock, result)
+    if lost:
+        outcome.correct, outcome.reason = False, lost
         return outcome
     outcome.correct = True
     bench = result.bench if result.bench is not None and result.bench.ok else None
@@ -160,6 +165,19 @@ def compare(lock: Lock, result: EvalResult, tolerance: float) -> CheckOutcome:
             return outcome
     outcome.passed = True
     return outcome
+
+
+def _variants_lost(lock: Lock, result: EvalResult) -> str:
+    """Why a shape variant verified at accept does not verify now; empty when every one still does."""
+    if lock.shapes is None:
+        return ""
+    now = {check.variant: check for check in result.verify.variants}
+    for variant in lock.shapes.verified_variants:
+        check = now.get(variant)
+        if check is None or check.status != "verified":
+            what = f"{check.status}: {check.message}" if check is not None else "not verified"
+            return f"verified at accept at the {variant} shapes, and now {what}"
+    return ""
 
 
 # ------------------------------------------------------------------------------------------ finding

@@ -2,7 +2,8 @@
 
 `kernelpilot.lock.json` sits in the workspace beside model_new.py. `kernelpilot accept` writes it from the
 judge's EvalResult and commits it with the kernels; `kernelpilot check` reads it back to re-verify and re-time
-the candidate against the recorded figures on the same GPU model.
+the candidate against the recorded figures on the same GPU model, and to verify again the input shapes (the
+problem's and its leading-dim variants) verified at accept.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.results import BenchResult, EvalResult, Timing, from_dict, to_dict
+from kernelpilot.results import NOT_APPLICABLE, BenchResult, EvalResult, Timing, VerifyResult, from_dict, to_dict
 from kernelpilot.workspace import PROTECTED_FILES, Workspace
 
 LOCK_NAME = "kernelpilot.lock.json"
@@ -43,6 +44,33 @@ class Verification:
     atol: float
     rtol: float
     seeds: list[int] = field(default_factory=list)
+
+
+# The variant name of the problem's own inputs, as get_inputs() makes them, among the verified shape sets.
+PROBLEM_SHAPES = "problem"
+
+
+@dataclass
+class ShapeSet:
+    """One set of input shapes the candidate was verified at (or failed at, or that does not apply)."""
+
+    variant: str  # PROBLEM_SHAPES, or a leading-dim variant of them ("half", "double")
+    inputs: list[list[int] | None] | None = None  # each input's shape (None: not a tensor); None when not made
+    message: str = ""  # a failure's first line, or why the variant does not apply
+
+
+@dataclass
+class Shapes:
+    """The input shapes verified at accept: `check` verifies the same variants again."""
+
+    verified: list[ShapeSet] = field(default_factory=list)
+    failed: list[ShapeSet] = field(default_factory=list)
+    not_applicable: list[ShapeSet] = field(default_factory=list)
+
+    @property
+    def verified_variants(self) -> list[str]:
+        """The leading-dim variants verified (the problem's own shapes left out: they are always verified)."""
+        return [shape_set.variant for shape_set in self.verified if shape_set.variant != PROBLEM_SHAPES]
 
 
 @dataclass
@@ -79,6 +107,7 @@ class Lock:
     reward: int
     files: dict[str, str]  # workspace-relative path -> SHA-256 of the candidate's files
     version: int = LOCK_VERSION
+    shapes: Shapes | None = None  # None in a lock written before shapes were recorded
 
 
 def lock_path(ws: Workspace) -> Path:
@@ -113,7 +142,23 @@ def lock_from_eval(ws: Workspace, result: EvalResult, environment: Environment |
         timings=_timings(bench),
         reward=result.reward,
         files=file_hashes(ws),
+        shapes=shapes_of(result.verify),
     )
+
+
+def shapes_of(verify: VerifyResult) -> Shapes | None:
+    """The shape sets of a verification: its own inputs' and its variants', by outcome (None when not recorded)."""
+    if verify.input_shapes is None:
+        return None
+    shapes = Shapes(verified=[ShapeSet(PROBLEM_SHAPES, verify.input_shapes)])
+    for check in verify.variants:
+        if check.status == "verified":
+            shapes.verified.append(ShapeSet(check.variant, check.inputs))
+        elif check.status == NOT_APPLICABLE:
+            shapes.not_applicable.append(ShapeSet(check.variant, message=check.message))
+        else:
+            shapes.failed.append(ShapeSet(check.variant, check.inputs, check.message))
+    return shapes
 
 
 def local_environment(gpu: str | None) -> Environment:

@@ -130,6 +130,22 @@ class TrialResult:
     message: str = ""
 
 
+# The status (and a variant verification's error kind) of inputs a shape variant cannot be made of, or that the
+# reference rejects.
+NOT_APPLICABLE = "not-applicable"
+
+
+@dataclass
+class VariantCheck:
+    """The verification at one leading-dim variant of the problem's inputs ("half", "double")."""
+
+    variant: str
+    status: str  # "verified" | "failed" | NOT_APPLICABLE
+    inputs: list[list[int] | None] | None = None  # each input's shape (None: not a tensor); None when not made
+    message: str = ""  # trials passed, the failure's first line, or why the variant does not apply
+    error_kind: str | None = None  # of a failure
+
+
 # The error kind of a verification that kernelpilot's own checking code broke off: the candidate was not judged.
 HARNESS_ERROR = "harness"
 
@@ -150,6 +166,8 @@ class VerifyResult:
     traceback: str = ""  # the full traceback of a HARNESS_ERROR, for the bug report its message asks for
     base_seed: int = 0  # trial i draws its inputs from base_seed + i * SEED_STRIDE; the weights from base_seed
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the trials (inputs, compare, ...)
+    input_shapes: list[list[int] | None] | None = None  # the first trial's input shapes (None: not a tensor)
+    variants: list[VariantCheck] = field(default_factory=list)  # the leading-dim variants verified after the trials
 
     @property
     def max_abs_error(self) -> float | None:

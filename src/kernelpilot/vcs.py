@@ -19,6 +19,7 @@ from kernelpilot.lockfile import (
     LOCK_NAME,
     Lock,
     RecordedTiming,
+    Shapes,
     Timings,
     candidate_files,
     lock_from_eval,
@@ -154,6 +155,8 @@ def commit_message(name: str, lock: Lock, *, subject: str | None = None) -> str:
         f"reward     {lock.reward}",
         f"on         {env.gpu or 'no timing device'}, torch {env.torch}, CUDA {env.cuda or 'none'}",
     ]
+    if lock.shapes is not None:
+        body.append(f"shapes     {_shapes_text(lock.shapes)}")
     return "\n".join([subject or f"kernelpilot: accept {name}: {numbers}", "", *body]) + "\n"
 
 
@@ -206,6 +209,15 @@ def _timing_text(timing: RecordedTiming | None) -> str:
     if timing is None:
         return "not timed"
     return f"{timing.median_ms:.4g} ms (p10-p90 {timing.p10_ms:.4g}-{timing.p90_ms:.4g}, {timing.runs} runs)"
+
+
+def _shapes_text(shapes: Shapes) -> str:
+    parts = [f"verified at {', '.join(shape_set.variant for shape_set in shapes.verified)}"]
+    if shapes.failed:
+        parts.append(f"failed at {', '.join(shape_set.variant for shape_set in shapes.failed)}")
+    if shapes.not_applicable:
+        parts.append(f"not applicable: {', '.join(shape_set.variant for shape_set in shapes.not_applicable)}")
+    return "; ".join(parts)
 
 
 def _speedup_text(speedup: float | None) -> str:

@@ -19,6 +19,7 @@ from kernelpilot.check import CheckReport, compare, find_lock_files, run_check
 from kernelpilot.cli import app
 from kernelpilot.cli.render_git import render_check
 from kernelpilot.lockfile import LOCK_NAME, lock_from_eval, read_lock, write_lock
+from kernelpilot.results import VariantCheck
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 from kp_testing import (
     EXAMPLE_KERNEL_CANDIDATE,
@@ -30,7 +31,7 @@ from kp_testing import (
 )
 
 # The workspaces, results and git set-up of the accept tests (tests/core/vcs_testing.py, conftest.py).
-from vcs_testing import GPU, make_repo, make_workspace, verified_result
+from vcs_testing import GPU, HALF_VERIFIED_DOUBLE_FAILED, make_repo, make_workspace, verified_result
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,6 +116,22 @@ def test_compare_fails_a_wrong_answer_and_a_candidate_that_can_no_longer_be_time
     assert wrong_outcome.reason == "mismatch: max abs error 0.5 at [3, 1]."
     assert (untimed_outcome.passed, untimed_outcome.correct) == (False, True)
     assert "could not be timed here" in untimed_outcome.reason
+
+
+def test_compare_fails_when_a_shape_variant_verified_at_accept_no_longer_verifies(tmp_path):
+    ws = make_workspace(tmp_path)
+    lock = lock_from_eval(ws, verified_result(ws, variants=HALF_VERIFIED_DOUBLE_FAILED))
+    still = verified_result(ws, variants=[VariantCheck("half", "verified", inputs=[[32, 64]])])
+    lost = verified_result(ws, variants=[VariantCheck("half", "failed", inputs=[[32, 64]], message="mismatch: trial 1")])
+    unasked = verified_result(ws)
+
+    assert compare(lock, still, 0.05).passed, "double failed at accept too: it is not asked for again"
+    for now, what in ((lost, "failed: mismatch: trial 1"), (unasked, "not verified")):
+        outcome = compare(lock, now, 0.05)
+        assert (outcome.passed, outcome.correct) == (False, False)
+        assert outcome.reason == f"verified at accept at the half shapes, and now {what}"
+    lock.shapes = None  # a lock written before shapes were recorded asks for no variant
+    assert compare(lock, unasked, 0.05).passed
 
 
 def test_the_report_is_a_table_with_verdicts_reasons_and_files_changed_since_accept(tmp_path):
@@ -282,6 +299,10 @@ def test_cpu_accept_then_check_passes_and_catches_a_slowdown_and_a_wrong_answer(
     assert lock.verification.seeds and len(lock.verification.seeds) == 2
     assert f"kp-scale/{LOCK_NAME}" in repo.head.commit.stats.files
     assert "committed" in accepted.output and "kernelpilot: accept kp-scale:" in accepted.output
+    assert [(s.variant, s.inputs) for s in lock.shapes.verified] == [
+        ("problem", [[256, 1024]]), ("half", [[128, 1024]]), ("double", [[512, 1024]])]  # fmt: skip
+    assert lock.shapes.failed == [] and lock.shapes.not_applicable == []
+    assert "shapes half" in accepted.output and "verified at (512, 1024)" in accepted.output
 
     # CPU timings of a shared machine wander more than a GPU's: a wide tolerance still catches a 64x slowdown.
     unchanged = cli("check", root, "--device", "cpu", "--tolerance", "1.0")
@@ -299,6 +320,20 @@ def test_cpu_accept_then_check_passes_and_catches_a_slowdown_and_a_wrong_answer(
     wrong = cli("check", root, "--device", "cpu")
     assert wrong.exit_code == 1, wrong.output
     assert "mismatch" in wrong.output
+
+    # Specialised to the problem's 256 rows: still correct there, but no longer at the batch sizes verified at accept.
+    binding.write_text(scale_mul_binding(rows=256))
+    specialised = cli("check", root, "--device", "cpu", "--tolerance", "100")
+    assert specialised.exit_code == 1, specialised.output
+    assert "verified at accept at the half shapes, and now failed" in " ".join(specialised.output.split())
+    # accept takes it all the same, and records the variants it fails.
+    reaccepted = cli("accept", root, "--device", "cpu", "--trials", "2", "--no-commit")
+    assert reaccepted.exit_code == 0, reaccepted.output
+    shapes = read_lock(ws.root / LOCK_NAME).shapes
+    assert [s.variant for s in shapes.verified] == ["problem"]
+    assert [(s.variant, s.inputs) for s in shapes.failed] == [("half", [[128, 1024]]), ("double", [[512, 1024]])]
+    assert all("compiled for 256 rows" in s.message for s in shapes.failed), shapes.failed
+    assert "(recorded, not a verdict)" in reaccepted.output
 
 
 @pytest.mark.gpu

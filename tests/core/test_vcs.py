@@ -21,9 +21,10 @@ from kernelpilot.lockfile import (
     read_lock,
     write_lock,
 )
-from kernelpilot.vcs import VcsError, accept
+from kernelpilot.results import NOT_APPLICABLE, VariantCheck
+from kernelpilot.vcs import VcsError, accept, commit_message
 from kernelpilot.workspace import GITIGNORE_PATH, MANIFEST_PATH, PROTECTED_FILES, Workspace
-from vcs_testing import GPU, make_repo, make_workspace, verified_result
+from vcs_testing import GPU, HALF_VERIFIED_DOUBLE_FAILED, make_repo, make_workspace, verified_result
 
 pytestmark = pytest.mark.usefixtures("isolated_git")
 
@@ -75,6 +76,35 @@ def test_lock_file_round_trip_keeps_every_recorded_figure(tmp_path):
         "model_new.py",
     ]
     assert all(len(digest) == 64 for digest in data["files"].values())
+
+
+def test_the_lock_records_the_shapes_verified_failed_and_not_applicable_and_reads_them_back(tmp_path):
+    ws = make_workspace(tmp_path)
+    not_applicable = VariantCheck("triple", NOT_APPLICABLE, message="the reference rejects them: ...")
+    lock = lock_from_eval(ws, verified_result(ws, variants=[*HALF_VERIFIED_DOUBLE_FAILED, not_applicable]))
+
+    assert read_lock(write_lock(ws, lock)) == lock
+    shapes = json.loads((ws.root / LOCK_NAME).read_text())["shapes"]
+    assert shapes == {
+        "verified": [{"variant": "problem", "inputs": [[64, 64]], "message": ""},
+                     {"variant": "half", "inputs": [[32, 64]], "message": ""}],
+        "failed": [{"variant": "double", "inputs": [[128, 64]], "message": "RuntimeError: compiled for 64 rows"}],
+        "not_applicable": [{"variant": "triple", "inputs": None, "message": "the reference rejects them: ..."}],
+    }  # fmt: skip
+    assert lock.shapes.verified_variants == ["half"]
+    assert "shapes     verified at problem, half; failed at double; not applicable: triple" in commit_message("kp", lock)
+
+
+def test_a_lock_written_before_shapes_were_recorded_still_reads(tmp_path):
+    ws = make_workspace(tmp_path)
+    path = write_lock(ws, lock_from_eval(ws, verified_result(ws)))
+    data = json.loads(path.read_text())
+    del data["shapes"]
+    path.write_text(json.dumps(data))
+
+    old = read_lock(path)
+
+    assert old.shapes is None and old.problem_id == ws.problem_id and old.timings.candidate.median_ms == 0.25
 
 
 def test_candidate_files_are_kernel_sources_and_model_new_never_protected_files_or_other_files(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import git
 
-from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, TrialResult, VerifyResult
+from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, TrialResult, VariantCheck, VerifyResult
 from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
 from kp_testing import scale_shift_problem, write_problem
 
@@ -18,13 +18,14 @@ def timing(median_ms: float) -> Timing:
     return Timing(median_ms=median_ms, p10_ms=median_ms * 0.98, p90_ms=median_ms * 1.03, mean_ms=median_ms, runs=100)
 
 
-def verified_result(ws: Workspace, candidate_ms: float = 0.25) -> EvalResult:
-    """An EvalResult as the judge reports a correct, timed candidate of `ws`."""
+def verified_result(ws: Workspace, candidate_ms: float = 0.25, variants: list[VariantCheck] | None = None) -> EvalResult:
+    """An EvalResult as the judge reports a correct, timed candidate of `ws` (verified at 64x64, and at `variants`)."""
     return EvalResult(
         problem_id=ws.problem_id,
         workspace=str(ws.root),
         verify=VerifyResult(
-            ok=True, trials=[TrialResult(seed=seed, ok=True) for seed in (0, 7919, 15838)], atol=1e-3, rtol=1e-3
+            ok=True, trials=[TrialResult(seed=seed, ok=True) for seed in (0, 7919, 15838)], atol=1e-3, rtol=1e-3,
+            input_shapes=[[64, 64]], variants=list(variants or []),
         ),
         bench=BenchResult(
             ok=True,
@@ -38,6 +39,13 @@ def verified_result(ws: Workspace, candidate_ms: float = 0.25) -> EvalResult:
         ),
         reward=3,
     )
+
+
+# A candidate verified at half its batch, failing at double it, where the variants are asked for.
+HALF_VERIFIED_DOUBLE_FAILED = [
+    VariantCheck("half", "verified", inputs=[[32, 64]], message="2 trials passed"),
+    VariantCheck("double", "failed", inputs=[[128, 64]], message="RuntimeError: compiled for 64 rows", error_kind="runtime"),
+]
 
 
 def make_repo(path: Path) -> git.Repo:

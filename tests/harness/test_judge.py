@@ -19,6 +19,7 @@ from kernelpilot.errors import KernelpilotError, NoGPUError
 from kernelpilot.cli.render_eval import render_eval
 from kernelpilot.harness.judge import Judge, candidate_workspace
 from kernelpilot.results import (
+    NOT_APPLICABLE,
     BenchResult,
     BuildResult,
     EvalResult,
@@ -26,6 +27,7 @@ from kernelpilot.results import (
     Roofline,
     Timing,
     TrialResult,
+    VariantCheck,
     VerifyResult,
     from_dict,
 )
@@ -160,6 +162,22 @@ def test_render_eval_shows_verdict_errors_times_speedups_sol_reward_and_guards()
     for expected in ("5/5 trials", "1e-06 / 2e-05", "guard precision-drop", "matches a bf16 rounding", "NVIDIA H100",
                      "2.00x", "1.50x", "60.0% SOL", "memory-bound", "reward", "1 recompiled"):  # fmt: skip
         assert expected in text, expected
+
+
+def test_render_eval_prints_one_line_per_shape_variant():
+    verify = VerifyResult(ok=True, trials=[TrialResult(seed=0, ok=True)], input_shapes=[[8, 6], [6], None], variants=[
+        VariantCheck("half", "verified", inputs=[[4, 6], [6], None], message="2 trials passed"),
+        VariantCheck("double", "failed", inputs=[[16, 6], [6], None], message="RuntimeError: 8 rows only"),
+        VariantCheck("triple", NOT_APPLICABLE, message="the leading size is 1, which cannot be halved"),
+    ])  # fmt: skip
+    console = Console(record=True, width=200)
+    render_eval(console, EvalResult(problem_id="p", workspace="/w", verify=verify, reward=1))
+    lines = console.export_text().splitlines()
+    for label, value in (("shapes ", "verified at (8, 6), (6,), value"),
+                         ("shapes half ", "verified at (4, 6), (6,), value"),
+                         ("shapes double ", "failed at (16, 6), (6,), value (recorded, not a verdict): RuntimeError: 8 rows only"),
+                         ("shapes triple ", "not applicable: the leading size is 1, which cannot be halved")):  # fmt: skip
+        assert any(f" {label}" in line and f" {value} " in line for line in lines), (label, value)
 
 
 def test_render_eval_of_a_verifier_failure_prints_its_traceback():

@@ -259,10 +259,12 @@ def accept(
     rtol: float = typer.Option(1e-2, "--rtol", help="Relative tolerance (recorded for `kernelpilot check`)."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
 ) -> None:
-    """Evaluate the workspace and commit its kernels, model_new.py and kernelpilot.lock.json with the numbers."""
+    """Evaluate the workspace (also at half and double its batch size) and commit its kernels, model_new.py and
+    kernelpilot.lock.json with the numbers and the shapes verified."""
     from kernelpilot.cli.render_eval import render_eval
     from kernelpilot.cli.render_git import render_commit
     from kernelpilot.harness.judge import evaluate_path
+    from kernelpilot.harness.variants import VARIANTS
     from kernelpilot.lockfile import lock_from_eval, write_lock
     from kernelpilot.vcs import accept as commit_accepted, check_ready_to_commit
     from kernelpilot.workspace import open_workspace
@@ -271,7 +273,7 @@ def accept(
     _check_buildable(device)
     if not no_commit:
         check_ready_to_commit(ws.root)  # before minutes of evaluation, not after
-    result = evaluate_path(ws.root, device=device, trials=trials, atol=atol, rtol=rtol)
+    result = evaluate_path(ws.root, device=device, trials=trials, atol=atol, rtol=rtol, variants=VARIANTS)
     render_eval(console, result)
     if no_commit:
         console.print(f"wrote {write_lock(ws, lock_from_eval(ws, result))}", highlight=False)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kernelpilot.results import BenchResult, EvalResult, Timing, VerifyResult
+from kernelpilot.results import NOT_APPLICABLE, BenchResult, EvalResult, Timing, VariantCheck, VerifyResult
 
 
 def render_eval(console: Console, result: EvalResult) -> None:
@@ -55,6 +55,24 @@ def _verify_rows(verify: VerifyResult | None) -> Iterator[tuple[str, str]]:
     for finding in verify.guards:
         colour = "red" if finding.severity == "fail" else "yellow"
         yield f"guard {finding.guard}", f"[{colour}]{finding.severity}[/]: {escape(finding.message)}"
+    if verify.variants and verify.input_shapes is not None:
+        yield "shapes", f"[green]verified[/] at {_shapes_text(verify.input_shapes)}"
+    for check in verify.variants:
+        yield f"shapes {check.variant}", _variant_text(check)
+
+
+def _variant_text(check: VariantCheck) -> str:
+    """One line per leading-dim variant: verified, failed (recorded, not a failure of the candidate), or why not."""
+    at = f" at {_shapes_text(check.inputs)}" if check.inputs is not None else ""
+    if check.status == "verified":
+        return f"[green]verified[/]{at}"
+    if check.status == NOT_APPLICABLE:
+        return f"[dim]not applicable[/]: {escape(check.message)}"
+    return f"[yellow]failed[/]{at} (recorded, not a verdict): {escape(check.message)}"
+
+
+def _shapes_text(shapes: list) -> str:
+    return escape(", ".join(str(tuple(shape)) if shape is not None else "value" for shape in shapes) or "no inputs")
 
 
 def _bench_rows(bench: BenchResult | None) -> Iterator[tuple[str, str]]:

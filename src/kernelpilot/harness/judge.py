@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,15 +93,20 @@ class Judge:
         atol: float = 1e-2,
         rtol: float = 1e-2,
         base_seed: int | None = None,
+        variants: Sequence[str] = (),
     ) -> VerifyResult:
         """Load the candidate (with `build`'s extension) in a fresh sandbox and run the trials and guards.
 
         `base_seed` None draws an unpredictable one (the result records it, so a run can be reproduced).
+        `variants` ("half", "double": `harness/variants.py`) are verified after the trials pass, each recorded in
+        the result's `variants` whatever its outcome: the verdict is the trials'.
         """
         ws = _open(ws_root)
+        # The variants' trials take about as long as the problem's own: the step gets twice the time.
+        timeout = self.timeouts.verify * (2 if variants else 1)
         args = _candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol, "base_seed": base_seed,
-                                                  "timeout": _inner(self.timeouts.verify)}  # fmt: skip
-        reply = self._call("verify", args, self.timeouts.verify)
+                                                  "variants": list(variants), "timeout": _inner(timeout)}  # fmt: skip
+        reply = self._call("verify", args, timeout)
         if reply.ok:
             return from_dict(VerifyResult, reply.result)
         return VerifyResult(ok=False, atol=atol, rtol=rtol, error_kind=reply.error_kind, message=reply.message)
@@ -126,9 +131,11 @@ class Judge:
         return BenchResult(ok=False, error_kind=reply.error_kind, message=reply.message)
 
     def evaluate(
-        self, ws_root: Path | str, *, trials: int = 5, atol: float = 1e-2, rtol: float = 1e-2, bench: bool = True
+        self, ws_root: Path | str, *, trials: int = 5, atol: float = 1e-2, rtol: float = 1e-2, bench: bool = True,
+        variants: Sequence[str] = (),
     ) -> EvalResult:
-        """Build, verify and (when it is correct and `bench`) time the candidate; the reward sums it up."""
+        """Build, verify (and verify at the shape `variants`) and, when it is correct and `bench`, time the
+        candidate; the reward sums it up (the variants do not count in it)."""
         from kernelpilot.harness.reward import milestone_reward
         from kernelpilot.workspace import tampered_files
 
@@ -141,7 +148,7 @@ class Judge:
             result.build = self.build(ws.root)
             if not result.build.ok:
                 return _failed(result, "build", result.build.error or "the build failed.")
-        result.verify = self.verify(ws.root, result.build, trials=trials, atol=atol, rtol=rtol)
+        result.verify = self.verify(ws.root, result.build, trials=trials, atol=atol, rtol=rtol, variants=variants)
         if not result.verify.ok:
             return _failed(result, result.verify.error_kind or "mismatch", result.verify.message)
         if bench:
@@ -187,8 +194,10 @@ def evaluate_path(
     atol: float = 1e-2,
     rtol: float = 1e-2,
     bench: bool = True,
+    variants: Sequence[str] = (),
 ) -> EvalResult:
-    """`kernelpilot eval`: judge a workspace folder, or a candidate file against a problem file."""
+    """`kernelpilot eval`: judge a workspace folder, or a candidate file against a problem file (`accept`: with
+    the shape `variants`)."""
     if candidate is None and target.is_file():
         raise KernelpilotError(
             f"{target} is a problem file, so the candidate to judge is missing.",
@@ -201,9 +210,9 @@ def evaluate_path(
         )
     with Judge(device) as judge:
         if candidate is None:
-            return judge.evaluate(target, trials=trials, atol=atol, rtol=rtol, bench=bench)
+            return judge.evaluate(target, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants)
         with candidate_workspace(target, candidate) as ws_root:
-            return judge.evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench)
+            return judge.evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.harness.sandbox_client import Deadline
 from kernelpilot.harness.shared import SharedArena, share_tree
 from kernelpilot.harness.symbols import calls_library, find_no_own_kernel, find_torch_compute_symbols, undefined_symbols
-from kernelpilot.results import HARNESS_ERROR, GuardFinding, TrialResult, VerifyResult
+from kernelpilot.results import HARNESS_ERROR, NOT_APPLICABLE, GuardFinding, TrialResult, VerifyResult
 
 # Far apart, so that consecutive trials never draw overlapping random streams by accident.
 SEED_STRIDE = 7919
@@ -62,17 +62,20 @@ def verify_candidate(
     workspace: Path | None = None,
     library: str | None = None,
     timeout: float = 600.0,
+    make_inputs: Callable[[torch.device, int], list] | None = None,
 ) -> VerifyResult:
     """Run `trials` correctness trials of the model a `sandbox_client.ModelProcess` serves against `problem`.
 
     `base_seed` None draws one at random; the model process must hold weights drawn under the same seed.
+    `make_inputs` (device, seed) -> inputs replaces the problem's own draws (`variants.py`'s shape variants); an
+    InputsNotApplicable it raises ends the run as NOT_APPLICABLE.
     `library` is the candidate's built extension: its undefined symbols are checked for torch compute here, on the
     trusted side, without loading it.
     """
     started = guards.perf_counter()
     base_seed = random_seed() if base_seed is None else base_seed
     verification = _Verification(problem, torch.device(device), model, atol=atol, rtol=rtol, workspace=workspace,
-                                 library=library, timeout=timeout)  # fmt: skip
+                                 library=library, timeout=timeout, make_inputs=make_inputs)  # fmt: skip
     try:
         verification.run(trials=max(trials, 1), base_seed=base_seed)
     except _Stopped as stop:
@@ -81,6 +84,7 @@ def verify_candidate(
         verification.stopped = _checking_failure(exc)
     result = verification.result()
     result.base_seed = base_seed
+    result.input_shapes = verification.input_shapes
     result.phases = {name: round(seconds, 4) for name, seconds in verification.phases.items()}
     result.seconds = guards.perf_counter() - started
     return result
@@ -171,6 +175,10 @@ class _Other:
 # ------------------------------------------------------------------------------------------ the run
 
 
+class InputsNotApplicable(Exception):
+    """An input maker cannot make its inputs from the problem's (a shape variant that does not apply)."""
+
+
 class _Stopped(Exception):
     """Ends the run early: the model (or the reference) failed, or the checking code did."""
 
@@ -192,8 +200,11 @@ class _Verification:
     """State of one verify_candidate call: the reference, trial results, guard findings, the last trial's slots."""
 
     def __init__(self, problem: Any, device: torch.device, model: Any, *, atol: float, rtol: float,
-                 workspace: Path | None, library: str | None, timeout: float):  # fmt: skip
+                 workspace: Path | None, library: str | None, timeout: float,
+                 make_inputs: Callable[[torch.device, int], list] | None = None):  # fmt: skip
         self.problem, self.device, self.model, self.atol, self.rtol = problem, device, model, atol, rtol
+        self.make_inputs = make_inputs or problem.make_inputs
+        self.input_shapes: list[list[int] | None] | None = None  # of the first trial's inputs
         self.library = library
         self.libraries_called: set[str] = set()
         self.workspace = Path(workspace) if workspace is not None else None
@@ -242,11 +253,15 @@ class _Verification:
         phase = self._phase
         with phase("inputs"):
             try:
-                inputs = self.problem.make_inputs(self.device, seed)
+                inputs = self.make_inputs(self.device, seed)
+            except InputsNotApplicable as exc:
+                raise _Stopped(NOT_APPLICABLE, str(exc)) from None
             except Exception as exc:  # noqa: BLE001 - a broken problem is reported, not raised
                 message = f"the problem's get_inputs() raised {describe_exception(exc)} (seed {seed})"
                 raise _Stopped("reference", message) from None
             inputs_before = clone_tree(inputs)
+            if self.input_shapes is None:
+                self.input_shapes = [list(item.shape) if isinstance(item, torch.Tensor) else None for item in inputs]
         with phase("reference"):
             reference = self._run_reference(inputs, seed)
         with phase("share"):

@@ -180,7 +180,15 @@ def op_verify(state: WorkerState, args: dict) -> dict:
                               library=build.library if build is not None and build.ok else None,
                               timeout=deadline.left())  # fmt: skip
     result.phases = {**state.load_phases, **result.phases}
-    if not result.ok:
+    if result.ok and args.get("variants"):
+        from kernelpilot.harness.variants import verify_variants
+
+        result.variants = verify_variants(problem, sandbox, args["variants"], device=state.device, base_seed=seed,
+                                          atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2),
+                                          workspace=ws.root, library=build.library if build is not None and build.ok
+                                          else None, time_left=deadline.left)  # fmt: skip
+    # A failed variant may have left the candidate's process broken: the next step loads it afresh.
+    if not result.ok or any(check.status == "failed" for check in result.variants):
         state.done_with_candidate()
     return to_dict(result)
 
