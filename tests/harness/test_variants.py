@@ -182,6 +182,34 @@ def test_variants_the_problem_cannot_make_or_the_reference_rejects_are_not_appli
     assert called == [], "the candidate is never called at shapes the reference rejects"
 
 
+def test_an_unknown_variant_is_not_applicable_and_the_known_ones_still_run(tmp_path):
+    problem = load(tmp_path, PROBLEM.replace("ROWS", "8"))
+    triple, half = run_variants(problem, AnyBatch, variants=["triple", "half"])
+    assert (triple.status, triple.message) == (NOT_APPLICABLE, "no such shape variant (known: half, double)")
+    assert half.status == "verified"
+
+
+def test_after_a_crash_the_variants_left_are_not_run(tmp_path):
+    problem = load(tmp_path, PROBLEM.replace("ROWS", "8"))
+
+    class Crashed:
+        """A model whose process died at the first call, as a sandbox client reports it."""
+
+        hello = {"ok": True, "import_findings": []}
+        calls = 0
+
+        def request(self, op, args, *, timeout):
+            Crashed.calls += 1
+            return {"ok": False, "error_kind": "crash", "message": "the sandbox died (signal 11)"}
+
+    half, double = verify_variants(problem, Crashed(), VARIANTS, device="cpu", base_seed=0, atol=1e-5, rtol=1e-5,
+                                   workspace=None, library=None, time_left=lambda: 60.0)  # fmt: skip
+
+    assert (half.status, half.error_kind, half.message) == ("failed", "crash", "the sandbox died (signal 11)")
+    assert (double.status, double.message) == ("failed", "not run: the half variant ended in a crash")
+    assert Crashed.calls == 1
+
+
 def test_the_problems_own_verification_records_its_input_shapes(tmp_path):
     problem = load(tmp_path, PROBLEM.replace("ROWS", "8"))
     model = InProcessModel.from_class(problem, AnyBatch, device="cpu", seed=0)

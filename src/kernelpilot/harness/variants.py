@@ -88,6 +88,8 @@ _BREAKS_THE_MODEL = ("crash", "cuda-error", "timeout", "harness")
 
 
 def _verify_one(problem: Any, model: Any, variant: str, **verifying: Any) -> VariantCheck:
+    if variant not in VARIANTS:  # a name from a lock file written by hand, or by a later kernelpilot
+        return VariantCheck(variant, NOT_APPLICABLE, message=f"no such shape variant (known: {', '.join(VARIANTS)})")
     maker = variant_maker(problem, variant)
     result = verify_candidate(problem, model, trials=VARIANT_TRIALS, make_inputs=maker, **verifying)
     if result.error_kind in (NOT_APPLICABLE, "reference"):
