@@ -21,14 +21,13 @@ from kernelpilot.build import (
     build_workspace,
     find_cublaslt,
     load_extension,
-    parse_diagnostics,
-    parse_ptxas,
     prune_versions,
     resolve_arch,
     resolve_cuda_home,
 )
 from kernelpilot.cli import app
 from kernelpilot.cli.render_build import render_build
+from kernelpilot.compiler_output import parse_diagnostics, parse_ptxas
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.results import BuildResult, from_dict
 

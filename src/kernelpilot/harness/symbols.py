@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
 import struct
-import subprocess
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from kernelpilot.compiler_output import demangle
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import GuardFinding
 
@@ -42,7 +41,7 @@ _SHN_UNDEF = 0
 def undefined_symbols(library: Path) -> list[str]:
     """The undefined dynamic symbols of a built `.so`, sorted, demangled where a demangler is installed."""
     names = _undefined_dynamic_names(Path(library))
-    readable = _demangle(names)
+    readable = demangle(names)
     return sorted(readable.get(name, name) for name in names)
 
 
@@ -80,19 +79,6 @@ def _read_dynsym(data: bytes, is_64: bool, order: str) -> list[str]:
             start = strings_offset + name_index
             names.append(data[start : data.index(b"\0", start)].decode("utf-8", "replace"))
     return names
-
-
-def _demangle(names: list[str]) -> dict[str, str]:
-    """Mangled -> readable in one c++filt call; {} (names stay mangled) without one or when it misbehaves."""
-    mangled = sorted({name for name in names if name.startswith("_Z")})
-    tool = shutil.which("c++filt")
-    if not mangled or tool is None:
-        return {}
-    run = subprocess.run([tool], input="\n".join(mangled) + "\n", capture_output=True, text=True, check=False)
-    readable = run.stdout.splitlines()
-    if run.returncode != 0 or len(readable) != len(mangled):
-        return {}
-    return dict(zip(mangled, readable))
 
 
 # ---------------------------------------------------------------------------- qualified names, both forms
