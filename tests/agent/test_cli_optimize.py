@@ -273,7 +273,8 @@ def result_files(out: Path) -> dict[str, dict]:
 def test_suite_results_and_report_say_why_an_unsupported_and_an_unloadable_problem_failed(tmp_path):
     folder = tmp_path / "problems"
     write_problem(folder, CUMSUM_PROBLEM, "1_cumsum.py")
-    write_problem(folder, "import torch\n\nraise RuntimeError('the weights file is missing')\n", "2_broken.py")
+    broken_source = "import torch\n\nraise RuntimeError('the weights file is missing')\n\n\ndef get_inputs():\n    return []\n"
+    write_problem(folder, broken_source, "2_broken.py")
     run = suite_with_the_built_in_policy(folder, tmp_path / "out")
 
     assert run.returncode == 0 and "Traceback" not in run.stdout + run.stderr, run.stderr
