@@ -1,0 +1,169 @@
+"""How much of KernelBench the built-in policy generates kernels for, analysed on the CPU (a script, not a test).
+
+Each problem runs in a forked child with a time limit, doing what the policy does before it writes anything:
+load the file, `analyze` it on meta tensors, and, when it is supported, take every group's launch candidates and
+render every file (`render_all`). A problem counts as supported only when all of that succeeds, so the policy
+would write kernels for every op and torch computes nothing. Per level it prints the supported count, the blocker
+histogram (each distinct reason the analysis gives, counted once per problem, numbers written as N so that
+shapes do not split a reason) and the time per problem (median and max, wall clock of the child).
+
+    python3 scripts/policy_coverage.py /path/to/KernelBench --levels 1 2 3 --json coverage.json
+    python3 scripts/policy_coverage.py /path/to/KernelBench --levels 3 --only 35_LSTM --timeout 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import re
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+
+def problems(root: Path, level: int, only: list[str]) -> list[Path]:
+    """The problem files of one level, in KernelBench's order (by their leading number)."""
+    folder = root / f"level{level}"
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} is not a folder: pass KernelBench's root (the folder holding level1, level2...).")
+    found = [path for path in folder.glob("*.py") if not path.name.startswith("_")]
+    if only:
+        found = [path for path in found if any(name in path.stem for name in only)]
+    return sorted(found, key=lambda path: (int(m.group()) if (m := re.match(r"\d+", path.stem)) else 10**9, path.stem))
+
+
+def analyse(path: Path) -> dict:
+    """What the policy decides for one problem: supported, or the reasons it is not."""
+    from kernelpilot.policy.analysis import analyze
+    from kernelpilot.policy.families import launch_candidates, render_all
+    from kernelpilot.problem import load_problem
+
+    started = time.perf_counter()
+    problem = load_problem(path)
+    analysis = analyze(problem)
+    analysed = time.perf_counter() - started
+    if not analysis.supported:
+        reasons = [str(item) for item in analysis.unsupported]
+        reasons += [f"{', '.join(g.ops)} (a matrix op: needs cuBLAS/cuDNN)" for g in analysis.groups if not g.generated]
+        return {"supported": False, "reasons": list(dict.fromkeys(reasons)), "analysis_s": analysed}
+    for group in analysis.generated_groups:
+        launch_candidates(group)
+    files = render_all(problem, analysis)
+    return {"supported": True, "reasons": [], "groups": len(analysis.generated_groups), "files": len(files),
+            "analysis_s": analysed}  # fmt: skip
+
+
+def _child(path: Path, sink: Connection) -> None:
+    try:
+        row = analyse(path)
+    except BaseException as err:  # noqa: BLE001 - any failure is a finding about this problem, reported as a reason
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        row = {"supported": False, "reasons": [f"error ({type(err).__name__}: {first[:200]} at "
+                                                f"{Path(where.filename).name}:{where.lineno})"]}  # fmt: skip
+    sink.send(row)
+    sink.close()
+
+
+def run_one(path: Path, timeout_s: float) -> dict:
+    """Analyse `path` in a forked child; a child that has not answered in `timeout_s` is killed."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    started = time.perf_counter()
+    child = context.Process(target=_child, args=(path, sender), daemon=True)
+    child.start()
+    sender.close()
+    row = None
+    if receiver.poll(timeout_s):
+        try:
+            row = receiver.recv()
+        except EOFError:
+            row = None
+    elapsed = time.perf_counter() - started
+    child.join(1.0)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    if row is None:
+        reason = f"analysis exceeded {timeout_s:g} s" if elapsed >= timeout_s else f"child died (exit {child.exitcode})"
+        row = {"supported": False, "reasons": [reason]}
+    return {"problem": path.stem, **row, "seconds": round(elapsed, 3)}
+
+
+def reason_key(reason: str) -> str:
+    """A reason with its numbers written as N (not digits inside names: avg_pool2d), so the same blocker on
+    different shapes counts once."""
+    return re.sub(r"(?<![\w.])\d+(\.\d+)?", "N", reason)
+
+
+def summary(level: int, rows: list[dict], top: int) -> dict:
+    times = [row["seconds"] for row in rows]
+    histogram = Counter(key for row in rows for key in dict.fromkeys(reason_key(r) for r in row["reasons"]))
+    return {
+        "level": level,
+        "problems": len(rows),
+        "supported": sum(row["supported"] for row in rows),
+        "median_s": round(statistics.median(times), 3) if times else 0.0,
+        "max_s": max(times, default=0.0),
+        "slowest": max(rows, key=lambda row: row["seconds"])["problem"] if rows else None,
+        "blockers": histogram.most_common(top),
+    }
+
+
+def print_summary(info: dict) -> None:
+    print(f"\nlevel {info['level']}: {info['supported']}/{info['problems']} supported; time per problem: median "
+          f"{info['median_s']:.2f} s, max {info['max_s']:.2f} s ({info['slowest']})")  # fmt: skip
+    for reason, count in info["blockers"]:
+        print(f"  {count:3d}  {reason}")
+
+
+def warm_up() -> None:
+    """Import the policy and trace one small function here, so that each forked child starts with torch's tracing
+    machinery loaded (about a second the first time in a process) and its time is the problem's own."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import kernelpilot.policy.analysis  # noqa: F401
+    import kernelpilot.policy.families  # noqa: F401
+    import kernelpilot.problem  # noqa: F401
+
+    make_fx(lambda x: torch.relu(x) + 1)(torch.empty(2, device="meta"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="KernelBench's root: the folder holding level1, level2, level3")
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--only", nargs="*", default=[], help="problems whose file name contains one of these")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per problem (default 60)")
+    parser.add_argument("--top", type=int, default=25, help="blockers listed per level (default 25)")
+    parser.add_argument("--json", type=Path, help="write every row and the summaries as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no line per problem")
+    args = parser.parse_args()
+
+    warm_up()
+
+    report = {"timeout_s": args.timeout, "levels": []}
+    for level in args.levels:
+        rows = []
+        for path in problems(args.root, level, args.only):
+            row = run_one(path, args.timeout)
+            rows.append(row)
+            if not args.quiet:
+                verdict = "supported" if row["supported"] else "; ".join(row["reasons"])[:160]
+                print(f"L{level} {row['problem']:<60} {row['seconds']:7.2f} s  {verdict}", flush=True)
+        info = summary(level, rows, args.top)
+        report["levels"].append({**info, "rows": rows})
+        print_summary(info)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
