@@ -122,17 +122,37 @@ def print_summary(info: dict) -> None:
         print(f"  {count:3d}  {reason}")
 
 
+WARM_UP_PROBLEM = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)).sum(-1)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
 def warm_up() -> None:
-    """Import the policy and trace one small function here, so that each forked child starts with torch's tracing
-    machinery loaded (about a second the first time in a process) and its time is the problem's own."""
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
+    """Analyse a small problem here, so that each forked child starts with torch's tracing machinery imported
+    (several seconds the first time in a process: torch._dynamo) and its time is the problem's own."""
+    import tempfile
 
-    import kernelpilot.policy.analysis  # noqa: F401
-    import kernelpilot.policy.families  # noqa: F401
-    import kernelpilot.problem  # noqa: F401
-
-    make_fx(lambda x: torch.relu(x) + 1)(torch.empty(2, device="meta"))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "warm_up.py"
+        path.write_text(WARM_UP_PROBLEM)
+        analyse(path)
 
 
 def main() -> int:

@@ -44,12 +44,13 @@ from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_c
 from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
     MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
-    Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, walk, walk_reduces,
+    Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, rebuilt, walk,
+    walk_reduces,
 )  # fmt: skip
 from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
 from kernelpilot.policy.merge import merge_row_outputs
 from kernelpilot.policy.strides import broadcast_strides, resolve_accesses, splits
-from kernelpilot.policy.trace import forward_names, trace
+from kernelpilot.policy.trace import MAX_FORWARD_OPS, ForwardTooLong, forward_names, trace
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
@@ -83,6 +84,10 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
         inputs = problem.make_inputs()
     try:
         graph, sources, container = trace(problem, model, inputs)
+    except ForwardTooLong:
+        reason = (f"runs more than {MAX_FORWARD_OPS} aten ops, as a loop unrolled over a long sequence does (a "
+                  "recurrent network's); the policy analyses forwards up to that size")  # fmt: skip
+        return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", reason)])
     except Exception as err:  # noqa: BLE001 - any failure to trace means the policy cannot handle the forward
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
         return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", f"cannot be traced on meta tensors: {reason[:160]}")])
@@ -400,11 +405,13 @@ def _is_plain_view(leaf: Leaf) -> bool:
 
 def _to_full(expr: Expr) -> Expr:
     """The inverse of `to_rows`, for a keepdim=False result given its last dim back."""
-    if isinstance(expr, Load) and expr.rows:
-        return Load(expr.leaf, expr.use_shape + (1,))
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_to_full(arg) for arg in expr.args))
-    return expr
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load) and node.rows:
+            return Load(node.leaf, node.use_shape + (1,))
+        return None if isinstance(node, Call) else node  # Calls are rebuilt; anything else stays as it is
+
+    return rebuilt(expr, rule)
 
 
 def _is_one_per_row(value: Value) -> bool:

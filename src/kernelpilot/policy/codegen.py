@@ -315,7 +315,12 @@ def element_loads(expr: Expr) -> list[Load]:
     """Loads an expression reads per element: not those inside row statistics (read by their own pass)."""
     found: dict[Load, None] = {}
 
+    seen: set[Expr] = set()
+
     def visit(node: Expr) -> None:
+        if node in seen:  # a shared subexpression: its loads are found already (a DAG has exponentially many paths)
+            return
+        seen.add(node)
         if isinstance(node, Load):
             found[node] = None
         elif isinstance(node, Call):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
@@ -22,6 +22,30 @@ MATMUL_DTYPES = ("float32", "float16", "bfloat16")
 
 class NotFusible(Exception):
     """An op whose arguments cannot be folded into one kernel; the message says why."""
+
+
+def hashed_once(cls: type) -> type:
+    """A frozen dataclass whose hash, the dataclass's own (of its fields), is computed once per object and kept.
+
+    Expressions are DAGs: layer norm's (x - mean(x)) * rstd(x) reads x three times, and x is the previous layer's
+    result. The dataclass hash recomputes a node's children on every path to them, which doubles with every such
+    layer (a six-layer transformer took minutes to analyse); kept, it is computed once per node."""
+    names = tuple(item.name for item in fields(cls))
+
+    def __hash__(self: Any) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, name) for name in names))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self: Any) -> dict:
+        # Another process hashes strings differently: a copy computes its hash again.
+        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
+
+    cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
+    return cls
 
 
 def dtype_name(dtype: Any) -> str:
@@ -65,6 +89,7 @@ class Leaf:
 # ----------------------------------------------------------------------------------------- expressions
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Load:
     """One element of `leaf`, broadcast into the shape of the op that used it (`use_shape`).
@@ -77,17 +102,20 @@ class Load:
     rows: bool = False
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Const:
     value: float
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Call:
     op: str  # a key of C_OPS
     args: tuple[Expr, ...]
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Reduce:
     """A statistic of `value` over each row: the `dims` dims of `shape` before its last `inner` dims (the last
@@ -116,6 +144,7 @@ class Reduce:
         return self.shape, self.dims, self.inner
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Field:
     """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2;
@@ -125,6 +154,7 @@ class Field:
     name: str
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Gather:
     """`value`, an expression over rows (the last dim of `shape`), at one column per row: `index`, the row's int64
@@ -143,6 +173,7 @@ class Gather:
         return self.shape, self.dims, self.inner
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Stack:
     """Several one-value-per-row expressions of one row kernel, written one after another: the kernel's output
@@ -162,6 +193,7 @@ STAT_FIELDS = {
 }
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Value:
     """A computed tensor not yet in memory: an expression and the shape and dtype torch gives it."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
 from kernelpilot.policy.ir import (
     Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, contiguous_strides, dtype_name,
-    walk_reduces,
+    rebuilt, walk_reduces,
 )  # fmt: skip
 from kernelpilot.policy.strides import splits
 
@@ -542,11 +542,13 @@ def _cast_op(dtype: Any) -> str:
 
 def to_rows(expr: Expr) -> Expr:
     """A reduction-free expression re-read as living in a keepdim=False result's shape."""
-    if isinstance(expr, Load):
-        return replace(expr, rows=True)
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(to_rows(arg) for arg in expr.args))
-    return expr
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load):
+            return replace(node, rows=True)
+        return None if isinstance(node, Call) else node  # Calls are rebuilt; anything else stays as it is
+
+    return rebuilt(expr, rule)
 
 
 def fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bool:

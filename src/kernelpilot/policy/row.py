@@ -256,6 +256,7 @@ class RowProgram:
                 row_names[Field(reduce, field_name)] = f"{name}_{field_name}"
         self.row = Emitter(row_names, self.counter, self._gathered_load)
         self._invariant: dict[Expr, bool] = {}
+        self._hoisted: set[Expr] = set()  # a node hoisted once has all its per-row parts emitted
         levels = self._levels(reduces)
         count = max(levels.values(), default=-1) + 1  # none for a row read only at gathered columns
         self.levels = [self._level(k, [r for r in reduces if levels[r] == k]) for k in range(count)]
@@ -286,8 +287,9 @@ class RowProgram:
 
     def _hoist(self, expr: Expr) -> None:
         """Emit the largest per-row subexpressions of `expr` once per row."""
-        if not isinstance(expr, Call):
+        if not isinstance(expr, Call) or expr in self._hoisted:
             return
+        self._hoisted.add(expr)
         if self._row_invariant(expr):
             self.row.value(expr)
         else:

@@ -1,5 +1,10 @@
 """Trace: a problem's forward as an aten graph on meta tensors (shapes and dtypes, no memory) with `make_fx`,
-whatever Python spelling the problem used, and the Source of each of its placeholders."""
+whatever Python spelling the problem used, and the Source of each of its placeholders.
+
+A forward of more than MAX_FORWARD_OPS aten ops is not traced: a recurrent network unrolls its loop over the
+sequence into tens of thousands of ops (an LSTM of 6 layers over 512 steps), which make_fx takes minutes to
+record, and the policy would write thousands of kernels for it. Counting ops on the eager meta run that checks
+the return type costs about a second at the limit."""
 
 from __future__ import annotations
 
@@ -11,6 +16,15 @@ if TYPE_CHECKING:
     import torch
 
     from kernelpilot.problem import Problem
+
+# The most aten ops a forward may run to be traced. KernelBench's largest networks run about 600, a vanilla RNN
+# over 256 steps about 2,000; make_fx records a few hundred ops a second, so a forward at the limit is traced in
+# well under ten seconds.
+MAX_FORWARD_OPS = 3000
+
+
+class ForwardTooLong(Exception):
+    """The forward ran more than MAX_FORWARD_OPS aten ops on meta tensors."""
 
 
 def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, list[Source], str]:
@@ -29,7 +43,8 @@ def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, 
         return functional_call(model, state, tuple(arguments))
 
     tensors = [inputs[i] for i in tensor_positions]
-    returned = model(*inputs)
+    with _op_budget(MAX_FORWARD_OPS):
+        returned = model(*inputs)
     if not (isinstance(returned, torch.Tensor) or is_flat_tuple_of_tensors(returned)):
         raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
     graph_module = make_fx(forward)(state, *tensors)
@@ -38,6 +53,24 @@ def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, 
     sources = [Source("parameter", name, tuple(t.shape), dtype_name(t.dtype)) for name, t in state.items()]
     sources += [Source("input", names[i], tuple(inputs[i].shape), dtype_name(inputs[i].dtype)) for i in tensor_positions]
     return graph_module.graph, sources, "tensor" if isinstance(returned, torch.Tensor) else type(returned).__name__
+
+
+def _op_budget(limit: int) -> Any:
+    """A dispatch mode that raises ForwardTooLong at the (limit + 1)-th aten op run under it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpBudget(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            self.count += 1
+            if self.count > limit:
+                raise ForwardTooLong(f"runs more than {limit} aten ops")
+            return func(*args, **(kwargs or {}))
+
+    return OpBudget()
 
 
 def is_flat_tuple_of_tensors(value: Any) -> bool:
