@@ -232,8 +232,8 @@ def test_label_smoothing_per_row_losses_are_one_row_kernel(tmp_path):
     [
         # The count itself is returned: a kernel would write int64.
         ("(t != -100).sum()", "writes int64 values"),
-        # masked_fill_ on an input overwrites memory the caller owns.
-        ("x.masked_fill_(x > 0, 0.0)", "overwrites a tensor that is read elsewhere or is not computed in forward"),
+        # masked_fill_ on an input overwrites memory the caller owns (the functionalised trace's copy_ into x).
+        ("x.masked_fill_(x > 0, 0.0)", "writes in place into a forward argument, parameter or buffer"),
     ],
 )
 def test_counts_and_in_place_fills_are_generated_only_inside_a_kernel(tmp_path, forward, reason):

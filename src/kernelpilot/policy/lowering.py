@@ -30,6 +30,7 @@ READ_ONLY_DTYPES = ("int64",)
 
 
 # In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
+# The trace is functionalised, so only the in-place ops of decompositions below it (cross-entropy's) remain.
 _IN_PLACE = {"masked_fill_": "masked_fill"}
 
 
@@ -48,6 +49,8 @@ class OpLowering:
         self.dtype = dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
 
     def build(self, name: str) -> Value | tuple | None:
+        if name == "copy_":  # what functionalisation leaves of an in-place op on a forward argument or parameter
+            raise NotFusible("writes in place into a forward argument, parameter or buffer, memory the caller owns")
         if name in _IN_PLACE:
             name = self._out_of_place(name)
         if name in _ALIASES:

@@ -1,6 +1,10 @@
 """Trace: a problem's forward as an aten graph on meta tensors (shapes and dtypes, no memory) with `make_fx`,
 whatever Python spelling the problem used, and the Source of each of its placeholders.
 
+The trace is functionalised (`torch.func.functionalize`, mutations removed, views kept): `x.relu_()` and `x += y`
+become relu and add, and a write through a view becomes a scatter into its base, so every later reader of either
+sees the written value. A write into a forward argument or a parameter stays, as a `copy_` into it at the end.
+
 A forward of more than MAX_FORWARD_OPS aten ops is not traced: a recurrent network unrolls its loop over the
 sequence into tens of thousands of ops (an LSTM of 6 layers over 512 steps), which make_fx takes minutes to
 record, and the policy would write thousands of kernels for it. Counting ops on the eager meta run that checks
@@ -30,7 +34,7 @@ class ForwardTooLong(Exception):
 def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, list[Source], str]:
     """The aten graph of forward on meta tensors, the Source of each placeholder, and its output container."""
     import torch
-    from torch.func import functional_call
+    from torch.func import functional_call, functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -47,7 +51,7 @@ def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, 
         returned = model(*inputs)
     if not (isinstance(returned, torch.Tensor) or is_flat_tuple_of_tensors(returned)):
         raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
-    graph_module = make_fx(forward)(state, *tensors)
+    graph_module = make_fx(functionalize(forward, remove="mutations"))(state, *tensors)
     graph_module.graph.eliminate_dead_code()
     names = forward_names(problem)
     sources = [Source("parameter", name, tuple(t.shape), dtype_name(t.dtype)) for name, t in state.items()]
