@@ -63,7 +63,8 @@ MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
 HALF_DTYPES = ("float16", "bfloat16")
 VIEW_OPS = frozenset(
     {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose",
-     "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten"}
+     "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten", "split",
+     "split_with_sizes", "unbind", "chunk", "narrow", "diagonal", "unfold"}
 )  # fmt: skip
 
 
@@ -174,6 +175,8 @@ class GroupBuilder:
 
     def _view(self, node: Any, args: list, kwargs: dict) -> Any:
         target, value = node.target, args[0]
+        if isinstance(value, Value) and isinstance(node.meta["val"], (tuple, list)):
+            value = self.materialise(value)  # split, unbind: several views of one tensor
         if isinstance(value, Value):
             shape = tuple(node.meta["val"].shape)
             name = op_name(target)
@@ -181,14 +184,18 @@ class GroupBuilder:
             broadcast_fits = not reduces or fits_rows(shape, False, reduces[0])
             if name in ("alias", "detach") or (name == "expand" and not value.rows and broadcast_fits):
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
-            if value.rows and shape == value.shape + (1,) and not any(r.inner for r in reduces):
-                return Value(_to_full(value.expr), shape, value.dtype, value.ops)  # reduce(keepdim=False)[..., None]
+            row_dims = reduces[0].dims if reduces else 1
+            if value.rows and shape == value.shape + (1,) * row_dims and not any(r.inner for r in reduces):
+                # reduce(keepdim=False)[..., None] (one None per reduced dim)
+                return Value(_to_full(value.expr, row_dims), shape, value.dtype, value.ops)
             if name != "as_strided" and _is_one_per_row(value) and shape == value.shape[:-1]:
                 return replace(value, shape=shape, rows=True)  # reduce(keepdim=True).squeeze(-1), gather's too
             value = self.materialise(value)
         if not isinstance(value, Leaf):
             return self.unsupported(node, "a view of an unsupported result", args)
         viewed = target(value.meta(), *args[1:], **kwargs)
+        if isinstance(viewed, (tuple, list)):
+            return tuple(Leaf(value.source, tuple(v.shape), tuple(v.stride()), v.storage_offset()) for v in viewed)
         return Leaf(value.source, tuple(viewed.shape), tuple(viewed.stride()), viewed.storage_offset())
 
     def _library(self, node: Any, name: str, args: list) -> Leaf:
@@ -403,12 +410,12 @@ def _is_plain_view(leaf: Leaf) -> bool:
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _to_full(expr: Expr) -> Expr:
-    """The inverse of `to_rows`, for a keepdim=False result given its last dim back."""
+def _to_full(expr: Expr, dims: int) -> Expr:
+    """The inverse of `to_rows`, for a keepdim=False result given its last `dims` dims back."""
 
     def rule(node: Expr) -> Expr | None:
         if isinstance(node, Load) and node.rows:
-            return Load(node.leaf, node.use_shape + (1,))
+            return Load(node.leaf, node.use_shape + (1,) * dims)
         return None if isinstance(node, Call) else node  # Calls are rebuilt; anything else stays as it is
 
     return rebuilt(expr, rule)

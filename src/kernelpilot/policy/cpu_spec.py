@@ -23,7 +23,8 @@ TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "sin": torch.sin, "cos": torch.cos, "reciprocal": torch.reciprocal, "square": lambda x: x * x,
     "floor": torch.floor, "ceil": torch.ceil, "identity": lambda x: x, "logical_not": lambda x: (x == 0).double(),
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "hardsigmoid": F.hardsigmoid,
-    "hardswish": F.hardswish,
+    "hardswish": F.hardswish, "mish": F.mish,
+    "elu": lambda x, alpha, scale, input_scale: torch.where(x > 0, scale * x, scale * alpha * torch.expm1(x * input_scale)),
     "to_bfloat16": lambda x: x.float().to(torch.bfloat16).double(),
     "to_float16": lambda x: x.float().to(torch.float16).double(), "to_bool": lambda x: (x != 0).double(),
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
@@ -38,6 +39,8 @@ TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
     "add_scaled": lambda a, b, alpha: a + alpha * b, "sub_scaled": lambda a, b, alpha: a - alpha * b,
     "xlogy": lambda x, y: torch.where((x == 0) & ~y.isnan(), 0.0, x * torch.log(y)),
+    "smooth_l1": lambda d, beta: torch.where(d.abs() < beta, 0.5 * d.abs() * d.abs() / beta, d.abs() - 0.5 * beta),
+    "huber": lambda d, delta: torch.where(d.abs() < delta, 0.5 * d.abs() * d.abs(), delta * (d.abs() - 0.5 * delta)),
     "exp_fast": torch.exp,
     "logsumexp_finish": lambda m, s: torch.where(m == -math.inf, m, m + torch.log(s)),
 }  # fmt: skip

@@ -1,11 +1,14 @@
 """Access strides: where each Load of a group reads its tensor, as strides over the group's iteration shape
-(splitting a dim the iteration shape splits, broadcasting the dims a tensor lacks). Run once a group is final."""
+(splitting a dim the iteration shape splits, broadcasting the dims a tensor lacks). Run once a group is final.
+Also: an elementwise expression re-read over its shape with the dims permuted, and a permuted result's view back."""
 
 from __future__ import annotations
 
 import math
 
-from kernelpilot.policy.ir import Access, Group, Load, NotFusible, contiguous_strides, walk
+from kernelpilot.policy.ir import (
+    Access, Call, Const, Expr, Group, Leaf, Load, NotFusible, contiguous_strides, rebuilt, walk,
+)  # fmt: skip
 
 
 def resolve_accesses(group: Group) -> None:
@@ -77,3 +80,35 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: 
         else:
             raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
     return tuple(result)
+
+
+def permuted_expr(expr: Expr, shape: tuple[int, ...], order: list[int]) -> Expr:
+    """An elementwise expression over `shape` (no statistics, no per-row loads) re-read over the permuted shape
+    (dim i of the result is dim order[i] of `shape`): each load reads the same element through permuted strides."""
+    permuted_shape = tuple(shape[d] for d in order)
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load) and not node.rows:
+            strides, offset = strides_in(node, shape)
+            leaf = Leaf(node.leaf.source, permuted_shape, tuple(strides[d] for d in order), offset)
+            return Load(leaf, permuted_shape)
+        if isinstance(node, Call):
+            return None
+        if isinstance(node, Const):
+            return node
+        raise NotFusible("permutes an expression that holds a row statistic")
+
+    return rebuilt(expr, rule)
+
+
+def unpermuted(leaf: Leaf, order: list[int]) -> Leaf:
+    """The view of a contiguous result computed over a permuted shape (dim i was dim order[i]) in the original
+    order of its dims."""
+    strides = contiguous_strides(leaf.shape)
+    shape, result = [0] * len(order), [0] * len(order)
+    for position, dim in enumerate(order):
+        shape[dim], result[dim] = leaf.shape[position], strides[position]
+    plain = contiguous_strides(tuple(shape))
+    if all(size == 1 or a == b for size, a, b in zip(shape, result, plain)):
+        result = list(plain)  # only size-1 dims moved (instance norm's): the result is contiguous as it is
+    return Leaf(leaf.source, tuple(shape), tuple(result), leaf.offset)

@@ -51,7 +51,10 @@ def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, 
         returned = model(*inputs)
     if not (isinstance(returned, torch.Tensor) or is_flat_tuple_of_tensors(returned)):
         raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
-    graph_module = make_fx(functionalize(forward, remove="mutations"))(state, *tensors)
+    try:
+        graph_module = make_fx(functionalize(forward, remove="mutations"))(state, *tensors)
+    except Exception:  # noqa: BLE001 - functionalisation fails on a few forwards (torch asserts): trace as written,
+        graph_module = make_fx(forward)(state, *tensors)  # where in-place ops stay in-place and are named
     graph_module.graph.eliminate_dead_code()
     names = forward_names(problem)
     sources = [Source("parameter", name, tuple(t.shape), dtype_name(t.dtype)) for name, t in state.items()]

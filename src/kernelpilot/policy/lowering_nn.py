@@ -1,0 +1,114 @@
+"""Lowering of the normalisation layers: layer norm over the trailing dims, group norm, and batch norm with running
+statistics (eval mode, as the judge runs Model) or with the batch's own (instance norm). Each is an entry of
+lowering.py's reduction table, built on OpLowering's public methods: a layer or group norm is one row kernel
+(Welford statistics, then the normalised row), a batch norm in eval mode an elementwise expression over
+per-channel parameters, with batch statistics a row kernel per channel."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from kernelpilot.policy.ir import Call, Const, Field, Leaf, Load, NotFusible, Reduce, Value, dtype_name, walk_reduces
+from kernelpilot.policy.strides import unpermuted
+
+if TYPE_CHECKING:
+    from kernelpilot.policy.lowering import OpLowering
+
+
+def layer_norm(o: OpLowering) -> tuple:
+    """native_layer_norm(x, normalized_shape, weight, bias, eps): each row spans the normalised trailing dims."""
+    _, normalized_shape, weight, bias, eps = o.args
+    dims = len(normalized_shape)
+    expr, shape, ops = o.row_input(dims)
+    stat = Reduce("welford", expr, shape, dims) if dims > 1 else Reduce("welford", expr, shape)
+    length = math.prod(shape[len(shape) - dims :])
+    mean = Field(stat, "mean")
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
+    result = Call("mul", (Call("sub", (expr, mean)), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:
+            result = Call(op, (result, o.operand_expr(operand, False)))
+    op = f"aten.{o.name}"
+    row_shape = shape[: len(shape) - dims] + (1,) * dims
+    return (
+        Value(result, shape, o.dtype, ops + (op,)),
+        Value(mean, row_shape, "float32", ops + (op,)),
+        Value(rstd, row_shape, "float32", ops + (op,)),
+    )
+
+
+def group_norm(o: OpLowering) -> tuple:
+    """One row per (sample, group): in NCHW the C/G channels x H*W positions of a group are contiguous."""
+    item, weight, bias, batch, channels, _, groups, eps = o.args
+    if isinstance(item, Value) and walk_reduces(item.expr):
+        o.args[0] = o.builder.materialise(item)  # its statistics run over other rows than the groups'
+    expr, shape, ops = o.row_input()
+    spatial = shape[2:]
+    rows_shape = (batch, groups, channels // groups) + spatial  # splits C of (N, C, *spatial) into (G, C/G)
+    length = math.prod(rows_shape[2:])
+    if not 0 < length < 2**31:  # columns are 32-bit in the kernels
+        raise NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
+    stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
+    mean = Field(stat, "mean")
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
+    result = Call("mul", (Call("sub", (expr, mean)), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:
+            result = Call(op, (result, o.operand_expr(channel_view(o, operand, len(spatial)), False)))
+    op = f"aten.{o.name}"
+    _, mean_meta, rstd_meta = o.node.meta["val"]
+    return (
+        Value(result, shape, o.dtype, ops + (op,)),
+        Value(mean, (batch, groups), dtype_name(mean_meta.dtype), ops + (op,), rows=True),
+        Value(rstd, (batch, groups), dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
+    )
+
+
+def batch_norm(o: OpLowering) -> tuple:
+    """native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps) in eval mode:
+    (x - mean) * rsqrt(var + eps) * weight + bias, every parameter one value per channel (dim 1), so one
+    elementwise expression that fuses with what comes before and after it."""
+    item, weight, bias, mean, var, training, _, eps = o.args[:8]
+    if len(o.shape) < 2:
+        raise NotFusible("normalises a tensor without a channel dim")
+    if training:
+        return batch_statistics_norm(o, weight, bias, float(eps)), None, None
+    spatial = len(o.shape) - 2
+    rstd = o.elementwise("rsqrt", [o.elementwise("add", [channel_view(o, var, spatial), float(eps)])])
+    result = o.elementwise("mul", [o.elementwise("sub", [item, channel_view(o, mean, spatial)]), rstd])
+    if weight is not None:
+        result = o.elementwise("mul", [result, channel_view(o, weight, spatial)])
+    if bias is not None:
+        result = o.elementwise("add", [result, channel_view(o, bias, spatial)])
+    return result, None, None
+
+
+def batch_statistics_norm(o: OpLowering, weight: Any, bias: Any, eps: float) -> Leaf:
+    """Batch norm with the batch's own statistics (instance norm traces as this, on a (1, N*C, ...) view): each
+    channel's mean and biased variance over the batch and spatial dims. One row kernel over the input read with the
+    channel dim first (its rows span (N, *spatial); contiguous rows for instance norm, where N is 1), written in
+    that order and viewed back. Running statistics, which training mode also updates, are writes into buffers that
+    the trace shows as copy_, named there."""
+    reduced = [0, *range(2, len(o.shape))]
+    expr, shape, ops = o.permuted_input(reduced)
+    dims = len(reduced)
+    stat = Reduce("welford", expr, shape, dims)
+    count = math.prod(shape[1:])
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(count)))), Const(eps))),))
+    result = Call("mul", (Call("sub", (expr, Field(stat, "mean"))), rstd))
+    for operand, op in ((weight, "mul"), (bias, "add")):
+        if operand is not None:  # one value per channel, the first dim of the permuted shape
+            result = Call(op, (result, Load(channel_view(o, operand, dims), shape)))
+    written = o.builder.materialise(Value(result, shape, o.dtype, ops + (f"aten.{o.name}",)))
+    return unpermuted(written, o.permutation(reduced))
+
+
+def channel_view(o: OpLowering, operand: Any, spatial_dims: int) -> Leaf:
+    """A (C,) parameter viewed as (C, 1, ...), so that it broadcasts over (N, C, *spatial) one value per channel."""
+    leaf = o.builder.materialise(operand) if isinstance(operand, Value) else operand
+    if not isinstance(leaf, Leaf):
+        raise NotFusible("an affine parameter is the result of an unsupported op")
+    padding = (1,) * spatial_dims
+    return Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset)
+
