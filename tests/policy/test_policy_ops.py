@@ -80,6 +80,17 @@ PROBLEMS = {
         def forward(self, x):
             return self.norm(x) + 1.0
         """, "torch.randn(4, 6, 8, 10)", "self.norm = nn.LayerNorm((8, 10))\nself.norm.weight.data.uniform_(0.5, 1.5)"),
+    # Pooling: windows read through strides from the input or from the expression computing it.
+    "pooling": ("""
+        def forward(self, x):
+            y = torch.tanh(x) * 2.0
+            return (F.max_pool2d(y, 2), F.avg_pool2d(x, 3, stride=2), F.max_pool2d(x, 3, stride=1, dilation=2),
+                    F.avg_pool2d(x, 2, divisor_override=3))
+        """, "torch.randn(2, 3, 11, 13)", ""),
+    "pooling_3d_1d": ("""
+        def forward(self, x, y):
+            return F.max_pool3d(x, 2), F.avg_pool3d(torch.relu(x), (1, 2, 3)), F.max_pool1d(y, 4, stride=3)
+        """, "torch.randn(2, 3, 6, 8, 9), torch.randn(4, 5, 50)", ""),
     # Norms over every dim and over dims; smooth L1 (Huber) losses.
     "norms": ("""
         def forward(self, x):

@@ -16,7 +16,7 @@ from kernelpilot.policy.ir import (
     Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, contiguous_strides, dtype_name,
     rebuilt, walk, walk_reduces,
 )  # fmt: skip
-from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm
+from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
 from kernelpilot.policy.strides import permuted_expr, splits, unpermuted
 
 if TYPE_CHECKING:
@@ -264,10 +264,7 @@ class OpLowering:
     def permuted_input(self, reduced: list[int]) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
         """The argument with the `reduced` dims moved last (in their order) as an expression over that permuted
         shape, with the shape and ops. A value holding statistics of its own is written first."""
-        item = self.args[0]
-        if isinstance(item, Value) and (item.rows or any(isinstance(n, (Reduce, Gather)) for n in walk(item.expr))):
-            item = self.builder.materialise(item)
-        expr, shape, ops = self._reduced_expr(item)
+        expr, shape, ops = self.elementwise_input()
         order = self.permutation(reduced)
         expr, shape = permuted_expr(expr, shape, order), tuple(shape[d] for d in order)
         if 0 in shape:
@@ -275,6 +272,14 @@ class OpLowering:
         if math.prod(shape[len(shape) - len(reduced) :]) >= 2**31:  # columns are 32-bit in the kernels
             raise NotFusible("reduces rows of 2^31 elements or more")
         return expr, shape, ops
+
+    def elementwise_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The argument as an elementwise expression over its shape (a value holding statistics is written first,
+        so that the expression can be re-read over another shape), with the shape and ops."""
+        item = self.args[0]
+        if isinstance(item, Value) and (item.rows or any(isinstance(n, (Reduce, Gather)) for n in walk(item.expr))):
+            item = self.builder.materialise(item)
+        return self._reduced_expr(item)
 
     def permutation(self, reduced: list[int]) -> list[int]:
         """The order of the argument's dims with the `reduced` dims moved last."""
@@ -552,6 +557,12 @@ _REDUCTIONS = {
     "native_layer_norm": layer_norm,
     "native_group_norm": group_norm,
     "native_batch_norm": batch_norm,
+    "max_pool1d_with_indices": lambda o: pool(o, maximum=True),
+    "max_pool2d_with_indices": lambda o: pool(o, maximum=True),
+    "max_pool3d_with_indices": lambda o: pool(o, maximum=True),
+    "avg_pool1d": lambda o: pool(o, maximum=False),
+    "avg_pool2d": lambda o: pool(o, maximum=False),
+    "avg_pool3d": lambda o: pool(o, maximum=False),
     "nll_loss_forward": _nll_loss,
     "gather": _gather,
 }

@@ -1,16 +1,18 @@
-"""Lowering of the normalisation layers: layer norm over the trailing dims, group norm, and batch norm with running
-statistics (eval mode, as the judge runs Model) or with the batch's own (instance norm). Each is an entry of
-lowering.py's reduction table, built on OpLowering's public methods: a layer or group norm is one row kernel
-(Welford statistics, then the normalised row), a batch norm in eval mode an elementwise expression over
-per-channel parameters, with batch statistics a row kernel per channel."""
+"""Lowering of the normalisation and pooling layers: layer norm over the trailing dims, group norm, batch norm with
+running statistics (eval mode, as the judge runs Model) or with the batch's own (instance norm), and max and
+average pooling. Each is an entry of lowering.py's reduction table, built on OpLowering's public methods: a layer or
+group norm is one row kernel (Welford statistics, then the normalised row), a batch norm in eval mode an
+elementwise expression over per-channel parameters, with batch statistics a row kernel per channel, and a pooling
+a row kernel whose rows are its windows."""
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.ir import Call, Const, Field, Leaf, Load, NotFusible, Reduce, Value, dtype_name, walk_reduces
-from kernelpilot.policy.strides import unpermuted
+from kernelpilot.policy.strides import reindexed, unpermuted
 
 if TYPE_CHECKING:
     from kernelpilot.policy.lowering import OpLowering
@@ -112,3 +114,38 @@ def channel_view(o: OpLowering, operand: Any, spatial_dims: int) -> Leaf:
     padding = (1,) * spatial_dims
     return Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset)
 
+
+
+def pool(o: OpLowering, maximum: bool) -> Value | tuple:
+    """max_poolNd_with_indices(x, kernel, stride, padding, dilation, ceil_mode) and avg_poolNd(x, kernel, stride,
+    padding, ceil_mode, count_include_pad, divisor_override): a row kernel whose rows are the windows, the input
+    (or the elementwise expression that computes it) read over (*leading, *output, *kernel) through strides, so
+    no window is copied. Windows reaching into padding or past the input (ceil_mode) are not generated."""
+    item, kernel = o.args[0], list(o.args[1])
+    spatial = len(kernel)
+    stride = _sizes(o.arg(2, "stride", []) or kernel, spatial)
+    if any(_sizes(o.arg(3, "padding", 0), spatial)):
+        raise NotFusible("pools windows that reach into padding")
+    dilation = _sizes(o.arg(4, "dilation", 1), spatial) if maximum else (1,) * spatial
+    divisor = None if maximum else o.arg(6, "divisor_override", None)
+    if maximum and any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
+        raise NotFusible("uses the indices of max pooling; only its values are generated")
+    expr, shape, ops = o.elementwise_input()
+    lead, output = len(shape) - spatial, o.shape[len(o.shape) - spatial :]
+    for size, out, step, span, dil in zip(shape[lead:], output, stride, kernel, dilation):
+        if (out - 1) * step + dil * (span - 1) >= size:
+            raise NotFusible("pools windows that reach past the input (ceil_mode)")
+    windows = shape[:lead] + tuple(output) + tuple(kernel)
+    uses = [((d, 1),) for d in range(lead)]
+    uses += [((lead + i, stride[i]),) for i in range(spatial)] + [((lead + i, dilation[i]),) for i in range(spatial)]
+    stat = Field(Reduce("max" if maximum else "sum", reindexed(expr, shape, windows, uses), windows, spatial),
+                 "max" if maximum else "sum")  # fmt: skip
+    result = stat if maximum else Call("div", (stat, Const(float(divisor or math.prod(kernel)))))
+    value = o.row_value(result, windows, False, ops, spatial)
+    return (value, None) if maximum else value
+
+
+def _sizes(value: Any, count: int) -> tuple[int, ...]:
+    """A pooling setting as one size per spatial dim (an int, or a list of one or `count` ints)."""
+    sizes = [value] if isinstance(value, int) else list(value)
+    return tuple(sizes * count if len(sizes) == 1 else sizes)

@@ -83,20 +83,27 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: 
 
 
 def permuted_expr(expr: Expr, shape: tuple[int, ...], order: list[int]) -> Expr:
-    """An elementwise expression over `shape` (no statistics, no per-row loads) re-read over the permuted shape
-    (dim i of the result is dim order[i] of `shape`): each load reads the same element through permuted strides."""
-    permuted_shape = tuple(shape[d] for d in order)
+    """An elementwise expression over `shape` re-read over the permuted shape (dim i of the result is dim order[i]
+    of `shape`): each load reads the same element through permuted strides."""
+    return reindexed(expr, shape, tuple(shape[d] for d in order), [((d, 1),) for d in order])
+
+
+def reindexed(expr: Expr, shape: tuple[int, ...], new_shape: tuple[int, ...], uses: list[tuple[tuple[int, int], ...]]) -> Expr:
+    """An elementwise expression over `shape` (no statistics, no per-row loads) read over `new_shape`, whose
+    coordinate j moves coordinate d of `shape` by f for each (d, f) in uses[j]: a permutation, or a pooling's
+    windows (an output position moves its dim by the stride, a kernel position by the dilation). Each load reads
+    through the strides that follow."""
 
     def rule(node: Expr) -> Expr | None:
         if isinstance(node, Load) and not node.rows:
             strides, offset = strides_in(node, shape)
-            leaf = Leaf(node.leaf.source, permuted_shape, tuple(strides[d] for d in order), offset)
-            return Load(leaf, permuted_shape)
+            new_strides = tuple(sum(strides[d] * factor for d, factor in moves) for moves in uses)
+            return Load(Leaf(node.leaf.source, new_shape, new_strides, offset), new_shape)
         if isinstance(node, Call):
             return None
         if isinstance(node, Const):
             return node
-        raise NotFusible("permutes an expression that holds a row statistic")
+        raise NotFusible("re-reads an expression that holds a row statistic over another shape")
 
     return rebuilt(expr, rule)
 
