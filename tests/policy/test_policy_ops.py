@@ -91,6 +91,17 @@ PROBLEMS = {
         def forward(self, x, y):
             return F.max_pool3d(x, 2), F.avg_pool3d(torch.relu(x), (1, 2, 3)), F.max_pool1d(y, 4, stride=3)
         """, "torch.randn(2, 3, 6, 8, 9), torch.randn(4, 5, 50)", ""),
+    "pooling_padded": ("""
+        def forward(self, x):
+            return F.max_pool2d(torch.relu(x), 3, stride=2, padding=1), F.avg_pool2d(x, 4, stride=1, padding=2)
+        """, "torch.randn(2, 3, 9, 10)", ""),
+    # Joining and padding: windowed loads in one elementwise kernel.
+    "cat_stack_pad": ("""
+        def forward(self, x, y):
+            h = torch.sigmoid(y)
+            return (torch.cat([x, h, x * 2], dim=1), torch.stack([x, y], dim=0) + 1, F.pad(x, (1, 2, 0, 3), value=-1.5),
+                    torch.cat([x, y], dim=-1).sum(-1))
+        """, "torch.randn(4, 6), torch.randn(4, 6)", ""),
     # Norms over every dim and over dims; smooth L1 (Huber) losses.
     "norms": ("""
         def forward(self, x):

@@ -45,7 +45,7 @@ from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
     MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
     Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, rebuilt, walk,
-    walk_reduces,
+    walk_reduces, windowed,
 )  # fmt: skip
 from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
 from kernelpilot.policy.merge import merge_row_outputs
@@ -175,8 +175,9 @@ class GroupBuilder:
 
     def _view(self, node: Any, args: list, kwargs: dict) -> Any:
         target, value = node.target, args[0]
-        if isinstance(value, Value) and isinstance(node.meta["val"], (tuple, list)):
-            value = self.materialise(value)  # split, unbind: several views of one tensor
+        several = isinstance(node.meta["val"], (tuple, list))  # split, unbind: several views of one tensor
+        if isinstance(value, Value) and (several or (windowed(value.expr) and op_name(target) not in ("alias", "detach"))):
+            value = self.materialise(value)  # a windowed load is read over its own shape only
         if isinstance(value, Value):
             shape = tuple(node.meta["val"].shape)
             name = op_name(target)

@@ -185,6 +185,7 @@ def elementwise_layout(group: Group) -> Layout:
     vec = vector_width([group.tensors[group.accesses[i].tensor].dtype for i in vector] + [group.output.dtype])
     fits = (
         all(s[-1] in (0, 1) for s in strides)
+        and all(a.bounds is None for a in group.accesses)  # a windowed access loads element by element
         and (len(shape) == 1 or shape[-1] % vec == 0)
         and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in vector)
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernelpilot.policy.ir import Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack
+from kernelpilot.policy.ir import Access, Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack
 
 TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
@@ -71,7 +71,10 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             access = group.accesses[group.loads[node]]
             source = group.tensors[access.tensor]
             flat = memory[(source.kind, source.name)].double().flatten()
-            result = torch.as_strided(flat, group.shape, access.strides, access.offset)
+            if access.bounds is None:
+                result = torch.as_strided(flat, group.shape, access.strides, access.offset)
+            else:
+                result = windowed(flat, group.shape, access)
         elif isinstance(node, Const):
             result = torch.tensor(node.value, dtype=torch.float64)
         elif isinstance(node, Call):
@@ -94,6 +97,18 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
         result = result[(slice(None),) * start + (slice(0, 1),) * group.row_dims]
     # A kernel writes its output contiguously; later groups and outputs view that memory.
     return result.reshape(group.output.shape).to(getattr(torch, group.output.dtype)).contiguous()
+
+
+def windowed(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torch.Tensor:
+    """A windowed access over `shape`: the tensor's elements inside its bounds, its fill value elsewhere."""
+    result = torch.full(shape, access.fill, dtype=torch.float64)
+    inside = [(max(start, 0), min(end, size)) for (start, end), size in zip(access.bounds, shape)]
+    if any(start >= end for start, end in inside):
+        return result
+    region = tuple(slice(start, end) for start, end in inside)
+    offset = access.offset + sum(start * stride for (start, _), stride in zip(inside, access.strides))
+    result[region] = torch.as_strided(flat, [end - start for start, end in inside], access.strides, offset)
+    return result
 
 
 def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

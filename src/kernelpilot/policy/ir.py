@@ -1,4 +1,4 @@
-"""The policy's IR: tensors (Source, Leaf), expressions (Load, Const, Call, Reduce, Field, Gather, Stack), groups
+"""The policy's IR: tensors (Source, Leaf), expressions (Load and its Window, Const, Call, Reduce, Field, Gather, Stack), groups
 (one generated kernel or library call each: Group with its Matmul or Conv), the Analysis of a problem, and the tree
 utilities every later stage uses (walk, rebuilt). Nothing here knows about aten, tracing or CUDA text."""
 
@@ -89,17 +89,30 @@ class Leaf:
 # ----------------------------------------------------------------------------------------- expressions
 
 
+@dataclass(frozen=True)
+class Window:
+    """Where a windowed load reads: `leaf`'s element (c - origin) at coordinate c of the use, where that lies in
+    the leaf (0 <= c - origin < leaf's shape, dim by dim), and `fill` elsewhere: one input of a cat at its place
+    along the joined dim (fill 0), a padded tensor (fill the padding value)."""
+
+    origin: tuple[int, ...]
+    fill: float = 0.0
+
+
 @hashed_once
 @dataclass(frozen=True)
 class Load:
     """One element of `leaf`, broadcast into the shape of the op that used it (`use_shape`).
 
     `rows` marks a use inside a keepdim=False reduction's result, whose shape lacks the reduced last dim.
+    `window`: a windowed load (see Window; its leaf has as many dims as `use_shape`, and only elementwise kernels
+    over `use_shape` read it).
     """
 
     leaf: Leaf
     use_shape: tuple[int, ...]
     rows: bool = False
+    window: Window | None = None
 
 
 @hashed_once
@@ -271,11 +284,16 @@ class Conv:
 
 @dataclass(frozen=True)
 class Access:
-    """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset."""
+    """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset.
+
+    A windowed access (`bounds`, one (start, end) per dim of the iteration shape) reads only where every
+    coordinate lies in its range, and is `fill` elsewhere; its offset may then be negative."""
 
     tensor: int  # index into Group.tensors
     strides: tuple[int, ...]
     offset: int
+    bounds: tuple[tuple[int, int], ...] | None = None
+    fill: float = 0.0
 
 
 @dataclass
@@ -458,6 +476,11 @@ def walk(expr: Expr | None) -> list[Expr]:
 
 def walk_reduces(expr: Expr) -> list[Reduce]:
     return [node for node in walk(expr) if isinstance(node, Reduce)]
+
+
+def windowed(expr: Expr | None) -> bool:
+    """True when the expression holds a windowed load (see Window)."""
+    return any(isinstance(node, Load) and node.window is not None for node in walk(expr))
 
 
 def column_extents(group: Group) -> tuple[int, int, int]:

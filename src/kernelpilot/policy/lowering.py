@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
 from kernelpilot.policy.ir import (
-    Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, contiguous_strides, dtype_name,
-    rebuilt, walk, walk_reduces,
+    Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, Window, contiguous_strides, dtype_name,
+    rebuilt, walk, walk_reduces, windowed,
 )  # fmt: skip
 from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
 from kernelpilot.policy.strides import permuted_expr, splits, unpermuted
@@ -156,7 +156,8 @@ class OpLowering:
         """The reduced argument as an expression over rows (its last `dims` dims), with its shape and ops."""
         item = self.args[0]
         reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
-        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, dims, 0))):
+        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, dims, 0))
+                                        or windowed(item.expr)):  # fmt: skip
             item = self.builder.materialise(item)
         expr, shape, ops = self._reduced_expr(item)
         if len(shape) < dims or not shape:
@@ -204,7 +205,7 @@ class OpLowering:
         """The argument of a column reduction as an expression over its whole shape. A value holding reductions
         of its own is written first: one kernel reduces over one space, and a column kernel writes no rows."""
         item = self.args[0]
-        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr)):
+        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr) or windowed(item.expr)):
             item = self.builder.materialise(item)
         expr, shape, ops = self._reduced_expr(item)
         if 0 in shape:
@@ -277,9 +278,25 @@ class OpLowering:
         """The argument as an elementwise expression over its shape (a value holding statistics is written first,
         so that the expression can be re-read over another shape), with the shape and ops."""
         item = self.args[0]
-        if isinstance(item, Value) and (item.rows or any(isinstance(n, (Reduce, Gather)) for n in walk(item.expr))):
+        if isinstance(item, Value) and (item.rows or any(isinstance(n, (Reduce, Gather)) or getattr(n, "window", None)
+                                                         for n in walk(item.expr))):  # fmt: skip
             item = self.builder.materialise(item)
         return self._reduced_expr(item)
+
+    def written(self, item: Any) -> Leaf:
+        """`item` as a tensor in memory: a value is written by its group first."""
+        leaf = self.builder.materialise(item) if isinstance(item, Value) else item
+        if not isinstance(leaf, Leaf):
+            raise NotFusible("reads the result of an unsupported op")
+        self._check_dtype(leaf.source.dtype)
+        return leaf
+
+    def padded_copy(self, item: Any, low: tuple[int, ...], high: tuple[int, ...], fill: float) -> Leaf:
+        """`item` written with `low` and `high` more elements before and after it in each dim, holding `fill`."""
+        leaf = self.written(item)
+        shape = tuple(size + before + after for size, before, after in zip(leaf.shape, low, high))
+        load = Load(leaf, shape, window=Window(tuple(low), float(fill)))
+        return self.builder.materialise(Value(load, shape, leaf.source.dtype, (f"aten.{self.name}",)))
 
     def permutation(self, reduced: list[int]) -> list[int]:
         """The order of the argument's dims with the `reduced` dims moved last."""
@@ -471,6 +488,46 @@ def _repeat(o: OpLowering) -> Leaf:
     return Leaf(written.source, o.shape, contiguous_strides(o.shape), written.offset)
 
 
+def _cat(o: OpLowering, stack: bool = False) -> Value:
+    """cat(tensors, dim) (stack: of the tensors unsqueezed at dim): one elementwise kernel in which each input is a
+    windowed load at its place along dim, 0 elsewhere, and the output their sum (one term is not 0 anywhere).
+    Inputs computed in forward are written first."""
+    tensors, dim = o.args[0], o.arg(1, "dim", 0)
+    dim %= len(o.shape)
+    if o.dtype not in KERNEL_DTYPES:
+        raise NotFusible(f"computes {o.dtype} values")
+    terms, start = [], 0
+    for item in tensors:
+        leaf = o.written(item)
+        if stack:
+            viewed = leaf.meta().unsqueeze(dim)
+            leaf = Leaf(leaf.source, tuple(viewed.shape), tuple(viewed.stride()), leaf.offset)
+        if len(leaf.shape) != len(o.shape):  # a legacy empty 1-d input, which cat skips
+            continue
+        origin = tuple(start if d == dim else 0 for d in range(len(o.shape)))
+        if leaf.shape[dim]:
+            terms.append(Load(leaf, o.shape, window=Window(origin)))
+        start += leaf.shape[dim]
+    if not terms:
+        raise NotFusible("joins empty tensors")
+    expr = terms[0]
+    for term in terms[1:]:
+        expr = Call("add", (expr, term))
+    return Value(expr, o.shape, o.dtype, (f"aten.{o.name}",))
+
+
+def _constant_pad(o: OpLowering) -> Leaf:
+    """constant_pad_nd(x, pad, value): pad holds (before, after) pairs from the last dim backwards."""
+    item, pad, fill = o.args[0], list(o.args[1]), float(o.arg(2, "value", 0.0))
+    if any(size < 0 for size in pad):
+        raise NotFusible("crops a tensor (negative padding)")
+    ndim = len(o.shape)
+    low, high = [0] * ndim, [0] * ndim
+    for k in range(len(pad) // 2):
+        low[ndim - 1 - k], high[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    return o.padded_copy(item, tuple(low), tuple(high), fill)
+
+
 # smooth_l1_loss's reduction argument (at::Reduction); 1 is 'mean'.
 _MEAN = 1
 
@@ -567,7 +624,7 @@ _REDUCTIONS = {
     "gather": _gather,
 }
 # Ops that copy their input into a new layout.
-_COPIES = {"repeat": _repeat}
+_COPIES = {"repeat": _repeat, "cat": _cat, "stack": lambda o: _cat(o, stack=True), "constant_pad_nd": _constant_pad}
 
 
 def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:

@@ -120,17 +120,27 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
     """max_poolNd_with_indices(x, kernel, stride, padding, dilation, ceil_mode) and avg_poolNd(x, kernel, stride,
     padding, ceil_mode, count_include_pad, divisor_override): a row kernel whose rows are the windows, the input
     (or the elementwise expression that computes it) read over (*leading, *output, *kernel) through strides, so
-    no window is copied. Windows reaching into padding or past the input (ceil_mode) are not generated."""
+    no window is copied. With padding, the windows are read from a padded copy. Windows past the padded input
+    (ceil_mode) are not generated."""
     item, kernel = o.args[0], list(o.args[1])
     spatial = len(kernel)
     stride = _sizes(o.arg(2, "stride", []) or kernel, spatial)
-    if any(_sizes(o.arg(3, "padding", 0), spatial)):
-        raise NotFusible("pools windows that reach into padding")
+    padding = _sizes(o.arg(3, "padding", 0), spatial)
     dilation = _sizes(o.arg(4, "dilation", 1), spatial) if maximum else (1,) * spatial
     divisor = None if maximum else o.arg(6, "divisor_override", None)
     if maximum and any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
         raise NotFusible("uses the indices of max pooling; only its values are generated")
-    expr, shape, ops = o.elementwise_input()
+    if any(padding):
+        # Windows reaching into the padding read a padded copy: -inf for a max, 0 for an average that counts
+        # the padding (its divisor stays the kernel size).
+        if not maximum and not o.arg(5, "count_include_pad", True):
+            raise NotFusible("averages windows over padding it does not count (count_include_pad=False)")
+        lead = len(item.shape) - spatial
+        low = (0,) * lead + padding
+        padded = o.padded_copy(item, low, low, -math.inf if maximum else 0.0)
+        expr, shape, ops = Load(padded, padded.shape), padded.shape, ()
+    else:
+        expr, shape, ops = o.elementwise_input()
     lead, output = len(shape) - spatial, o.shape[len(o.shape) - spatial :]
     for size, out, step, span, dil in zip(shape[lead:], output, stride, kernel, dilation):
         if (out - 1) * step + dil * (span - 1) >= size:

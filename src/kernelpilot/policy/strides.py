@@ -20,10 +20,24 @@ def resolve_accesses(group: Group) -> None:
         source = node.leaf.source
         if source not in group.tensors:
             group.tensors.append(source)
-        strides, offset = strides_in(node, group.shape, group.inner_dims)
-        access = Access(group.tensors.index(source), strides, offset)
+        if node.window is None:
+            strides, offset = strides_in(node, group.shape, group.inner_dims)
+            access = Access(group.tensors.index(source), strides, offset)
+        else:
+            access = _windowed_access(node, group, group.tensors.index(source))
         group.loads[node] = accesses.setdefault(access, len(accesses))
     group.accesses = list(accesses)
+
+
+def _windowed_access(load: Load, group: Group, tensor: int) -> Access:
+    """A windowed load's access in an elementwise group over its use shape: the leaf's strides, the offset moved
+    back by the origin, and the range of coordinates the leaf covers in each dim."""
+    leaf, window = load.leaf, load.window
+    if group.kind != "elementwise" or load.rows or group.shape != load.use_shape or len(leaf.shape) != len(group.shape):
+        raise NotFusible("reads a windowed tensor (a cat's input, a padded tensor) in a kernel that is not elementwise")
+    offset = leaf.offset - sum(origin * stride for origin, stride in zip(window.origin, leaf.strides))
+    bounds = tuple((origin, origin + size) for origin, size in zip(window.origin, leaf.shape))
+    return Access(tensor, leaf.strides, offset, bounds, window.fill)
 
 
 def strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
