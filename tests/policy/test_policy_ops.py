@@ -102,6 +102,11 @@ PROBLEMS = {
             return (torch.cat([x, h, x * 2], dim=1), torch.stack([x, y], dim=0) + 1, F.pad(x, (1, 2, 0, 3), value=-1.5),
                     torch.cat([x, y], dim=-1).sum(-1))
         """, "torch.randn(4, 6), torch.randn(4, 6)", ""),
+    # A cat of convolutions (a dense block): each convolution is written by cuDNN, then joined.
+    "cat_of_convolutions": ("""
+        def forward(self, x):
+            return torch.cat([x, self.conv1(x), torch.relu(self.conv2(x))], dim=1)
+        """, "torch.randn(2, 4, 8, 8)", "self.conv1 = nn.Conv2d(4, 3, 3, padding=1)\nself.conv2 = nn.Conv2d(4, 5, 1)"),
     # Norms over every dim and over dims; smooth L1 (Huber) losses.
     "norms": ("""
         def forward(self, x):

@@ -249,8 +249,10 @@ class GroupBuilder:
     def settle(self, item: Any, reader: str | None = None) -> Any:
         """A pending matmul or convolution as its output (the group is written now); anything else as it is.
 
-        `reader` is the op reading it, if one does (see `settle_conv`)."""
+        `reader` is the op reading it, if one does (see `settle_conv`). A list (cat's inputs) is settled item by item."""
 
+        if isinstance(item, list):
+            return [self.settle(element, reader) for element in item]
         if isinstance(item, PendingConv):
             return settle_conv(self, item, fuses_elementwise(reader))
         if not isinstance(item, _PendingMatmul):
