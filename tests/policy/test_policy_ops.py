@@ -107,6 +107,18 @@ PROBLEMS = {
         def forward(self, x):
             return torch.cat([x, self.conv1(x), torch.relu(self.conv2(x))], dim=1)
         """, "torch.randn(2, 4, 8, 8)", "self.conv1 = nn.Conv2d(4, 3, 3, padding=1)\nself.conv2 = nn.Conv2d(4, 5, 1)"),
+    # Transposed convolutions: cuDNN's backward data, then the bias in the elementwise kernel after it.
+    "conv_transpose_2d": ("""
+        def forward(self, x):
+            return torch.tanh(self.up(x)) * 0.5
+        """, "torch.randn(2, 6, 7, 9)",
+        "self.up = nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1)"),
+    "conv_transpose_1d_3d": ("""
+        def forward(self, x, y):
+            return self.up1(x), F.relu(self.up3(y)).amax(dim=(2, 3, 4))
+        """, "torch.randn(2, 4, 11), torch.randn(2, 4, 3, 4, 5)",
+        "self.up1 = nn.ConvTranspose1d(4, 6, 4, stride=3, dilation=2, bias=False)\n"
+        "self.up3 = nn.ConvTranspose3d(4, 6, 2, stride=2, groups=2)"),
     # Norms over every dim and over dims; smooth L1 (Huber) losses.
     "norms": ("""
         def forward(self, x):

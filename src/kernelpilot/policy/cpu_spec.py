@@ -137,8 +137,9 @@ def evaluate_conv(conv, memory: dict) -> torch.Tensor:
     """What cuDNN's call computes: act(convolution(input, weight) + bias), rounded once to the output dtype."""
     bias = viewed(conv.bias, memory) if conv.bias is not None else None
     weight = viewed(conv.weight, memory)
+    output_padding = list(conv.output_padding) if conv.transposed else [0] * len(conv.stride)
     result = torch.convolution(viewed(conv.input, memory), weight, bias, list(conv.stride), list(conv.padding),
-                               list(conv.dilation), False, [0] * len(conv.stride), conv.groups)  # fmt: skip
+                               list(conv.dilation), conv.transposed, output_padding, conv.groups)  # fmt: skip
     if conv.activation:
         result = TORCH_OPS[conv.activation](result)
     return result.to(getattr(torch, conv.dtype)).contiguous()

@@ -263,6 +263,8 @@ class Conv:
 
     `input` (N, C, *spatial) and `weight` (K, C/groups, *kernel) are contiguous views (offsets aligned to 16
     bytes); `bias` has K values; `shape` is the output's, (N, K, *spatial), contiguous. One to three spatial dims.
+    `transposed`: a transposed convolution (weight (C, K/groups, *kernel)), cuDNN's backward data of the
+    convolution with these settings; it takes no bias or activation (the bias is added by the kernel after it).
     """
 
     input: Leaf
@@ -276,6 +278,8 @@ class Conv:
     groups: int = 1
     bias: Leaf | None = None
     activation: str | None = None  # "relu", only with a bias (cudnnConvolutionBiasActivationForward)
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()  # transposed only: extra output rows torch adds (what the shape shows)
 
     def epilogue(self) -> str:
         """The epilogue in words, e.g. "bias, ReLU"; "" when there is none."""
@@ -404,7 +408,8 @@ def describe_conv(conv: Conv) -> str:
     epilogue = conv.epilogue()
     fused = f" with a fused {epilogue} epilogue" if epilogue else ""
     shapes = f"{_shape(conv.input.shape)} * {_shape(conv.weight.shape)}"
-    return f"one cuDNN convolution, {shapes}{shown}{fused} ({conv.dtype})"
+    kind = "transposed convolution (its backward data)" if conv.transposed else "convolution"
+    return f"one cuDNN {kind}, {shapes}{shown}{fused} ({conv.dtype})"
 
 
 def _sizes(values: tuple[int, ...]) -> str:
