@@ -119,6 +119,11 @@ PROBLEMS = {
         """, "torch.randn(2, 4, 11), torch.randn(2, 4, 3, 4, 5)",
         "self.up1 = nn.ConvTranspose1d(4, 6, 4, stride=3, dilation=2, bias=False)\n"
         "self.up3 = nn.ConvTranspose3d(4, 6, 2, stride=2, groups=2)"),
+    # A number made a tensor in forward is that number in the kernel.
+    "number_tensors": ("""
+        def forward(self, x):
+            return torch.min(x, torch.tensor(0.25, device=x.device)) * torch.tensor(3)
+        """, "torch.randn(8, 16)", ""),
     # Norms over every dim and over dims; smooth L1 (Huber) losses.
     "norms": ("""
         def forward(self, x):
@@ -235,6 +240,12 @@ def test_a_softmax_over_channels_is_written_in_the_permuted_order_and_read_back_
 def test_writes_into_forward_arguments_are_named(tmp_path, forward, reason):
     analysis = analysed(write_problem(tmp_path, "writes", forward, "torch.randn(8, 16)"))
     assert not analysis.supported and reason in analysis.blockers()
+
+
+def test_a_constant_tensor_of_several_values_is_named(tmp_path):
+    forward = "def forward(self, x):\n    return x * torch.tensor([1.0, 2.0], device=x.device)"
+    analysis = analysed(write_problem(tmp_path, "constant", forward, "torch.randn(8, 2)"))
+    assert not analysis.supported and "a constant tensor created in forward" in analysis.blockers()
 
 
 def test_a_write_through_a_view_is_seen_by_every_later_reader_or_refused(tmp_path):

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv, settle_conv
 from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
-    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
+    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
     Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, rebuilt, walk,
     walk_reduces, windowed,
 )  # fmt: skip
@@ -100,7 +100,7 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
         elif node.op == "call_function":
             env[node] = builder.visit(node, env)
         elif node.op == "get_attr":
-            env[node] = builder.unsupported(node, "a constant tensor created in forward")
+            env[node] = builder.constant(node, getattr(graph.owning_module, node.target, None))
         elif node.op == "output":
             outputs = [builder.output(env[item]) for item in node.args[0]]
     ignored = [name for name, value in zip(forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
@@ -165,6 +165,15 @@ class GroupBuilder:
         if isinstance(value, (tuple, list)):
             return tuple(self._opaque(node, item, i) for i, item in enumerate(value))
         return self._opaque(node, value, 0)
+
+    def constant(self, node: Any, tensor: Any) -> Value | Leaf | None:
+        """A tensor forward creates from a number (torch.tensor(0.5)): the trace keeps it, with its value, and it
+        is that number in the kernels. Larger constants have no memory a kernel could read."""
+        import torch
+
+        if isinstance(tensor, torch.Tensor) and not tensor.is_meta and tensor.numel() == 1:
+            return Value(Const(float(tensor.item())), tuple(tensor.shape), dtype_name(tensor.dtype), ())
+        return self.unsupported(node, "a constant tensor created in forward")
 
     def _opaque(self, node: Any, value: Any, index: int) -> Leaf | None:
         import torch

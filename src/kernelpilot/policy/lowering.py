@@ -70,6 +70,8 @@ class OpLowering:
             raise NotFusible("writes in place into a forward argument, parameter or buffer, memory the caller owns")
         if name in _IN_PLACE:
             name = self._out_of_place(name)
+        if name in _ALIASES and isinstance(self.args[0], Value) and isinstance(self.args[0].expr, Const):
+            return self.args[0]  # a number made a tensor (lift_fresh_copy of a constant), of any dtype: still a number
         if name in _ALIASES:
             return self.elementwise(_ALIASES[name], self.args[:1])
         if name in _REDUCTIONS:

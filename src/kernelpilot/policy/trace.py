@@ -51,15 +51,35 @@ def trace(problem: Problem, model: torch.nn.Module, inputs: list) -> tuple[Any, 
         returned = model(*inputs)
     if not (isinstance(returned, torch.Tensor) or is_flat_tuple_of_tensors(returned)):
         raise TypeError(f"forward returns {type(returned).__name__}, not a tensor or a tuple of tensors")
-    try:
-        graph_module = make_fx(functionalize(forward, remove="mutations"))(state, *tensors)
-    except Exception:  # noqa: BLE001 - functionalisation fails on a few forwards (torch asserts): trace as written,
-        graph_module = make_fx(forward)(state, *tensors)  # where in-place ops stay in-place and are named
+    with _numbers_on_cpu():
+        try:
+            graph_module = make_fx(functionalize(forward, remove="mutations"))(state, *tensors)
+        except Exception:  # noqa: BLE001 - functionalisation fails on a few forwards (torch asserts): trace as
+            graph_module = make_fx(forward)(state, *tensors)  # written, where in-place ops stay and are named
     graph_module.graph.eliminate_dead_code()
     names = forward_names(problem)
     sources = [Source("parameter", name, tuple(t.shape), dtype_name(t.dtype)) for name, t in state.items()]
     sources += [Source("input", names[i], tuple(inputs[i].shape), dtype_name(inputs[i].dtype)) for i in tensor_positions]
     return graph_module.graph, sources, "tensor" if isinstance(returned, torch.Tensor) else type(returned).__name__
+
+
+def _numbers_on_cpu() -> Any:
+    """A function mode that makes torch.tensor(number, device=x.device) on the CPU while tracing: on the meta device
+    its value would be lost, while a CPU 0-d tensor mixes with meta tensors as a number does and the trace keeps it
+    as a constant with its value (analysis.py reads it as that number)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    makers = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
+
+    class NumbersOnCpu(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if func in makers and args and isinstance(args[0], (bool, int, float)):
+                kwargs = {**kwargs, "device": "cpu"}
+            return func(*args, **kwargs)
+
+    return NumbersOnCpu()
 
 
 def _op_budget(limit: int) -> Any:
