@@ -93,7 +93,8 @@ PROBLEMS = {
         """, "torch.randn(2, 3, 6, 8, 9), torch.randn(4, 5, 50)", ""),
     "pooling_padded": ("""
         def forward(self, x):
-            return F.max_pool2d(torch.relu(x), 3, stride=2, padding=1), F.avg_pool2d(x, 4, stride=1, padding=2)
+            return (F.max_pool2d(torch.relu(x), 3, stride=2, padding=1), F.avg_pool2d(x, 4, stride=1, padding=2),
+                    F.max_pool2d(x, 3, stride=2, ceil_mode=True), F.max_pool2d(x, 2, stride=2, padding=1, ceil_mode=True))
         """, "torch.randn(2, 3, 9, 10)", ""),
     # Joining and padding: windowed loads in one elementwise kernel.
     "cat_stack_pad": ("""

@@ -120,8 +120,8 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
     """max_poolNd_with_indices(x, kernel, stride, padding, dilation, ceil_mode) and avg_poolNd(x, kernel, stride,
     padding, ceil_mode, count_include_pad, divisor_override): a row kernel whose rows are the windows, the input
     (or the elementwise expression that computes it) read over (*leading, *output, *kernel) through strides, so
-    no window is copied. With padding, the windows are read from a padded copy. Windows past the padded input
-    (ceil_mode) are not generated."""
+    no window is copied. With padding, or a max's ceil_mode windows past the input, the windows are read from a
+    padded copy. An average's ceil_mode windows past the input (their divisors clipped) are not generated."""
     item, kernel = o.args[0], list(o.args[1])
     spatial = len(kernel)
     stride = _sizes(o.arg(2, "stride", []) or kernel, spatial)
@@ -130,21 +130,23 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
     divisor = None if maximum else o.arg(6, "divisor_override", None)
     if maximum and any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
         raise NotFusible("uses the indices of max pooling; only its values are generated")
-    if any(padding):
+    lead, output = len(item.shape) - spatial, o.shape[len(o.shape) - spatial :]
+    # ceil_mode's last windows may reach past the padded input: a max reads -inf there too.
+    past = tuple(max(0, (out - 1) * step + dil * (span - 1) + 1 - (size + 2 * pad))
+                 for size, out, step, span, dil, pad in zip(item.shape[lead:], output, stride, kernel, dilation, padding))  # fmt: skip
+    if any(past) and not maximum:
+        raise NotFusible("averages windows that reach past the input (ceil_mode), whose divisors are clipped")
+    if any(padding) or any(past):
         # Windows reaching into the padding read a padded copy: -inf for a max, 0 for an average that counts
         # the padding (its divisor stays the kernel size).
         if not maximum and not o.arg(5, "count_include_pad", True):
             raise NotFusible("averages windows over padding it does not count (count_include_pad=False)")
-        lead = len(item.shape) - spatial
         low = (0,) * lead + padding
-        padded = o.padded_copy(item, low, low, -math.inf if maximum else 0.0)
+        high = (0,) * lead + tuple(pad + extra for pad, extra in zip(padding, past))
+        padded = o.padded_copy(item, low, high, -math.inf if maximum else 0.0)
         expr, shape, ops = Load(padded, padded.shape), padded.shape, ()
     else:
         expr, shape, ops = o.elementwise_input()
-    lead, output = len(shape) - spatial, o.shape[len(o.shape) - spatial :]
-    for size, out, step, span, dil in zip(shape[lead:], output, stride, kernel, dilation):
-        if (out - 1) * step + dil * (span - 1) >= size:
-            raise NotFusible("pools windows that reach past the input (ceil_mode)")
     windows = shape[:lead] + tuple(output) + tuple(kernel)
     uses = [((d, 1),) for d in range(lead)]
     uses += [((lead + i, stride[i]),) for i in range(spatial)] + [((lead + i, dilation[i]),) for i in range(spatial)]
