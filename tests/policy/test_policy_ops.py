@@ -120,6 +120,11 @@ PROBLEMS = {
         """, "torch.randn(2, 4, 11), torch.randn(2, 4, 3, 4, 5)",
         "self.up1 = nn.ConvTranspose1d(4, 6, 4, stride=3, dilation=2, bias=False)\n"
         "self.up3 = nn.ConvTranspose3d(4, 6, 2, stride=2, groups=2)"),
+    # Triangles of a product and of an input, any diagonal.
+    "triangles": ("""
+        def forward(self, a, b):
+            return torch.tril(a @ b), torch.triu(a, 1) * 2.0, torch.tril(b.view(2, 8, 8), -2)
+        """, "torch.randn(16, 8), torch.randn(8, 16)", ""),
     # A number made a tensor in forward is that number in the kernel.
     "number_tensors": ("""
         def forward(self, x):

@@ -108,6 +108,11 @@ def windowed(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torc
     region = tuple(slice(start, end) for start, end in inside)
     offset = access.offset + sum(start * stride for (start, _), stride in zip(inside, access.strides))
     result[region] = torch.as_strided(flat, [end - start for start, end in inside], access.strides, offset)
+    if access.diagonal is not None:
+        k, upper = access.diagonal
+        kept = torch.ones(shape[-2:], dtype=torch.bool)
+        kept = kept.triu(k) if upper else kept.tril(k)
+        result = torch.where(kept, result, torch.tensor(access.fill, dtype=torch.float64))
     return result
 
 

@@ -72,7 +72,8 @@ def elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
 
 def _window(group: Group, access: Access) -> dict[str, Any] | None:
     """A windowed access's range checks: for each dim it does not cover whole, the flat index's coordinate there
-    (a divisor and a size, over the group's own shape) and its range; and the value it reads outside."""
+    (a divisor and a size, over the group's own shape) and its range; its diagonal (triu, tril); and the value it
+    reads outside."""
     if access.bounds is None:
         return None
     checks, divisor = [], 1
@@ -80,7 +81,11 @@ def _window(group: Group, access: Access) -> dict[str, Any] | None:
         if start > 0 or end < size:
             checks.append({"divisor": divisor, "size": size, "start": start, "end": end})
         divisor *= size
-    return {"checks": checks, "fill": c_literal(access.fill)}
+    diagonal = None
+    if access.diagonal is not None:
+        k, upper = access.diagonal
+        diagonal = {"k": k, "op": ">=" if upper else "<=", "cols": group.shape[-1], "rows": group.shape[-2]}
+    return {"checks": checks, "fill": c_literal(access.fill), "diagonal": diagonal}
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -93,10 +93,12 @@ class Leaf:
 class Window:
     """Where a windowed load reads: `leaf`'s element (c - origin) at coordinate c of the use, where that lies in
     the leaf (0 <= c - origin < leaf's shape, dim by dim), and `fill` elsewhere: one input of a cat at its place
-    along the joined dim (fill 0), a padded tensor (fill the padding value)."""
+    along the joined dim (fill 0), a padded tensor (fill the padding value). `diagonal` (k, upper) also keeps only
+    the elements on or above (triu) or on or below (tril) the k-th diagonal of the last two dims."""
 
     origin: tuple[int, ...]
     fill: float = 0.0
+    diagonal: tuple[int, bool] | None = None
 
 
 @hashed_once
@@ -291,13 +293,15 @@ class Access:
     """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset.
 
     A windowed access (`bounds`, one (start, end) per dim of the iteration shape) reads only where every
-    coordinate lies in its range, and is `fill` elsewhere; its offset may then be negative."""
+    coordinate lies in its range (and on the side of its `diagonal`), and is `fill` elsewhere; its offset may then be
+    negative."""
 
     tensor: int  # index into Group.tensors
     strides: tuple[int, ...]
     offset: int
     bounds: tuple[tuple[int, int], ...] | None = None
     fill: float = 0.0
+    diagonal: tuple[int, bool] | None = None  # see Window
 
 
 @dataclass

@@ -518,6 +518,16 @@ def _cat(o: OpLowering, stack: bool = False) -> Value:
     return Value(expr, o.shape, o.dtype, (f"aten.{o.name}",))
 
 
+def _triangle(o: OpLowering, upper: bool) -> Value:
+    """triu(x, k) / tril(x, k): x where column - row >= k (<= k for tril) in its last two dims, 0 elsewhere: a
+    windowed load with that diagonal."""
+    leaf = o.written(o.args[0])
+    if len(leaf.shape) < 2:
+        raise NotFusible("takes a triangle of a tensor of fewer than two dims")
+    window = Window((0,) * len(leaf.shape), 0.0, (int(o.arg(1, "diagonal", 0)), upper))
+    return Value(Load(leaf, o.shape, window=window), o.shape, o.dtype, (f"aten.{o.name}",))
+
+
 def _constant_pad(o: OpLowering) -> Leaf:
     """constant_pad_nd(x, pad, value): pad holds (before, after) pairs from the last dim backwards."""
     item, pad, fill = o.args[0], list(o.args[1]), float(o.arg(2, "value", 0.0))
@@ -626,7 +636,8 @@ _REDUCTIONS = {
     "gather": _gather,
 }
 # Ops that copy their input into a new layout.
-_COPIES = {"repeat": _repeat, "cat": _cat, "stack": lambda o: _cat(o, stack=True), "constant_pad_nd": _constant_pad}
+_COPIES = {"repeat": _repeat, "cat": _cat, "stack": lambda o: _cat(o, stack=True), "constant_pad_nd": _constant_pad,
+           "triu": lambda o: _triangle(o, upper=True), "tril": lambda o: _triangle(o, upper=False)}
 
 
 def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:

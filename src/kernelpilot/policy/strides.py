@@ -37,7 +37,7 @@ def _windowed_access(load: Load, group: Group, tensor: int) -> Access:
         raise NotFusible("reads a windowed tensor (a cat's input, a padded tensor) in a kernel that is not elementwise")
     offset = leaf.offset - sum(origin * stride for origin, stride in zip(window.origin, leaf.strides))
     bounds = tuple((origin, origin + size) for origin, size in zip(window.origin, leaf.shape))
-    return Access(tensor, leaf.strides, offset, bounds, window.fill)
+    return Access(tensor, leaf.strides, offset, bounds, window.fill, window.diagonal)
 
 
 def strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
