@@ -125,6 +125,11 @@ PROBLEMS = {
         def forward(self, a, b):
             return torch.tril(a @ b), torch.triu(a, 1) * 2.0, torch.tril(b.view(2, 8, 8), -2)
         """, "torch.randn(16, 8), torch.randn(8, 16)", ""),
+    # A Model whose __init__ reads a value (built on the CPU, then moved to meta tensors).
+    "init_reads_a_value": ("""
+        def forward(self, x):
+            return self.linear(x) * self.scale
+        """, "torch.randn(8, 16)", "self.scale = torch.linspace(0, 1, 5)[2].item()\nself.linear = nn.Linear(16, 16)"),
     # A number made a tensor in forward is that number in the kernel.
     "number_tensors": ("""
         def forward(self, x):

@@ -50,7 +50,7 @@ from kernelpilot.policy.ir import (
 from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
 from kernelpilot.policy.merge import merge_row_outputs
 from kernelpilot.policy.strides import broadcast_strides, resolve_accesses, splits
-from kernelpilot.policy.trace import MAX_FORWARD_OPS, ForwardTooLong, forward_names, trace
+from kernelpilot.policy.trace import MAX_FORWARD_OPS, ForwardTooLong, forward_names, meta_model_and_inputs, trace
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
@@ -80,10 +80,8 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     (a LoRA update on the H100: BENCHMARKS.md, run D)."""
     import torch
 
-    with torch.device("meta"):
-        model = problem.make_model()
-        inputs = problem.make_inputs()
     try:
+        model, inputs = meta_model_and_inputs(problem)
         graph, sources, container = trace(problem, model, inputs)
     except ForwardTooLong:
         reason = (f"runs more than {MAX_FORWARD_OPS} aten ops, as a loop unrolled over a long sequence does (a "

@@ -100,6 +100,25 @@ def _op_budget(limit: int) -> Any:
     return OpBudget()
 
 
+def meta_model_and_inputs(problem: Problem) -> tuple[torch.nn.Module, list]:
+    """Model and its inputs on meta tensors. A Model whose __init__ needs values (`.item()` of a linspace) is built
+    on the CPU, within the host memory available, then moved to meta, as loading the problem did."""
+    import torch
+
+    from kernelpilot.host_budget import HostBudget
+    from kernelpilot.problem_size import host_memory_available
+
+    with torch.device("meta"):
+        inputs = problem.make_inputs()
+        try:
+            return problem.make_model(), inputs
+        except Exception:  # noqa: BLE001 - retried on the CPU, whose failure is the one reported
+            pass
+    with HostBudget(host_memory_available()):
+        model = problem.make_model()
+    return model.to("meta"), inputs
+
+
 def is_flat_tuple_of_tensors(value: Any) -> bool:
     import torch
 
