@@ -130,6 +130,12 @@ PROBLEMS = {
         def forward(self, x):
             return self.linear(x) * self.scale
         """, "torch.randn(8, 16)", "self.scale = torch.linspace(0, 1, 5)[2].item()\nself.linear = nn.Linear(16, 16)"),
+    # Indices: argmax/argmin along the last dim and along dim 1, max(dim) with its indices, ties and NaN.
+    "argmax_argmin": ("""
+        def forward(self, x, y):
+            values, indices = torch.max(y, dim=1)
+            return torch.argmax(x, dim=-1), torch.argmin(x, dim=1, keepdim=True), values * 2, indices
+        """, "torch.randn(6, 40, 50), torch.randint(0, 3, (6, 40, 5)).float()", ""),
     # A number made a tensor in forward is that number in the kernel.
     "number_tensors": ("""
         def forward(self, x):

@@ -44,7 +44,7 @@ from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_c
 from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
     MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
-    Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, rebuilt, walk,
+    Source, Unsupported, Value, contiguous_strides, dtype_name, is_index, matrix_strides, rebuilt, walk,
     walk_reduces, windowed,
 )  # fmt: skip
 from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
@@ -306,7 +306,7 @@ class GroupBuilder:
         return leaf
 
     def _group_of(self, value: Value) -> Group:
-        if value.dtype not in KERNEL_DTYPES:
+        if value.dtype not in KERNEL_DTYPES and not (value.dtype == "int64" and is_index(value.expr)):
             raise NotFusible(f"writes {value.dtype} values")
         row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
         if len({node.space for node in row_nodes}) > 1:

@@ -63,10 +63,15 @@ STAT_IDENTITIES = {
     ("softmax_weighted", "max"): "-INFINITY",
     ("softmax_weighted", "sum"): "0.0f",
     ("softmax_weighted", "weighted"): "0.0f",
+    ("argmax", "max"): "-INFINITY",
+    ("argmax", "index"): "INFINITY",  # no column yet: any column is earlier
+    ("argmin", "min"): "INFINITY",
+    ("argmin", "index"): "INFINITY",
 }
 STAT_WORDS = {"sum": "sum", "max": "max", "min": "min", "online_softmax": "online softmax (max and sum of exp)",
               "welford": "Welford mean and variance",
-              "softmax_weighted": "online softmax and a softmax-weighted sum"}  # fmt: skip
+              "softmax_weighted": "online softmax and a softmax-weighted sum",
+              "argmax": "max and its first column", "argmin": "min and its first column"}  # fmt: skip
 _CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", "char", "new", "delete", "this",
                  "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
 

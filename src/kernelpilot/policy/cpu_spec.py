@@ -168,4 +168,15 @@ def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.T
         ("online_softmax", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
         ("welford", "mean"): lambda: mean,
         ("welford", "m2"): lambda: ((values - mean) ** 2).sum(dims, keepdim=True),
+        ("argmax", "max"): lambda: maximum,
+        ("argmin", "min"): lambda: values.amin(dims, keepdim=True),
+        ("argmax", "index"): lambda: _first_index(values, dims, largest=True),
+        ("argmin", "index"): lambda: _first_index(values, dims, largest=False),
     }[(reduce.kind, name)]()
+
+
+def _first_index(values: torch.Tensor, dims: tuple[int, ...], largest: bool) -> torch.Tensor:
+    """The first column (over the flattened `dims`) of the largest (smallest) value, NaN first, as torch's argmax."""
+    flat = values.flatten(dims[0], dims[-1])
+    index = flat.argmax(dims[0], keepdim=True) if largest else flat.argmin(dims[0], keepdim=True)
+    return index.reshape(index.shape[: dims[0]] + (1,) * len(dims) + index.shape[dims[0] + 1 :]).double()

@@ -141,6 +141,7 @@ class Reduce:
 
     kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
     # | "softmax_weighted" (max, sum of exp, and sum of exp times `weighted`)
+    # | "argmax" / "argmin" (the max or min and the first column holding it; NaN counts as the max and the min)
     value: Expr
     shape: tuple[int, ...]
     dims: int = 1
@@ -163,7 +164,7 @@ class Reduce:
 @dataclass(frozen=True)
 class Field:
     """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2;
-    softmax_weighted: max, sum, weighted."""
+    softmax_weighted: max, sum, weighted; argmax: max, index; argmin: min, index."""
 
     reduce: Reduce
     name: str
@@ -205,6 +206,8 @@ STAT_FIELDS = {
     "online_softmax": ("max", "sum"),
     "welford": ("count", "mean", "m2"),
     "softmax_weighted": ("max", "sum", "weighted"),
+    "argmax": ("max", "index"),
+    "argmin": ("min", "index"),
 }
 
 
@@ -485,6 +488,11 @@ def walk(expr: Expr | None) -> list[Expr]:
 
 def walk_reduces(expr: Expr) -> list[Reduce]:
     return [node for node in walk(expr) if isinstance(node, Reduce)]
+
+
+def is_index(expr: Expr) -> bool:
+    """True for the column an argmax or argmin found: an int64 value a row kernel may write."""
+    return isinstance(expr, Field) and expr.name == "index"
 
 
 def windowed(expr: Expr | None) -> bool:

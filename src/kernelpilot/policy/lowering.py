@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
 from kernelpilot.policy.ir import (
     Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, Window, contiguous_strides, dtype_name,
-    rebuilt, walk, walk_reduces, windowed,
+    is_index, rebuilt, walk, walk_reduces, windowed,
 )  # fmt: skip
 from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
 from kernelpilot.policy.strides import permuted_expr, splits, unpermuted
@@ -57,12 +57,13 @@ class OpLowering:
             return self.args[position]
         return self.kwargs.get(name, default)
 
-    def derived(self, args: list | None = None, shape: tuple[int, ...] | None = None) -> OpLowering:
-        """This node's lowering with other arguments or another output shape: a step of an op lowered as several
-        (a loss's per-element values, then their mean)."""
+    def derived(self, args: list | None = None, shape: tuple[int, ...] | None = None, dtype: str | None = None) -> OpLowering:
+        """This node's lowering with other arguments, another output shape or dtype: a step of an op lowered as
+        several (a loss's per-element values, then their mean; max(dim)'s indices)."""
         step = copy.copy(self)
         step.args = list(self.args if args is None else args)
         step.shape = self.shape if shape is None else shape
+        step.dtype = self.dtype if dtype is None else dtype
         return step
 
     def build(self, name: str) -> Value | tuple | None:
@@ -308,7 +309,7 @@ class OpLowering:
     def row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
                    inner: int = 0) -> Value:  # fmt: skip
         op = f"aten.{op_name(self.node.target)}"
-        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values():
+        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values() and not is_index(expr):
             raise NotFusible(f"computes {self.dtype} values")
         return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
 
@@ -349,9 +350,19 @@ def _max_or_min(o: OpLowering, kind: str) -> Value | tuple:
         return o.reduction(kind, kind, None, False)
     if not isinstance(o.args[1], int):
         return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
+    keepdim = o.arg(2, "keepdim", False)
     if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
-        raise NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
-    return o.reduction(kind, kind, o.args[1], o.arg(2, "keepdim", False)), None
+        # With its indices: both fields of one argmax (argmin) statistic, NaN and the first index as torch's.
+        indices = o.derived(dtype="int64").reduction(f"arg{kind}", "index", o.args[1], keepdim)
+        return o.reduction(f"arg{kind}", kind, o.args[1], keepdim), indices
+    return o.reduction(kind, kind, o.args[1], keepdim), None
+
+
+def _argmax(o: OpLowering, kind: str) -> Value | Leaf:
+    """argmax/argmin(x, dim, keepdim): the first column of the max (min) along dim, NaN counting as both."""
+    if o.arg(1, "dim", None) is None and len(o.args[0].shape) > 1:
+        raise NotFusible(f"the {kind} of every element of a tensor of two or more dims; only along a dim")
+    return o.reduction(kind, "index", o.arg(1, "dim", None), o.arg(2, "keepdim", False))
 
 
 def _vector_norm(o: OpLowering) -> Value | Leaf:
@@ -613,6 +624,8 @@ _REDUCTIONS = {
     "amin": lambda o: _amax(o, "min"),
     "max": lambda o: _max_or_min(o, "max"),
     "min": lambda o: _max_or_min(o, "min"),
+    "argmax": lambda o: _argmax(o, "argmax"),
+    "argmin": lambda o: _argmax(o, "argmin"),
     "linalg_vector_norm": _vector_norm,
     "norm": _vector_norm,
     "smooth_l1_loss": lambda o: _smooth_l1_loss(o, "smooth_l1"),

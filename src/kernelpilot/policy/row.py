@@ -211,6 +211,7 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "tensors": tensor_context(group, vector_tensors),
         "out_ctype": CTYPES[group.output.dtype],
         "stat_kinds": {reduce.kind for reduce in group.reduces()},
+        "indexed": bool({reduce.kind for reduce in group.reduces()} & {"argmax", "argmin"}),
         "gathers": any(isinstance(node, Gather) for node in walk(group.expr)),
         "kept_in_l2": any(a["kept_in_l2"] for a in element),
         **dtype_context(group, _integer_reads(accesses)),
