@@ -5,16 +5,20 @@ load the file, `analyze` it on meta tensors, and, when it is supported, take eve
 render every file (`render_all`). A problem counts as supported only when all of that succeeds, so the policy
 would write kernels for every op and torch computes nothing. Per level it prints the supported count, the blocker
 histogram (each distinct reason the analysis gives, counted once per problem, numbers written as N so that
-shapes do not split a reason) and the time per problem (median and max, wall clock of the child).
+shapes do not split a reason) and the time per problem (median and max: loading, analysis, launch candidates and
+rendering, as the child measures it; the wall clock where it timed out). With --check-mb, supported problems small
+enough are also run on the CPU against the policy's executable spec of their groups (cpu_spec.py).
 
     python3 scripts/policy_coverage.py /path/to/KernelBench --levels 1 2 3 --json coverage.json
     python3 scripts/policy_coverage.py /path/to/KernelBench --levels 3 --only 35_LSTM --timeout 300
+    python3 scripts/policy_coverage.py /path/to/KernelBench --levels 2 --check-mb 1500 --timeout 600
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import re
 import statistics
@@ -37,8 +41,10 @@ def problems(root: Path, level: int, only: list[str]) -> list[Path]:
     return sorted(found, key=lambda path: (int(m.group()) if (m := re.match(r"\d+", path.stem)) else 10**9, path.stem))
 
 
-def analyse(path: Path) -> dict:
-    """What the policy decides for one problem: supported, or the reasons it is not."""
+def analyse(path: Path, check_bytes: int = 0) -> dict:
+    """What the policy decides for one problem: supported, or the reasons it is not; `seconds` is the time that
+    takes (load, analysis, every launch candidate, every rendered file). With `check_bytes`, a supported problem
+    whose tensors fit is also checked on the CPU (`cpu_check`)."""
     from kernelpilot.policy.analysis import analyze
     from kernelpilot.policy.families import launch_candidates, render_all
     from kernelpilot.problem import load_problem
@@ -46,21 +52,55 @@ def analyse(path: Path) -> dict:
     started = time.perf_counter()
     problem = load_problem(path)
     analysis = analyze(problem)
-    analysed = time.perf_counter() - started
     if not analysis.supported:
         reasons = [str(item) for item in analysis.unsupported]
         reasons += [f"{', '.join(g.ops)} (a matrix op: needs cuBLAS/cuDNN)" for g in analysis.groups if not g.generated]
-        return {"supported": False, "reasons": list(dict.fromkeys(reasons)), "analysis_s": analysed}
+        return {"supported": False, "reasons": list(dict.fromkeys(reasons)), "seconds": time.perf_counter() - started}
     for group in analysis.generated_groups:
         launch_candidates(group)
     files = render_all(problem, analysis)
-    return {"supported": True, "reasons": [], "groups": len(analysis.generated_groups), "files": len(files),
-            "analysis_s": analysed}  # fmt: skip
+    row = {"supported": True, "reasons": [], "groups": len(analysis.generated_groups), "files": len(files),
+           "seconds": time.perf_counter() - started}  # fmt: skip
+    if check_bytes:
+        row["check"] = cpu_check(problem, analysis, check_bytes)
+    return row
 
 
-def _child(path: Path, sink: Connection) -> None:
+def cpu_check(problem, analysis, limit_bytes: int) -> str:
+    """Model run on the CPU against the analysis' groups run by the policy's executable spec (cpu_spec.py, in
+    float64), on the problem's own inputs, when the inputs, parameters and group outputs take at most
+    `limit_bytes`: "ok", "WRONG" (some output differs by more than 1e-3 + 1e-3 * |expected|) or "skipped"."""
+    import torch
+
+    from kernelpilot.policy.cpu_spec import evaluate
+
+    with torch.device("meta"):
+        model, inputs = problem.make_model(), problem.make_inputs()
+    tensors = [t for t in [*inputs, *model.state_dict().values()] if isinstance(t, torch.Tensor)]
+    needed = sum(t.numel() * t.element_size() for t in tensors)
+    needed += sum(math.prod(group.output.shape) * 8 for group in analysis.groups)  # the spec's float64 outputs
+    if needed > limit_bytes:
+        return f"skipped ({needed / 2**20:.0f} MB)"
+    model, inputs = problem.make_model("cpu"), problem.make_inputs("cpu", seed=0)
+    memory = {("input", name): value for name, value in zip(problem.forward_signature().parameters, inputs)}
+    memory.update({("parameter", name): t.detach() for name, t in model.state_dict().items()})
+    with torch.no_grad():
+        expected = model(*inputs)
+        actual = evaluate(analysis, memory)
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    worst = 0.0
+    for got, want in zip(actual, expected):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            return f"WRONG (an output is {got.dtype} {tuple(got.shape)}, Model's {want.dtype} {tuple(want.shape)})"
+        error = (got.double() - want.double()).abs() / (1e-3 + 1e-3 * want.double().abs())
+        worst = max(worst, float(error.max())) if error.numel() else worst
+    verdict = "ok" if len(actual) == len(expected) and worst <= 1 else "WRONG"
+    return f"{verdict} (largest error {worst:.2g} of the tolerance)"
+
+
+def _child(path: Path, check_bytes: int, sink: Connection) -> None:
     try:
-        row = analyse(path)
+        row = analyse(path, check_bytes)
     except BaseException as err:  # noqa: BLE001 - any failure is a finding about this problem, reported as a reason
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         where = traceback.extract_tb(err.__traceback__)[-1]
@@ -70,12 +110,12 @@ def _child(path: Path, sink: Connection) -> None:
     sink.close()
 
 
-def run_one(path: Path, timeout_s: float) -> dict:
+def run_one(path: Path, timeout_s: float, check_bytes: int = 0) -> dict:
     """Analyse `path` in a forked child; a child that has not answered in `timeout_s` is killed."""
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     started = time.perf_counter()
-    child = context.Process(target=_child, args=(path, sender), daemon=True)
+    child = context.Process(target=_child, args=(path, check_bytes, sender), daemon=True)
     child.start()
     sender.close()
     row = None
@@ -91,8 +131,8 @@ def run_one(path: Path, timeout_s: float) -> dict:
         child.join()
     if row is None:
         reason = f"analysis exceeded {timeout_s:g} s" if elapsed >= timeout_s else f"child died (exit {child.exitcode})"
-        row = {"supported": False, "reasons": [reason]}
-    return {"problem": path.stem, **row, "seconds": round(elapsed, 3)}
+        row = {"supported": False, "reasons": [reason], "seconds": elapsed}
+    return {"problem": path.stem, **row, "seconds": round(row.get("seconds", elapsed), 3)}
 
 
 def reason_key(reason: str) -> str:
@@ -112,12 +152,15 @@ def summary(level: int, rows: list[dict], top: int) -> dict:
         "max_s": max(times, default=0.0),
         "slowest": max(rows, key=lambda row: row["seconds"])["problem"] if rows else None,
         "blockers": histogram.most_common(top),
+        "checks": dict(Counter(row["check"].split()[0] for row in rows if "check" in row)),
     }
 
 
 def print_summary(info: dict) -> None:
     print(f"\nlevel {info['level']}: {info['supported']}/{info['problems']} supported; time per problem: median "
           f"{info['median_s']:.2f} s, max {info['max_s']:.2f} s ({info['slowest']})")  # fmt: skip
+    if info["checks"]:
+        print("  CPU checks: " + ", ".join(f"{count} {verdict}" for verdict, count in sorted(info["checks"].items())))
     for reason, count in info["blockers"]:
         print(f"  {count:3d}  {reason}")
 
@@ -164,6 +207,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25, help="blockers listed per level (default 25)")
     parser.add_argument("--json", type=Path, help="write every row and the summaries as JSON")
     parser.add_argument("--quiet", action="store_true", help="no line per problem")
+    parser.add_argument("--check-mb", type=float, default=0.0,
+                        help="also check each supported problem whose tensors take at most this many MB on the CPU: "
+                             "Model against the groups run by the policy's executable spec")  # fmt: skip
     args = parser.parse_args()
 
     warm_up()
@@ -172,10 +218,11 @@ def main() -> int:
     for level in args.levels:
         rows = []
         for path in problems(args.root, level, args.only):
-            row = run_one(path, args.timeout)
+            row = run_one(path, args.timeout, int(args.check_mb * 2**20))
             rows.append(row)
             if not args.quiet:
                 verdict = "supported" if row["supported"] else "; ".join(row["reasons"])[:160]
+                verdict += f"; CPU check: {row['check']}" if "check" in row else ""
                 print(f"L{level} {row['problem']:<60} {row['seconds']:7.2f} s  {verdict}", flush=True)
         info = summary(level, rows, args.top)
         report["levels"].append({**info, "rows": rows})
