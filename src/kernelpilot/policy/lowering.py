@@ -1,6 +1,7 @@
 """Lowering: each aten op of the traced graph becomes IR, through one table per concern: pointwise ops map onto
 C_OPS names (directly, through `_ALIASES`, or through `_SPECIAL_ELEMENTWISE` for ops with settings), reductions
-through `_REDUCTIONS` (sum, mean, amax, norms, var/std, logsumexp, softmax, layer/group norm, nll_loss, gather).
+through `_REDUCTIONS` (sum, mean, amax, argmax, norms, var/std, logsumexp, softmax, losses, gather; the
+normalisation and pooling layers of lowering_nn.py), copies into a new layout through `_COPIES` (lowering_copies.py).
 Adding an op is an entry in one of those tables (and, for a new pointwise op, in C_OPS and its CPU spec)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kernelpilot.policy.ir import (
     Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, Window, contiguous_strides, dtype_name,
     is_index, rebuilt, walk, walk_reduces, windowed,
 )  # fmt: skip
+from kernelpilot.policy.lowering_copies import cat, constant_pad, repeat, triangle
 from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
 from kernelpilot.policy.strides import permuted_expr, splits, unpermuted
 
@@ -56,6 +58,12 @@ class OpLowering:
         if len(self.args) > position:
             return self.args[position]
         return self.kwargs.get(name, default)
+
+    def value_of(self, expr: Expr) -> Value:
+        """`expr` as this node's value (its shape and dtype), when a kernel can write that dtype."""
+        if self.dtype not in KERNEL_DTYPES:
+            raise NotFusible(f"computes {self.dtype} values")
+        return Value(expr, self.shape, self.dtype, (f"aten.{self.name}",))
 
     def derived(self, args: list | None = None, shape: tuple[int, ...] | None = None, dtype: str | None = None) -> OpLowering:
         """This node's lowering with other arguments, another output shape or dtype: a step of an op lowered as
@@ -486,71 +494,6 @@ def _gather(o: OpLowering) -> Value:
     return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
 
 
-def _repeat(o: OpLowering) -> Leaf:
-    """x.repeat(r0, r1, ...): a copy of x over (r0, s0, r1, s1, ...), its repeats read with stride 0, viewed as
-    (r0 * s0, r1 * s1, ...)."""
-    item, repeats = o.args[0], list(o.args[1])
-    leaf = o.builder.materialise(item) if isinstance(item, Value) else item
-    if not isinstance(leaf, Leaf):
-        raise NotFusible("repeats the result of an unsupported op")
-    padding = len(repeats) - len(leaf.shape)
-    sizes, strides = (1,) * padding + leaf.shape, (0,) * padding + leaf.strides
-    shape = tuple(item for r, size in zip(repeats, sizes) for item in (r, size))
-    spread = Leaf(leaf.source, shape, tuple(item for stride in strides for item in (0, stride)), leaf.offset)
-    written = o.builder.materialise(Value(Load(spread, shape), shape, o.dtype, (f"aten.{o.name}",)))
-    return Leaf(written.source, o.shape, contiguous_strides(o.shape), written.offset)
-
-
-def _cat(o: OpLowering, stack: bool = False) -> Value:
-    """cat(tensors, dim) (stack: of the tensors unsqueezed at dim): one elementwise kernel in which each input is a
-    windowed load at its place along dim, 0 elsewhere, and the output their sum (one term is not 0 anywhere).
-    Inputs computed in forward are written first."""
-    tensors, dim = o.args[0], o.arg(1, "dim", 0)
-    dim %= len(o.shape)
-    if o.dtype not in KERNEL_DTYPES:
-        raise NotFusible(f"computes {o.dtype} values")
-    terms, start = [], 0
-    for item in tensors:
-        leaf = o.written(item)
-        if stack:
-            viewed = leaf.meta().unsqueeze(dim)
-            leaf = Leaf(leaf.source, tuple(viewed.shape), tuple(viewed.stride()), leaf.offset)
-        if len(leaf.shape) != len(o.shape):  # a legacy empty 1-d input, which cat skips
-            continue
-        origin = tuple(start if d == dim else 0 for d in range(len(o.shape)))
-        if leaf.shape[dim]:
-            terms.append(Load(leaf, o.shape, window=Window(origin)))
-        start += leaf.shape[dim]
-    if not terms:
-        raise NotFusible("joins empty tensors")
-    expr = terms[0]
-    for term in terms[1:]:
-        expr = Call("add", (expr, term))
-    return Value(expr, o.shape, o.dtype, (f"aten.{o.name}",))
-
-
-def _triangle(o: OpLowering, upper: bool) -> Value:
-    """triu(x, k) / tril(x, k): x where column - row >= k (<= k for tril) in its last two dims, 0 elsewhere: a
-    windowed load with that diagonal."""
-    leaf = o.written(o.args[0])
-    if len(leaf.shape) < 2:
-        raise NotFusible("takes a triangle of a tensor of fewer than two dims")
-    window = Window((0,) * len(leaf.shape), 0.0, (int(o.arg(1, "diagonal", 0)), upper))
-    return Value(Load(leaf, o.shape, window=window), o.shape, o.dtype, (f"aten.{o.name}",))
-
-
-def _constant_pad(o: OpLowering) -> Leaf:
-    """constant_pad_nd(x, pad, value): pad holds (before, after) pairs from the last dim backwards."""
-    item, pad, fill = o.args[0], list(o.args[1]), float(o.arg(2, "value", 0.0))
-    if any(size < 0 for size in pad):
-        raise NotFusible("crops a tensor (negative padding)")
-    ndim = len(o.shape)
-    low, high = [0] * ndim, [0] * ndim
-    for k in range(len(pad) // 2):
-        low[ndim - 1 - k], high[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
-    return o.padded_copy(item, tuple(low), tuple(high), fill)
-
-
 # smooth_l1_loss's reduction argument (at::Reduction); 1 is 'mean'.
 _MEAN = 1
 
@@ -649,8 +592,8 @@ _REDUCTIONS = {
     "gather": _gather,
 }
 # Ops that copy their input into a new layout.
-_COPIES = {"repeat": _repeat, "cat": _cat, "stack": lambda o: _cat(o, stack=True), "constant_pad_nd": _constant_pad,
-           "triu": lambda o: _triangle(o, upper=True), "tril": lambda o: _triangle(o, upper=False)}
+_COPIES = {"repeat": repeat, "cat": cat, "stack": lambda o: cat(o, stack=True), "constant_pad_nd": constant_pad,
+           "triu": lambda o: triangle(o, upper=True), "tril": lambda o: triangle(o, upper=False)}
 
 
 def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:
