@@ -94,7 +94,8 @@ PROBLEMS = {
     "pooling_padded": ("""
         def forward(self, x):
             return (F.max_pool2d(torch.relu(x), 3, stride=2, padding=1), F.avg_pool2d(x, 4, stride=1, padding=2),
-                    F.max_pool2d(x, 3, stride=2, ceil_mode=True), F.max_pool2d(x, 2, stride=2, padding=1, ceil_mode=True))
+                    F.max_pool2d(x, 3, stride=2, ceil_mode=True),
+                    F.max_pool2d(x, 2, stride=2, padding=1, ceil_mode=True))
         """, "torch.randn(2, 3, 9, 10)", ""),
     # Joining and padding: windowed loads in one elementwise kernel.
     "cat_stack_pad": ("""
@@ -144,11 +145,13 @@ PROBLEMS = {
     # Norms over every dim and over dims; smooth L1 (Huber) losses.
     "norms": ("""
         def forward(self, x):
-            return x / torch.norm(x, p="fro"), x / torch.norm(x, p=2, dim=1, keepdim=True), torch.linalg.vector_norm(x, 1)
+            return (x / torch.norm(x, p="fro"), x / torch.norm(x, p=2, dim=1, keepdim=True),
+                    torch.linalg.vector_norm(x, 1))
         """, "torch.randn(16, 40)", ""),
     "smooth_l1": ("""
         def forward(self, x, y):
-            return F.smooth_l1_loss(x, y), F.smooth_l1_loss(x, y, reduction="sum", beta=0.5), F.huber_loss(x, y, reduction="none")
+            return (F.smooth_l1_loss(x, y), F.smooth_l1_loss(x, y, reduction="sum", beta=0.5),
+                    F.huber_loss(x, y, reduction="none"))
         """, "torch.randn(32, 50) * 2, torch.randn(32, 50)", ""),
     "attention": ("""
         def forward(self, q, k, v):

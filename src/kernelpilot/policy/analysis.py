@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv, settle_conv
 from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
-    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
+    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible,
+    Reduce,
     Source, Unsupported, Value, contiguous_strides, dtype_name, is_index, matrix_strides, rebuilt, walk,
     walk_reduces, windowed,
 )  # fmt: skip
@@ -183,8 +184,9 @@ class GroupBuilder:
     def _view(self, node: Any, args: list, kwargs: dict) -> Any:
         target, value = node.target, args[0]
         several = isinstance(node.meta["val"], (tuple, list))  # split, unbind: several views of one tensor
-        if isinstance(value, Value) and (several or (windowed(value.expr) and op_name(target) not in ("alias", "detach"))):
-            value = self.materialise(value)  # a windowed load is read over its own shape only
+        reshaped = op_name(target) not in ("alias", "detach")  # a windowed load is read over its own shape only
+        if isinstance(value, Value) and (several or (windowed(value.expr) and reshaped)):
+            value = self.materialise(value)
         if isinstance(value, Value):
             shape = tuple(node.meta["val"].shape)
             name = op_name(target)
@@ -256,7 +258,8 @@ class GroupBuilder:
     def settle(self, item: Any, reader: str | None = None) -> Any:
         """A pending matmul or convolution as its output (the group is written now); anything else as it is.
 
-        `reader` is the op reading it, if one does (see `settle_conv`). A list (cat's inputs) is settled item by item."""
+        `reader` is the op reading it, if one does (see `settle_conv`). A list (cat's inputs) is settled item by
+        item."""
 
         if isinstance(item, list):
             return [self.settle(element, reader) for element in item]

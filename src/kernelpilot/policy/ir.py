@@ -1,6 +1,6 @@
-"""The policy's IR: tensors (Source, Leaf), expressions (Load and its Window, Const, Call, Reduce, Field, Gather, Stack), groups
-(one generated kernel or library call each: Group with its Matmul or Conv), the Analysis of a problem, and the tree
-utilities every later stage uses (walk, rebuilt). Nothing here knows about aten, tracing or CUDA text."""
+"""The policy's IR: tensors (Source, Leaf), expressions (Load and its Window, Const, Call, Reduce, Field, Gather,
+Stack), groups (one generated kernel or library call each: Group with its Matmul or Conv), the Analysis of a problem,
+and the tree utilities every later stage uses (walk, rebuilt). Nothing here knows about aten, tracing or CUDA text."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ class OpLowering:
             raise NotFusible(f"computes {self.dtype} values")
         return Value(expr, self.shape, self.dtype, (f"aten.{self.name}",))
 
-    def derived(self, args: list | None = None, shape: tuple[int, ...] | None = None, dtype: str | None = None) -> OpLowering:
+    def derived(self, args: list | None = None, shape: tuple[int, ...] | None = None,
+                dtype: str | None = None) -> OpLowering:  # fmt: skip
         """This node's lowering with other arguments, another output shape or dtype: a step of an op lowered as
         several (a loss's per-element values, then their mean; max(dim)'s indices)."""
         step = copy.copy(self)
@@ -223,7 +224,8 @@ class OpLowering:
             raise NotFusible("reduces an empty tensor")
         return expr, shape, ops
 
-    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None, element=None) -> Value | Leaf:
+    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None,
+                  element=None) -> Value | Leaf:  # fmt: skip
         """A `kind` statistic over `dims` (`field_name` of it), optionally of element(x) and finished by
         finish(stat, count): over the last dim(s) a row kernel, over adjacent dims before the last a column kernel,
         over every dim a row kernel then a one-row kernel, over other dims a row kernel of the permuted input."""
@@ -422,7 +424,8 @@ def _softmax(o: OpLowering, log: bool, safe: bool = False) -> Value | Leaf:
         o.last_dim_only(o.args[1], len(shape))
         return Value(_softmax_expr(expr, shape, log, safe), shape, o.dtype, ops + (f"aten.{o.name}",))
     expr, shape, ops = o.permuted_input([dim])
-    written = o.builder.materialise(Value(_softmax_expr(expr, shape, log, safe), shape, o.dtype, ops + (f"aten.{o.name}",)))
+    value = Value(_softmax_expr(expr, shape, log, safe), shape, o.dtype, ops + (f"aten.{o.name}",))
+    written = o.builder.materialise(value)
     return unpermuted(written, o.permutation([dim]))
 
 

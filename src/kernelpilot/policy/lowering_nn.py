@@ -132,8 +132,9 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
         raise NotFusible("uses the indices of max pooling; only its values are generated")
     lead, output = len(item.shape) - spatial, o.shape[len(o.shape) - spatial :]
     # ceil_mode's last windows may reach past the padded input: a max reads -inf there too.
+    settings = zip(item.shape[lead:], output, stride, kernel, dilation, padding)
     past = tuple(max(0, (out - 1) * step + dil * (span - 1) + 1 - (size + 2 * pad))
-                 for size, out, step, span, dil, pad in zip(item.shape[lead:], output, stride, kernel, dilation, padding))  # fmt: skip
+                 for size, out, step, span, dil, pad in settings)  # fmt: skip
     if any(past) and not maximum:
         raise NotFusible("averages windows that reach past the input (ceil_mode), whose divisors are clipped")
     if any(padding) or any(past):

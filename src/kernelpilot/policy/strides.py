@@ -102,7 +102,8 @@ def permuted_expr(expr: Expr, shape: tuple[int, ...], order: list[int]) -> Expr:
     return reindexed(expr, shape, tuple(shape[d] for d in order), [((d, 1),) for d in order])
 
 
-def reindexed(expr: Expr, shape: tuple[int, ...], new_shape: tuple[int, ...], uses: list[tuple[tuple[int, int], ...]]) -> Expr:
+def reindexed(expr: Expr, shape: tuple[int, ...], new_shape: tuple[int, ...],
+              uses: list[tuple[tuple[int, int], ...]]) -> Expr:  # fmt: skip
     """An elementwise expression over `shape` (no statistics, no per-row loads) read over `new_shape`, whose
     coordinate j moves coordinate d of `shape` by f for each (d, f) in uses[j]: a permutation, or a pooling's
     windows (an output position moves its dim by the stride, a kernel position by the dilation). Each load reads
