@@ -348,8 +348,9 @@ def test_the_binding_allocates_the_workspace_the_algorithm_asks_for(tmp_path):
     ("forward", "inputs", "init", "reason"),
     [
         (
-            "def forward(self, x):\n    return self.up(x)", X, "self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)",
-            "aten.convolution (a transposed convolution; only forward convolutions are generated (through cuDNN))",
+            "def forward(self, x):\n    return self.conv(x)", "torch.randn(4096, 8, 256, 256)",
+            "self.conv = nn.Conv2d(8, 4, 1)",
+            "aten.convolution (a convolution whose input has 2^31 elements or more, beyond cuDNN's int dims)",
         ),
         (
             "def forward(self, x):\n    return self.conv(x)", "torch.randn(2, 8, 12, 12, dtype=torch.float64)",
@@ -357,7 +358,7 @@ def test_the_binding_allocates_the_workspace_the_algorithm_asks_for(tmp_path):
             "aten.convolution (convolves float64 tensors; generated convolutions take float32, float16 or bfloat16)",
         ),
     ],
-    ids=["transposed", "float64"],
+    ids=["int_dims", "float64"],
 )  # fmt: skip
 def test_unsupported_convolutions_are_named_in_one_sentence(tmp_path, forward, inputs, init, reason):
     analysis = analysed(write_problem(tmp_path, "unsupported", forward, inputs, init))

@@ -43,13 +43,15 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_conv, settle_conv
 from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
-    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible, Reduce,
-    Source, Unsupported, Value, contiguous_strides, dtype_name, matrix_strides, walk, walk_reduces,
+    MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible,
+    Reduce,
+    Source, Unsupported, Value, contiguous_strides, dtype_name, is_index, matrix_strides, rebuilt, walk,
+    walk_reduces, windowed,
 )  # fmt: skip
 from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
 from kernelpilot.policy.merge import merge_row_outputs
 from kernelpilot.policy.strides import broadcast_strides, resolve_accesses, splits
-from kernelpilot.policy.trace import forward_names, trace
+from kernelpilot.policy.trace import MAX_FORWARD_OPS, ForwardTooLong, forward_names, meta_model_and_inputs, trace
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
@@ -62,7 +64,8 @@ MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
 HALF_DTYPES = ("float16", "bfloat16")
 VIEW_OPS = frozenset(
     {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose",
-     "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten"}
+     "alias", "detach", "slice", "select", "as_strided", "expand_as", "flatten", "unflatten", "split",
+     "split_with_sizes", "unbind", "chunk", "narrow", "diagonal", "unfold"}
 )  # fmt: skip
 
 
@@ -78,11 +81,13 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     (a LoRA update on the H100: BENCHMARKS.md, run D)."""
     import torch
 
-    with torch.device("meta"):
-        model = problem.make_model()
-        inputs = problem.make_inputs()
     try:
+        model, inputs = meta_model_and_inputs(problem)
         graph, sources, container = trace(problem, model, inputs)
+    except ForwardTooLong:
+        reason = (f"runs more than {MAX_FORWARD_OPS} aten ops, as a loop unrolled over a long sequence does (a "
+                  "recurrent network's); the policy analyses forwards up to that size")  # fmt: skip
+        return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", reason)])
     except Exception as err:  # noqa: BLE001 - any failure to trace means the policy cannot handle the forward
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}".rstrip(": ")
         return Analysis(problem.name, [], [], "tensor", [Unsupported("forward", f"cannot be traced on meta tensors: {reason[:160]}")])
@@ -94,7 +99,7 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
         elif node.op == "call_function":
             env[node] = builder.visit(node, env)
         elif node.op == "get_attr":
-            env[node] = builder.unsupported(node, "a constant tensor created in forward")
+            env[node] = builder.constant(node, getattr(graph.owning_module, node.target, None))
         elif node.op == "output":
             outputs = [builder.output(env[item]) for item in node.args[0]]
     ignored = [name for name, value in zip(forward_names(problem), inputs) if not isinstance(value, torch.Tensor)]
@@ -160,6 +165,15 @@ class GroupBuilder:
             return tuple(self._opaque(node, item, i) for i, item in enumerate(value))
         return self._opaque(node, value, 0)
 
+    def constant(self, node: Any, tensor: Any) -> Value | Leaf | None:
+        """A tensor forward creates from a number (torch.tensor(0.5)): the trace keeps it, with its value, and it
+        is that number in the kernels. Larger constants have no memory a kernel could read."""
+        import torch
+
+        if isinstance(tensor, torch.Tensor) and not tensor.is_meta and tensor.numel() == 1:
+            return Value(Const(float(tensor.item())), tuple(tensor.shape), dtype_name(tensor.dtype), ())
+        return self.unsupported(node, "a constant tensor created in forward")
+
     def _opaque(self, node: Any, value: Any, index: int) -> Leaf | None:
         import torch
 
@@ -169,6 +183,10 @@ class GroupBuilder:
 
     def _view(self, node: Any, args: list, kwargs: dict) -> Any:
         target, value = node.target, args[0]
+        several = isinstance(node.meta["val"], (tuple, list))  # split, unbind: several views of one tensor
+        reshaped = op_name(target) not in ("alias", "detach")  # a windowed load is read over its own shape only
+        if isinstance(value, Value) and (several or (windowed(value.expr) and reshaped)):
+            value = self.materialise(value)
         if isinstance(value, Value):
             shape = tuple(node.meta["val"].shape)
             name = op_name(target)
@@ -176,14 +194,18 @@ class GroupBuilder:
             broadcast_fits = not reduces or fits_rows(shape, False, reduces[0])
             if name in ("alias", "detach") or (name == "expand" and not value.rows and broadcast_fits):
                 return replace(value, shape=shape)  # a broadcast only changes how the value is indexed
-            if value.rows and shape == value.shape + (1,) and not any(r.inner for r in reduces):
-                return Value(_to_full(value.expr), shape, value.dtype, value.ops)  # reduce(keepdim=False)[..., None]
+            row_dims = reduces[0].dims if reduces else 1
+            if value.rows and shape == value.shape + (1,) * row_dims and not any(r.inner for r in reduces):
+                # reduce(keepdim=False)[..., None] (one None per reduced dim)
+                return Value(_to_full(value.expr, row_dims), shape, value.dtype, value.ops)
             if name != "as_strided" and _is_one_per_row(value) and shape == value.shape[:-1]:
                 return replace(value, shape=shape, rows=True)  # reduce(keepdim=True).squeeze(-1), gather's too
             value = self.materialise(value)
         if not isinstance(value, Leaf):
             return self.unsupported(node, "a view of an unsupported result", args)
         viewed = target(value.meta(), *args[1:], **kwargs)
+        if isinstance(viewed, (tuple, list)):
+            return tuple(Leaf(value.source, tuple(v.shape), tuple(v.stride()), v.storage_offset()) for v in viewed)
         return Leaf(value.source, tuple(viewed.shape), tuple(viewed.stride()), viewed.storage_offset())
 
     def _library(self, node: Any, name: str, args: list) -> Leaf:
@@ -236,8 +258,11 @@ class GroupBuilder:
     def settle(self, item: Any, reader: str | None = None) -> Any:
         """A pending matmul or convolution as its output (the group is written now); anything else as it is.
 
-        `reader` is the op reading it, if one does (see `settle_conv`)."""
+        `reader` is the op reading it, if one does (see `settle_conv`). A list (cat's inputs) is settled item by
+        item."""
 
+        if isinstance(item, list):
+            return [self.settle(element, reader) for element in item]
         if isinstance(item, PendingConv):
             return settle_conv(self, item, fuses_elementwise(reader))
         if not isinstance(item, _PendingMatmul):
@@ -284,7 +309,7 @@ class GroupBuilder:
         return leaf
 
     def _group_of(self, value: Value) -> Group:
-        if value.dtype not in KERNEL_DTYPES:
+        if value.dtype not in KERNEL_DTYPES and not (value.dtype == "int64" and is_index(value.expr)):
             raise NotFusible(f"writes {value.dtype} values")
         row_nodes = [node for node in walk(value.expr) if isinstance(node, (Reduce, Gather))]
         if len({node.space for node in row_nodes}) > 1:
@@ -398,13 +423,15 @@ def _is_plain_view(leaf: Leaf) -> bool:
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _to_full(expr: Expr) -> Expr:
-    """The inverse of `to_rows`, for a keepdim=False result given its last dim back."""
-    if isinstance(expr, Load) and expr.rows:
-        return Load(expr.leaf, expr.use_shape + (1,))
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_to_full(arg) for arg in expr.args))
-    return expr
+def _to_full(expr: Expr, dims: int) -> Expr:
+    """The inverse of `to_rows`, for a keepdim=False result given its last `dims` dims back."""
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load) and node.rows:
+            return Load(node.leaf, node.use_shape + (1,) * dims)
+        return None if isinstance(node, Call) else node  # Calls are rebuilt; anything else stays as it is
+
+    return rebuilt(expr, rule)
 
 
 def _is_one_per_row(value: Value) -> bool:

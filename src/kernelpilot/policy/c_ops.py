@@ -17,6 +17,9 @@ C_OPS = {
     "gelu_tanh": "0.5f * {0} * (1.0f + tanhf(0.79788456080286536f * ({0} + 0.044715f * {0} * {0} * {0})))",
     "hardsigmoid": "fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
     "hardswish": "{0} * fminf(fmaxf({0} + 3.0f, 0.0f), 6.0f) / 6.0f",
+    "mish": "{0} * tanhf(log1pf(expf({0})))",
+    # elu(x, alpha, scale, input_scale); SELU and CELU are elu with their constants.
+    "elu": "({0} > 0.0f ? {2} * {0} : {2} * {1} * expm1f({0} * {3}))",
     "to_bfloat16": "__bfloat162float(__float2bfloat16({0}))", "to_float16": "__half2float(__float2half({0}))",
     "to_bool": "({0} != 0.0f ? 1.0f : 0.0f)",
     "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
@@ -30,6 +33,9 @@ C_OPS = {
     "where": "({0} != 0.0f ? {1} : {2})", "clamp": "fminf(fmaxf({0}, {1}), {2})",
     "add_scaled": "{0} + {2} * {1}", "sub_scaled": "{0} - {2} * {1}",
     "xlogy": "({0} == 0.0f && !isnan({1}) ? 0.0f : {0} * logf({1}))",
+    # smooth_l1_loss's term of a difference d with its beta, and huber_loss's with its delta, as torch computes them.
+    "smooth_l1": "(fabsf({0}) < {1} ? 0.5f * fabsf({0}) * fabsf({0}) / {1} : fabsf({0}) - 0.5f * {1})",
+    "huber": "(fabsf({0}) < {1} ? 0.5f * fabsf({0}) * fabsf({0}) : {1} * (fabsf({0}) - 0.5f * {1}))",
     # Row statistics: softmax-style outputs use the fast exponential, as every tuned softmax does.
     "exp_fast": "__expf({0})",
     "logsumexp_finish": "({0} == -INFINITY ? {0} : {0} + logf({1}))",
@@ -37,5 +43,5 @@ C_OPS = {
 # Entries of C_OPS that are no aten op of the same name: built from other ops, or used by reductions.
 INTERNAL_OPS = frozenset(
     {"identity", "gelu_tanh", "to_bfloat16", "to_float16", "to_bool", "clamp", "add_scaled", "sub_scaled",
-     "exp_fast", "logsumexp_finish"}
+     "exp_fast", "logsumexp_finish", "smooth_l1", "huber"}
 )  # fmt: skip

@@ -63,10 +63,15 @@ STAT_IDENTITIES = {
     ("softmax_weighted", "max"): "-INFINITY",
     ("softmax_weighted", "sum"): "0.0f",
     ("softmax_weighted", "weighted"): "0.0f",
+    ("argmax", "max"): "-INFINITY",
+    ("argmax", "index"): "INFINITY",  # no column yet: any column is earlier
+    ("argmin", "min"): "INFINITY",
+    ("argmin", "index"): "INFINITY",
 }
 STAT_WORDS = {"sum": "sum", "max": "max", "min": "min", "online_softmax": "online softmax (max and sum of exp)",
               "welford": "Welford mean and variance",
-              "softmax_weighted": "online softmax and a softmax-weighted sum"}  # fmt: skip
+              "softmax_weighted": "online softmax and a softmax-weighted sum",
+              "argmax": "max and its first column", "argmin": "min and its first column"}  # fmt: skip
 _CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", "char", "new", "delete", "this",
                  "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
 
@@ -185,6 +190,7 @@ def elementwise_layout(group: Group) -> Layout:
     vec = vector_width([group.tensors[group.accesses[i].tensor].dtype for i in vector] + [group.output.dtype])
     fits = (
         all(s[-1] in (0, 1) for s in strides)
+        and all(a.bounds is None for a in group.accesses)  # a windowed access loads element by element
         and (len(shape) == 1 or shape[-1] % vec == 0)
         and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in vector)
     )
@@ -315,7 +321,12 @@ def element_loads(expr: Expr) -> list[Load]:
     """Loads an expression reads per element: not those inside row statistics (read by their own pass)."""
     found: dict[Load, None] = {}
 
+    seen: set[Expr] = set()
+
     def visit(node: Expr) -> None:
+        if node in seen:  # a shared subexpression: its loads are found already (a DAG has exponentially many paths)
+            return
+        seen.add(node)
         if isinstance(node, Load):
             found[node] = None
         elif isinstance(node, Call):

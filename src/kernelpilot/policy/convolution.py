@@ -17,8 +17,10 @@ The NHWC convolution runs through the legacy API's ranked algorithms or, as furt
 graph API (cudnn_graph.h), whose heuristics are what torch's own convolutions use: on an H100 those reach a Hopper
 (sm90) kernel for this layout that the legacy candidates, as measured, do not appear to run (BENCHMARKS.md).
 
-Transposed convolutions are not generated. Inputs and weights that are not contiguous (or whose offset is off
-16 bytes) are copied by an elementwise group first, as matmul operands are.
+A transposed convolution is cuDNN's backward data of the convolution with its settings (NCHW, the legacy API's
+ranked algorithms), written as it is; its bias is added by the elementwise kernel that reads its output. Inputs
+and weights that are not contiguous (or whose offset is off 16 bytes) are copied by an elementwise group first,
+as matmul operands are.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, launcher_name
-from kernelpilot.policy.ir import MATMUL_DTYPES, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name
+from kernelpilot.policy.ir import (
+    MATMUL_DTYPES, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from kernelpilot.policy.analysis import GroupBuilder
@@ -80,11 +84,9 @@ class PendingConv:
 # ------------------------------------------------------------------------------------------ analysis
 
 
-def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv:
+def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv | Leaf | Value:
     """aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)."""
-    source, weight, bias, stride, padding, dilation, transposed, _, groups = args
-    if transposed:
-        raise NotFusible("a transposed convolution; only forward convolutions are generated (through cuDNN)")
+    source, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
     value = node.meta["val"]
     dtype = dtype_name(value.dtype)
     if dtype not in CONV_DTYPES:
@@ -93,10 +95,36 @@ def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv:
         raise NotFusible(f"a convolution over {value.dim() - 2} spatial dims; cuDNN convolutions here take 1 to 3")
     if 0 in value.shape or 0 in getattr(source, "shape", ()):
         raise NotFusible("convolves an empty tensor")
+    for name, shape in (("input", getattr(source, "shape", ())), ("weight", getattr(weight, "shape", ())),
+                        ("output", tuple(value.shape))):  # fmt: skip
+        if math.prod(shape) >= 2**31:
+            raise NotFusible(f"a convolution whose {name} has 2^31 elements or more, beyond cuDNN's int dims")
+    if transposed:
+        return _transposed(builder, node, args)
     operands = [_operand(builder, item, dtype) if item is not None else None for item in (source, weight, bias)]
     conv = Conv(*operands[:2], tuple(value.shape), dtype, ("aten.convolution",), tuple(stride), tuple(padding),
                 tuple(dilation), int(groups), bias=operands[2])  # fmt: skip
     return PendingConv(conv, len(node.users))
+
+
+def _transposed(builder: GroupBuilder, node: Any, args: list) -> Leaf | Value:
+    """A transposed convolution: cuDNN's backward data, written now (no epilogue), and its bias, one value per
+    output channel, added by the elementwise kernel that reads it, as torch adds it after cuDNN's call."""
+    source, weight, bias, stride, padding, dilation, _, output_padding, groups = args
+    value = node.meta["val"]
+    shape, dtype = tuple(value.shape), dtype_name(value.dtype)
+    conv = Conv(_operand(builder, source, dtype), _operand(builder, weight, dtype), shape, dtype, ("aten.convolution",),
+                tuple(stride), tuple(padding), tuple(dilation), int(groups), transposed=True,
+                output_padding=tuple(output_padding))  # fmt: skip
+    output = builder.library_call("conv", conv, [conv.input, conv.weight], conv=conv)
+    if bias is None:
+        return output
+    bias = builder.materialise(bias) if isinstance(bias, Value) else bias
+    if not isinstance(bias, Leaf):
+        raise NotFusible("a bias computed by an unsupported op")
+    padding_dims = (1,) * (len(shape) - 2)
+    channel = Leaf(bias.source, bias.shape + padding_dims, bias.strides + padding_dims, bias.offset)
+    return Value(Call("add", (Load(output, shape), Load(channel, shape))), shape, dtype, ("aten.convolution",))
 
 
 def _operand(builder: GroupBuilder, item: Any, dtype: str) -> Leaf:
@@ -150,6 +178,8 @@ def conv_candidates(group: Group) -> list[ConvConfig]:
     """
     conv = group.conv
     nchw = [ConvConfig(0, fused_relu=True)] if conv.activation else [ConvConfig(i) for i in range(CONV_CANDIDATES)]
+    if conv.transposed:
+        return nchw
     if not channels_last_applies(conv):
         return nchw
     nhwc = [ConvConfig(i, channels_last=True, graph=graph) for graph in (False, True) for i in range(CONV_CANDIDATES)]
@@ -159,8 +189,8 @@ def conv_candidates(group: Group) -> list[ConvConfig]:
 def channels_last_applies(conv: Conv) -> bool:
     """NHWC candidates for 1-d (run as 2-d) and 2-d convolutions, with any stride, dilation and groups: the layout
     torch's channels-last convolutions run with on cuDNN. 3-d convolutions stay NCHW until NDHWC is verified on a
-    GPU."""
-    return len(conv.shape) <= 4
+    GPU. Transposed convolutions stay NCHW."""
+    return len(conv.shape) <= 4 and not conv.transposed
 
 
 def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
@@ -181,7 +211,7 @@ def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
     def operand(leaf: Leaf) -> dict[str, Any]:
         return {"tensor": index[leaf.source], "offset_bytes": leaf.offset * ITEM_SIZES[leaf.source.dtype]}
 
-    formula = "conv(x, w)" + " + bias" * bool(conv.bias)
+    formula = ("conv_transpose(x, w)" if conv.transposed else "conv(x, w)") + " + bias" * bool(conv.bias)
     formula = f"ReLU({formula})" if conv.activation else formula
     for name, value in (("input", conv.input.shape), ("weight", conv.weight.shape), ("output", conv.shape)):
         if math.prod(value) >= 2**31:
@@ -189,6 +219,7 @@ def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
     return {
         "description": group.describe(),
         "config": config,
+        "transposed": conv.transposed,
         "candidates": 1 if config.fused_relu else CONV_CANDIDATES,
         "formula": formula,
         "data_type": CUDNN_DATA_TYPES[conv.dtype],

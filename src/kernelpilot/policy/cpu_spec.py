@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernelpilot.policy.ir import Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack
+from kernelpilot.policy.ir import Access, Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack
 
 TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
@@ -23,7 +23,9 @@ TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "sin": torch.sin, "cos": torch.cos, "reciprocal": torch.reciprocal, "square": lambda x: x * x,
     "floor": torch.floor, "ceil": torch.ceil, "identity": lambda x: x, "logical_not": lambda x: (x == 0).double(),
     "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "hardsigmoid": F.hardsigmoid,
-    "hardswish": F.hardswish,
+    "hardswish": F.hardswish, "mish": F.mish,
+    "elu": lambda x, alpha, scale, input_scale: torch.where(x > 0, scale * x,
+                                                            scale * alpha * torch.expm1(x * input_scale)),
     "to_bfloat16": lambda x: x.float().to(torch.bfloat16).double(),
     "to_float16": lambda x: x.float().to(torch.float16).double(), "to_bool": lambda x: (x != 0).double(),
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
@@ -38,6 +40,8 @@ TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "clamp": lambda x, low, high: torch.minimum(torch.maximum(x, low), high),
     "add_scaled": lambda a, b, alpha: a + alpha * b, "sub_scaled": lambda a, b, alpha: a - alpha * b,
     "xlogy": lambda x, y: torch.where((x == 0) & ~y.isnan(), 0.0, x * torch.log(y)),
+    "smooth_l1": lambda d, beta: torch.where(d.abs() < beta, 0.5 * d.abs() * d.abs() / beta, d.abs() - 0.5 * beta),
+    "huber": lambda d, delta: torch.where(d.abs() < delta, 0.5 * d.abs() * d.abs(), delta * (d.abs() - 0.5 * delta)),
     "exp_fast": torch.exp,
     "logsumexp_finish": lambda m, s: torch.where(m == -math.inf, m, m + torch.log(s)),
 }  # fmt: skip
@@ -68,7 +72,10 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             access = group.accesses[group.loads[node]]
             source = group.tensors[access.tensor]
             flat = memory[(source.kind, source.name)].double().flatten()
-            result = torch.as_strided(flat, group.shape, access.strides, access.offset)
+            if access.bounds is None:
+                result = torch.as_strided(flat, group.shape, access.strides, access.offset)
+            else:
+                result = windowed(flat, group.shape, access)
         elif isinstance(node, Const):
             result = torch.tensor(node.value, dtype=torch.float64)
         elif isinstance(node, Call):
@@ -91,6 +98,23 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
         result = result[(slice(None),) * start + (slice(0, 1),) * group.row_dims]
     # A kernel writes its output contiguously; later groups and outputs view that memory.
     return result.reshape(group.output.shape).to(getattr(torch, group.output.dtype)).contiguous()
+
+
+def windowed(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torch.Tensor:
+    """A windowed access over `shape`: the tensor's elements inside its bounds, its fill value elsewhere."""
+    result = torch.full(shape, access.fill, dtype=torch.float64)
+    inside = [(max(start, 0), min(end, size)) for (start, end), size in zip(access.bounds, shape)]
+    if any(start >= end for start, end in inside):
+        return result
+    region = tuple(slice(start, end) for start, end in inside)
+    offset = access.offset + sum(start * stride for (start, _), stride in zip(inside, access.strides))
+    result[region] = torch.as_strided(flat, [end - start for start, end in inside], access.strides, offset)
+    if access.diagonal is not None:
+        k, upper = access.diagonal
+        kept = torch.ones(shape[-2:], dtype=torch.bool)
+        kept = kept.triu(k) if upper else kept.tril(k)
+        result = torch.where(kept, result, torch.tensor(access.fill, dtype=torch.float64))
+    return result
 
 
 def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -119,8 +143,9 @@ def evaluate_conv(conv, memory: dict) -> torch.Tensor:
     """What cuDNN's call computes: act(convolution(input, weight) + bias), rounded once to the output dtype."""
     bias = viewed(conv.bias, memory) if conv.bias is not None else None
     weight = viewed(conv.weight, memory)
+    output_padding = list(conv.output_padding) if conv.transposed else [0] * len(conv.stride)
     result = torch.convolution(viewed(conv.input, memory), weight, bias, list(conv.stride), list(conv.padding),
-                               list(conv.dilation), False, [0] * len(conv.stride), conv.groups)  # fmt: skip
+                               list(conv.dilation), conv.transposed, output_padding, conv.groups)  # fmt: skip
     if conv.activation:
         result = TORCH_OPS[conv.activation](result)
     return result.to(getattr(torch, conv.dtype)).contiguous()
@@ -144,4 +169,15 @@ def statistic(reduce: Reduce, name: str, values: torch.Tensor, weighted: torch.T
         ("online_softmax", "sum"): lambda: (values - maximum).exp().sum(dims, keepdim=True),
         ("welford", "mean"): lambda: mean,
         ("welford", "m2"): lambda: ((values - mean) ** 2).sum(dims, keepdim=True),
+        ("argmax", "max"): lambda: maximum,
+        ("argmin", "min"): lambda: values.amin(dims, keepdim=True),
+        ("argmax", "index"): lambda: _first_index(values, dims, largest=True),
+        ("argmin", "index"): lambda: _first_index(values, dims, largest=False),
     }[(reduce.kind, name)]()
+
+
+def _first_index(values: torch.Tensor, dims: tuple[int, ...], largest: bool) -> torch.Tensor:
+    """The first column (over the flattened `dims`) of the largest (smallest) value, NaN first, as torch's argmax."""
+    flat = values.flatten(dims[0], dims[-1])
+    index = flat.argmax(dims[0], keepdim=True) if largest else flat.argmin(dims[0], keepdim=True)
+    return index.reshape(index.shape[: dims[0]] + (1,) * len(dims) + index.shape[dims[0] + 1 :]).double()

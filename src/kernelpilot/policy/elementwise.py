@@ -1,5 +1,6 @@
 """The elementwise family: one pass over a chain of pointwise ops, one block per tile of work (or one wave of
-resident blocks looping over it), its launch candidates and its template context."""
+resident blocks looping over it), its launch candidates and its template context. Windowed accesses (a cat's
+inputs, a padded tensor) check the range of each coordinate and load element by element."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kernelpilot.policy.codegen import (
     Emitter,
     LaunchConfig,
     access_comment,
+    c_literal,
     dtype_context,
     elementwise_layout,
     index_terms,
@@ -19,7 +21,7 @@ from kernelpilot.policy.codegen import (
     launcher_name,
     tensor_context,
 )
-from kernelpilot.policy.ir import Group
+from kernelpilot.policy.ir import Access, Group
 
 
 def elementwise_candidates(group: Group) -> list[LaunchConfig]:
@@ -45,6 +47,7 @@ def elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "offset": layout.offsets[i],
                 "terms": index_terms(layout.shape, strides),
                 "comment": access_comment(group, i, layout, "x".join(map(str, layout.shape))),
+                "window": _window(group, access),
             }
         )
     emitter = Emitter({load: f"e{index}" for load, index in group.loads.items()}, itertools.count())
@@ -65,6 +68,24 @@ def elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "out_ctype": CTYPES[group.output.dtype],
         **dtype_context(group),
     }
+
+
+def _window(group: Group, access: Access) -> dict[str, Any] | None:
+    """A windowed access's range checks: for each dim it does not cover whole, the flat index's coordinate there
+    (a divisor and a size, over the group's own shape) and its range; its diagonal (triu, tril); and the value it
+    reads outside."""
+    if access.bounds is None:
+        return None
+    checks, divisor = [], 1
+    for size, (start, end) in reversed(list(zip(group.shape, access.bounds))):
+        if start > 0 or end < size:
+            checks.append({"divisor": divisor, "size": size, "start": start, "end": end})
+        divisor *= size
+    diagonal = None
+    if access.diagonal is not None:
+        k, upper = access.diagonal
+        diagonal = {"k": k, "op": ">=" if upper else "<=", "cols": group.shape[-1], "rows": group.shape[-2]}
+    return {"checks": checks, "fill": c_literal(access.fill), "diagonal": diagonal}
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,12 +1,12 @@
-"""The policy's IR: tensors (Source, Leaf), expressions (Load, Const, Call, Reduce, Field, Gather, Stack), groups
-(one generated kernel or library call each: Group with its Matmul or Conv), the Analysis of a problem, and the tree
-utilities every later stage uses (walk, rebuilt). Nothing here knows about aten, tracing or CUDA text."""
+"""The policy's IR: tensors (Source, Leaf), expressions (Load and its Window, Const, Call, Reduce, Field, Gather,
+Stack), groups (one generated kernel or library call each: Group with its Matmul or Conv), the Analysis of a problem,
+and the tree utilities every later stage uses (walk, rebuilt). Nothing here knows about aten, tracing or CUDA text."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
@@ -22,6 +22,30 @@ MATMUL_DTYPES = ("float32", "float16", "bfloat16")
 
 class NotFusible(Exception):
     """An op whose arguments cannot be folded into one kernel; the message says why."""
+
+
+def hashed_once(cls: type) -> type:
+    """A frozen dataclass whose hash, the dataclass's own (of its fields), is computed once per object and kept.
+
+    Expressions are DAGs: layer norm's (x - mean(x)) * rstd(x) reads x three times, and x is the previous layer's
+    result. The dataclass hash recomputes a node's children on every path to them, which doubles with every such
+    layer (a six-layer transformer took minutes to analyse); kept, it is computed once per node."""
+    names = tuple(item.name for item in fields(cls))
+
+    def __hash__(self: Any) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, name) for name in names))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self: Any) -> dict:
+        # Another process hashes strings differently: a copy computes its hash again.
+        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
+
+    cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
+    return cls
 
 
 def dtype_name(dtype: Any) -> str:
@@ -66,28 +90,47 @@ class Leaf:
 
 
 @dataclass(frozen=True)
+class Window:
+    """Where a windowed load reads: `leaf`'s element (c - origin) at coordinate c of the use, where that lies in
+    the leaf (0 <= c - origin < leaf's shape, dim by dim), and `fill` elsewhere: one input of a cat at its place
+    along the joined dim (fill 0), a padded tensor (fill the padding value). `diagonal` (k, upper) also keeps only
+    the elements on or above (triu) or on or below (tril) the k-th diagonal of the last two dims."""
+
+    origin: tuple[int, ...]
+    fill: float = 0.0
+    diagonal: tuple[int, bool] | None = None
+
+
+@hashed_once
+@dataclass(frozen=True)
 class Load:
     """One element of `leaf`, broadcast into the shape of the op that used it (`use_shape`).
 
     `rows` marks a use inside a keepdim=False reduction's result, whose shape lacks the reduced last dim.
+    `window`: a windowed load (see Window; its leaf has as many dims as `use_shape`, and only elementwise kernels
+    over `use_shape` read it).
     """
 
     leaf: Leaf
     use_shape: tuple[int, ...]
     rows: bool = False
+    window: Window | None = None
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Const:
     value: float
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Call:
     op: str  # a key of C_OPS
     args: tuple[Expr, ...]
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Reduce:
     """A statistic of `value` over each row: the `dims` dims of `shape` before its last `inner` dims (the last
@@ -98,6 +141,7 @@ class Reduce:
 
     kind: str  # "sum" | "max" | "min" | "online_softmax" (max and sum of exp) | "welford" (mean and m2)
     # | "softmax_weighted" (max, sum of exp, and sum of exp times `weighted`)
+    # | "argmax" / "argmin" (the max or min and the first column holding it; NaN counts as the max and the min)
     value: Expr
     shape: tuple[int, ...]
     dims: int = 1
@@ -116,15 +160,17 @@ class Reduce:
         return self.shape, self.dims, self.inner
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Field:
     """One number of a row statistic: sum, max, min; online_softmax: max, sum; welford: mean, m2;
-    softmax_weighted: max, sum, weighted."""
+    softmax_weighted: max, sum, weighted; argmax: max, index; argmin: min, index."""
 
     reduce: Reduce
     name: str
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Gather:
     """`value`, an expression over rows (the last dim of `shape`), at one column per row: `index`, the row's int64
@@ -143,6 +189,7 @@ class Gather:
         return self.shape, self.dims, self.inner
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Stack:
     """Several one-value-per-row expressions of one row kernel, written one after another: the kernel's output
@@ -159,9 +206,12 @@ STAT_FIELDS = {
     "online_softmax": ("max", "sum"),
     "welford": ("count", "mean", "m2"),
     "softmax_weighted": ("max", "sum", "weighted"),
+    "argmax": ("max", "index"),
+    "argmin": ("min", "index"),
 }
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Value:
     """A computed tensor not yet in memory: an expression and the shape and dtype torch gives it."""
@@ -218,6 +268,8 @@ class Conv:
 
     `input` (N, C, *spatial) and `weight` (K, C/groups, *kernel) are contiguous views (offsets aligned to 16
     bytes); `bias` has K values; `shape` is the output's, (N, K, *spatial), contiguous. One to three spatial dims.
+    `transposed`: a transposed convolution (weight (C, K/groups, *kernel)), cuDNN's backward data of the
+    convolution with these settings; it takes no bias or activation (the bias is added by the kernel after it).
     """
 
     input: Leaf
@@ -231,6 +283,8 @@ class Conv:
     groups: int = 1
     bias: Leaf | None = None
     activation: str | None = None  # "relu", only with a bias (cudnnConvolutionBiasActivationForward)
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()  # transposed only: extra output rows torch adds (what the shape shows)
 
     def epilogue(self) -> str:
         """The epilogue in words, e.g. "bias, ReLU"; "" when there is none."""
@@ -239,11 +293,18 @@ class Conv:
 
 @dataclass(frozen=True)
 class Access:
-    """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset."""
+    """How a kernel reads one of its tensors: element strides over the group's iteration shape, and an offset.
+
+    A windowed access (`bounds`, one (start, end) per dim of the iteration shape) reads only where every
+    coordinate lies in its range (and on the side of its `diagonal`), and is `fill` elsewhere; its offset may then be
+    negative."""
 
     tensor: int  # index into Group.tensors
     strides: tuple[int, ...]
     offset: int
+    bounds: tuple[tuple[int, int], ...] | None = None
+    fill: float = 0.0
+    diagonal: tuple[int, bool] | None = None  # see Window
 
 
 @dataclass
@@ -354,7 +415,8 @@ def describe_conv(conv: Conv) -> str:
     epilogue = conv.epilogue()
     fused = f" with a fused {epilogue} epilogue" if epilogue else ""
     shapes = f"{_shape(conv.input.shape)} * {_shape(conv.weight.shape)}"
-    return f"one cuDNN convolution, {shapes}{shown}{fused} ({conv.dtype})"
+    kind = "transposed convolution (its backward data)" if conv.transposed else "convolution"
+    return f"one cuDNN {kind}, {shapes}{shown}{fused} ({conv.dtype})"
 
 
 def _sizes(values: tuple[int, ...]) -> str:
@@ -426,6 +488,16 @@ def walk(expr: Expr | None) -> list[Expr]:
 
 def walk_reduces(expr: Expr) -> list[Reduce]:
     return [node for node in walk(expr) if isinstance(node, Reduce)]
+
+
+def is_index(expr: Expr) -> bool:
+    """True for the column an argmax or argmin found: an int64 value a row kernel may write."""
+    return isinstance(expr, Field) and expr.name == "index"
+
+
+def windowed(expr: Expr | None) -> bool:
+    """True when the expression holds a windowed load (see Window)."""
+    return any(isinstance(node, Load) and node.window is not None for node in walk(expr))
 
 
 def column_extents(group: Group) -> tuple[int, int, int]:

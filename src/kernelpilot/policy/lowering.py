@@ -1,10 +1,12 @@
 """Lowering: each aten op of the traced graph becomes IR, through one table per concern: pointwise ops map onto
 C_OPS names (directly, through `_ALIASES`, or through `_SPECIAL_ELEMENTWISE` for ops with settings), reductions
-through `_REDUCTIONS` (sum, mean, amax, norms, var/std, logsumexp, softmax, layer/group norm, nll_loss, gather).
+through `_REDUCTIONS` (sum, mean, amax, argmax, norms, var/std, logsumexp, softmax, losses, gather; the
+normalisation and pooling layers of lowering_nn.py), copies into a new layout through `_COPIES` (lowering_copies.py).
 Adding an op is an entry in one of those tables (and, for a new pointwise op, in C_OPS and its CPU spec)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import operator
 from dataclasses import replace
@@ -12,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
 from kernelpilot.policy.ir import (
-    Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, contiguous_strides, dtype_name,
-    walk_reduces,
+    Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value, Window, contiguous_strides, dtype_name,
+    is_index, rebuilt, walk, walk_reduces, windowed,
 )  # fmt: skip
-from kernelpilot.policy.strides import splits
+from kernelpilot.policy.lowering_copies import cat, constant_pad, repeat, triangle
+from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
+from kernelpilot.policy.strides import permuted_expr, splits, unpermuted
 
 if TYPE_CHECKING:
     from kernelpilot.policy.analysis import GroupBuilder
@@ -30,6 +34,7 @@ READ_ONLY_DTYPES = ("int64",)
 
 
 # In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
+# The trace is functionalised, so only the in-place ops of decompositions below it (cross-entropy's) remain.
 _IN_PLACE = {"masked_fill_": "masked_fill"}
 
 
@@ -41,19 +46,48 @@ class OpLowering:
 
     def __init__(self, builder: GroupBuilder, node: Any, args: list, kwargs: dict):
         self.builder, self.node, self.args, self.kwargs = builder, node, args, kwargs
+        self.name = op_name(node.target)
         value = node.meta.get("val")
         if isinstance(value, (tuple, list)):  # native_layer_norm, native_group_norm: (output, mean, rstd)
             value = value[0]
         self.shape = tuple(value.shape) if hasattr(value, "shape") else ()
         self.dtype = dtype_name(value.dtype) if hasattr(value, "dtype") else "float32"
 
+    def arg(self, position: int, name: str, default: Any) -> Any:
+        """The node's argument at `position`, or its keyword `name`, or `default` when the call left it out."""
+        if len(self.args) > position:
+            return self.args[position]
+        return self.kwargs.get(name, default)
+
+    def value_of(self, expr: Expr) -> Value:
+        """`expr` as this node's value (its shape and dtype), when a kernel can write that dtype."""
+        if self.dtype not in KERNEL_DTYPES:
+            raise NotFusible(f"computes {self.dtype} values")
+        return Value(expr, self.shape, self.dtype, (f"aten.{self.name}",))
+
+    def derived(self, args: list | None = None, shape: tuple[int, ...] | None = None,
+                dtype: str | None = None) -> OpLowering:  # fmt: skip
+        """This node's lowering with other arguments, another output shape or dtype: a step of an op lowered as
+        several (a loss's per-element values, then their mean; max(dim)'s indices)."""
+        step = copy.copy(self)
+        step.args = list(self.args if args is None else args)
+        step.shape = self.shape if shape is None else shape
+        step.dtype = self.dtype if dtype is None else dtype
+        return step
+
     def build(self, name: str) -> Value | tuple | None:
+        if name == "copy_":  # what functionalisation leaves of an in-place op on a forward argument or parameter
+            raise NotFusible("writes in place into a forward argument, parameter or buffer, memory the caller owns")
         if name in _IN_PLACE:
             name = self._out_of_place(name)
+        if name in _ALIASES and isinstance(self.args[0], Value) and isinstance(self.args[0].expr, Const):
+            return self.args[0]  # a number made a tensor (lift_fresh_copy of a constant), of any dtype: still a number
         if name in _ALIASES:
             return self.elementwise(_ALIASES[name], self.args[:1])
         if name in _REDUCTIONS:
             return _REDUCTIONS[name](self)
+        if name in _COPIES:
+            return _COPIES[name](self)
         if name in ("full_like", "ones_like", "zeros_like", "full", "ones", "zeros", "scalar_tensor"):
             return self._constant(name)
         if name == "_to_copy":
@@ -82,7 +116,7 @@ class OpLowering:
             raise NotFusible(f"computes {self.dtype} values")
         operands = self._separate_row_groups(operands)
         rows = any(isinstance(item, Value) and item.rows for item in operands)
-        exprs = tuple(self._expr(item, rows) for item in operands)
+        exprs = tuple(self.operand_expr(item, rows) for item in operands)
         ops = tuple(op_name for item in operands if isinstance(item, Value) for op_name in item.ops)
         return Value(Call(op, exprs), self.shape, self.dtype, ops + (f"aten.{op_name(self.node.target)}",), rows)
 
@@ -101,7 +135,8 @@ class OpLowering:
             result.append(item)
         return result
 
-    def _expr(self, item: Any, rows: bool) -> Expr:
+    def operand_expr(self, item: Any, rows: bool) -> Expr:
+        """`item` (a Leaf, a Value or a number) as an expression over this node's shape (over its rows: `rows`)."""
         if isinstance(item, Leaf):
             self._check_dtype(item.source.dtype)
             return Load(item, self.shape, rows)  # every operand of this op is broadcast to its output's shape
@@ -129,17 +164,19 @@ class OpLowering:
 
     # ---------------------------------------------------------------------------------- reductions
 
-    def row_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
-        """The reduced argument as an expression over rows (its last dim), with its shape and ops."""
+    def row_input(self, dims: int = 1) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The reduced argument as an expression over rows (its last `dims` dims), with its shape and ops."""
         item = self.args[0]
         reduces = walk_reduces(item.expr) if isinstance(item, Value) else []
-        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, 1, 0))):
+        if isinstance(item, Value) and (item.rows or (reduces and reduces[0].space != (item.shape, dims, 0))
+                                        or windowed(item.expr)):  # fmt: skip
             item = self.builder.materialise(item)
         expr, shape, ops = self._reduced_expr(item)
-        if not shape:
+        if len(shape) < dims or not shape:
             raise NotFusible("reduces a 0-d tensor")
-        if not 0 < shape[-1] < 2**31:  # columns are 32-bit in the kernels
-            raise NotFusible("reduces empty rows" if not shape[-1] else "reduces rows of 2^31 elements or more")
+        length = math.prod(shape[len(shape) - dims :])
+        if not 0 < length < 2**31:  # columns are 32-bit in the kernels
+            raise NotFusible("reduces empty rows" if not length else "reduces rows of 2^31 elements or more")
         return expr, shape, ops
 
     def _reduced_expr(self, item: Any) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
@@ -166,9 +203,12 @@ class OpLowering:
         if ndim == 0 or reduced == [ndim - 1]:
             expr, shape, ops = self.row_input()
             return expr, shape, ops, 1, 0
-        if len(reduced) == ndim:  # sums, means, max and min over every dim are split by `whole_reduction`
-            raise NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max "
-                              "and min only; write a norm as x.abs().sum() or x.pow(2).sum().sqrt()")  # fmt: skip
+        if len(reduced) == ndim:  # sums, means, max, min and norms over every dim are split by `whole_reduction`
+            raise NotFusible(f"reduces all {ndim} dims of a {ndim}-d tensor, which is generated for sums, means, max, "
+                              "min and norms only")  # fmt: skip
+        if reduced == list(range(ndim - len(reduced), ndim)):  # the trailing dims: each row spans them
+            expr, shape, ops = self.row_input(len(reduced))
+            return expr, shape, ops, len(reduced), 0
         _check_column_dims(reduced, ndim, kind)
         expr, shape, ops = self.column_input()
         return expr, shape, ops, len(reduced), ndim - 1 - reduced[-1]
@@ -177,44 +217,109 @@ class OpLowering:
         """The argument of a column reduction as an expression over its whole shape. A value holding reductions
         of its own is written first: one kernel reduces over one space, and a column kernel writes no rows."""
         item = self.args[0]
-        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr)):
+        if isinstance(item, Value) and (item.rows or walk_reduces(item.expr) or windowed(item.expr)):
             item = self.builder.materialise(item)
         expr, shape, ops = self._reduced_expr(item)
         if 0 in shape:
             raise NotFusible("reduces an empty tensor")
         return expr, shape, ops
 
-    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None) -> Value:
+    def reduction(self, kind: str, field_name: str, dims: Any, keepdim: bool, finish=None,
+                  element=None) -> Value | Leaf:  # fmt: skip
+        """A `kind` statistic over `dims` (`field_name` of it), optionally of element(x) and finished by
+        finish(stat, count): over the last dim(s) a row kernel, over adjacent dims before the last a column kernel,
+        over every dim a row kernel then a one-row kernel, over other dims a row kernel of the permuted input."""
         ndim = len(getattr(self.args[0], "shape", ()))
-        if ndim > 1 and kind in COLUMN_STATS and len(_normalised_dims(dims, ndim)) == ndim:
-            return self.whole_reduction(kind, keepdim, finish)
+        reduced = _normalised_dims(dims, ndim)
+        if ndim > 1 and kind in COLUMN_STATS and len(reduced) == ndim:
+            return self.whole_reduction(kind, keepdim, finish, element)
+        if ndim > 1 and len(reduced) < ndim and not _reducible_where_they_lie(reduced, ndim, kind):
+            return self.permuted_reduction(kind, field_name, reduced, keepdim, finish, element)
         expr, shape, ops, reduced, inner = self.reduced_input(dims, kind)
-        stat = Field(Reduce(kind, expr, shape, reduced, inner), field_name)
+        stat = Field(Reduce(kind, element(expr) if element else expr, shape, reduced, inner), field_name)
         result = finish(stat, math.prod(shape[len(shape) - reduced - inner : len(shape) - inner])) if finish else stat
-        return self._row_value(result, shape, keepdim, ops, reduced, inner)
+        return self.row_value(result, shape, keepdim, ops, reduced, inner)
 
-    def whole_reduction(self, kind: str, keepdim: bool, finish=None) -> Value:
-        """A sum, mean, max or min over every element of a tensor of two or more dims: each row's statistic (over
-        its last dim) is written first, in float32, then a one-row kernel reduces those partial results, as the
-        mean of row losses is (a few microseconds for 10^4 rows). Values that are already one per row (row
-        losses) are written as they are and reduced in the one-row kernel alone."""
+    def whole_reduction(self, kind: str, keepdim: bool, finish=None, element=None) -> Value:
+        """A sum, mean, max or min (of element(x)) over every element of a tensor of two or more dims: each row's
+        statistic (over its last dim) is written first, in float32, then a one-row kernel reduces those partial
+        results, as the mean of row losses is (a few microseconds for 10^4 rows). Values that are already one per
+        row (row losses) are written as they are and reduced in the one-row kernel alone."""
         item = self.args[0]
         if isinstance(item, Value) and item.rows:
-            partials = self.builder.materialise(item)
+            partials, per_element = self.builder.materialise(item), element
         else:
             expr, shape, ops = self.row_input()
-            partials = self.builder.materialise(Value(Field(Reduce(kind, expr, shape), kind), shape[:-1], "float32",
-                                                      ops, rows=True))  # fmt: skip
+            row_stat = Field(Reduce(kind, element(expr) if element else expr, shape), kind)
+            partials = self.builder.materialise(Value(row_stat, shape[:-1], "float32", ops, rows=True))
+            per_element = None  # the partial results are statistics of element(x) already
         count, shape = math.prod(partials.shape), item.shape
         row_shape = (1,) * (len(shape) - 1) + (count,) if keepdim else (count,)
-        flat = Leaf(partials.source, row_shape, contiguous_strides(row_shape), partials.offset)
-        stat = Field(Reduce(kind, Load(flat, row_shape), row_shape), kind)
-        return self._row_value(finish(stat, math.prod(shape)) if finish else stat, row_shape, keepdim, ())
+        flat = Load(Leaf(partials.source, row_shape, contiguous_strides(row_shape), partials.offset), row_shape)
+        stat = Field(Reduce(kind, per_element(flat) if per_element else flat, row_shape), kind)
+        return self.row_value(finish(stat, math.prod(shape)) if finish else stat, row_shape, keepdim, ())
 
-    def _row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
+    def permuted_reduction(self, kind: str, field_name: str, reduced: list[int], keepdim: bool, finish=None,
+                           element=None) -> Value | Leaf:  # fmt: skip
+        """A reduction over dims no kernel reduces where they lie (not the trailing dims, nor, for a variance or a
+        softmax statistic, adjacent dims before the last): the input read with those dims moved last (strided
+        loads), so each row spans them. The result is one value per kept position, in their order; a keepdim
+        result is written and viewed with its size-1 dims back."""
+        expr, shape, ops = self.permuted_input(reduced)
+        count = len(reduced)
+        stat = Field(Reduce(kind, element(expr) if element else expr, shape, count), field_name)
+        result = finish(stat, math.prod(shape[len(shape) - count :])) if finish else stat
+        value = self.row_value(result, shape, False, ops, count)
+        if not keepdim:
+            return value
+        written = self.builder.materialise(value)
+        return Leaf(written.source, self.shape, contiguous_strides(self.shape), written.offset)
+
+    def permuted_input(self, reduced: list[int]) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The argument with the `reduced` dims moved last (in their order) as an expression over that permuted
+        shape, with the shape and ops. A value holding statistics of its own is written first."""
+        expr, shape, ops = self.elementwise_input()
+        order = self.permutation(reduced)
+        expr, shape = permuted_expr(expr, shape, order), tuple(shape[d] for d in order)
+        if 0 in shape:
+            raise NotFusible("reduces an empty tensor")
+        if math.prod(shape[len(shape) - len(reduced) :]) >= 2**31:  # columns are 32-bit in the kernels
+            raise NotFusible("reduces rows of 2^31 elements or more")
+        return expr, shape, ops
+
+    def elementwise_input(self) -> tuple[Expr, tuple[int, ...], tuple[str, ...]]:
+        """The argument as an elementwise expression over its shape (a value holding statistics is written first,
+        so that the expression can be re-read over another shape), with the shape and ops."""
+        item = self.args[0]
+        if isinstance(item, Value) and (item.rows or any(isinstance(n, (Reduce, Gather)) or getattr(n, "window", None)
+                                                         for n in walk(item.expr))):  # fmt: skip
+            item = self.builder.materialise(item)
+        return self._reduced_expr(item)
+
+    def written(self, item: Any) -> Leaf:
+        """`item` as a tensor in memory: a value is written by its group first."""
+        leaf = self.builder.materialise(item) if isinstance(item, Value) else item
+        if not isinstance(leaf, Leaf):
+            raise NotFusible("reads the result of an unsupported op")
+        self._check_dtype(leaf.source.dtype)
+        return leaf
+
+    def padded_copy(self, item: Any, low: tuple[int, ...], high: tuple[int, ...], fill: float) -> Leaf:
+        """`item` written with `low` and `high` more elements before and after it in each dim, holding `fill`."""
+        leaf = self.written(item)
+        shape = tuple(size + before + after for size, before, after in zip(leaf.shape, low, high))
+        load = Load(leaf, shape, window=Window(tuple(low), float(fill)))
+        return self.builder.materialise(Value(load, shape, leaf.source.dtype, (f"aten.{self.name}",)))
+
+    def permutation(self, reduced: list[int]) -> list[int]:
+        """The order of the argument's dims with the `reduced` dims moved last."""
+        ndim = len(self.args[0].shape)
+        return [d for d in range(ndim) if d not in reduced] + list(reduced)
+
+    def row_value(self, expr: Expr, shape: tuple[int, ...], keepdim: bool, ops: tuple[str, ...], dims: int = 1,
                    inner: int = 0) -> Value:  # fmt: skip
         op = f"aten.{op_name(self.node.target)}"
-        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values():
+        if self.dtype not in KERNEL_DTYPES and not self._counts_true_values() and not is_index(expr):
             raise NotFusible(f"computes {self.dtype} values")
         return Value(expr, reduced_shape(shape, dims, inner, keepdim), self.dtype, ops + (op,), rows=not keepdim)
 
@@ -237,16 +342,16 @@ def fuses_elementwise(name: str | None) -> bool:
 
 
 def _sum(o: OpLowering) -> Value:
-    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
+    return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, o.arg(2, "keepdim", False))
 
 
 def _mean(o: OpLowering) -> Value:
-    keepdim = _arg(o, 2, "keepdim", False)
+    keepdim = o.arg(2, "keepdim", False)
     return o.reduction("sum", "sum", o.args[1] if len(o.args) > 1 else None, keepdim, _divide_by_length)
 
 
 def _amax(o: OpLowering, kind: str) -> Value:
-    return o.reduction(kind, kind, o.args[1] if len(o.args) > 1 else None, _arg(o, 2, "keepdim", False))
+    return o.reduction(kind, kind, o.args[1] if len(o.args) > 1 else None, o.arg(2, "keepdim", False))
 
 
 def _max_or_min(o: OpLowering, kind: str) -> Value | tuple:
@@ -255,27 +360,40 @@ def _max_or_min(o: OpLowering, kind: str) -> Value | tuple:
         return o.reduction(kind, kind, None, False)
     if not isinstance(o.args[1], int):
         return o.elementwise("maximum" if kind == "max" else "minimum", o.args[:2])
+    keepdim = o.arg(2, "keepdim", False)
     if any(user.target is operator.getitem and user.args[1] == 1 for user in o.node.users):
-        raise NotFusible(f"uses the indices of {kind}(dim); only its values are generated (amax/amin)")
-    return o.reduction(kind, kind, o.args[1], _arg(o, 2, "keepdim", False)), None
+        # With its indices: both fields of one argmax (argmin) statistic, NaN and the first index as torch's.
+        indices = o.derived(dtype="int64").reduction(f"arg{kind}", "index", o.args[1], keepdim)
+        return o.reduction(f"arg{kind}", kind, o.args[1], keepdim), indices
+    return o.reduction(kind, kind, o.args[1], keepdim), None
 
 
-def _vector_norm(o: OpLowering) -> Value:
-    order = float(_arg(o, 1, "ord", 2.0))
-    dims, keepdim = _arg(o, 2, "dim", None), _arg(o, 3, "keepdim", False)
+def _argmax(o: OpLowering, kind: str) -> Value | Leaf:
+    """argmax/argmin(x, dim, keepdim): the first column of the max (min) along dim, NaN counting as both."""
+    if o.arg(1, "dim", None) is None and len(o.args[0].shape) > 1:
+        raise NotFusible(f"the {kind} of every element of a tensor of two or more dims; only along a dim")
+    return o.reduction(kind, "index", o.arg(1, "dim", None), o.arg(2, "keepdim", False))
+
+
+def _vector_norm(o: OpLowering) -> Value | Leaf:
+    """linalg_vector_norm(x, ord, dim, keepdim) and norm(x, p, dim, keepdim): orders 1, 2 and inf."""
+    order = o.arg(1, "ord", o.kwargs.get("p", 2.0))
+    order = 2.0 if order is None else float(order)
+    dims, keepdim = o.arg(2, "dim", None), o.arg(3, "keepdim", False)
     kind = "max" if math.isinf(order) and order > 0 else "sum"
     if order not in (1.0, 2.0) and kind != "max":
         raise NotFusible(f"a vector norm of order {order:g}")
-    expr, shape, ops, reduced, inner = o.reduced_input(dims, kind)
     if order == 2.0:
-        norm = Call("sqrt", (Field(Reduce("sum", Call("mul", (expr, expr)), shape, reduced, inner), "sum"),))
-    else:
-        norm = Field(Reduce(kind, Call("abs", (expr,)), shape, reduced, inner), kind)
-    return o._row_value(norm, shape, keepdim, ops, reduced, inner)
+        return o.reduction(kind, kind, dims, keepdim, lambda stat, _: Call("sqrt", (stat,)), _squared)
+    return o.reduction(kind, kind, dims, keepdim, element=lambda expr: Call("abs", (expr,)))
+
+
+def _squared(expr: Expr) -> Expr:
+    return Call("mul", (expr, expr))
 
 
 def _variance(o: OpLowering, root: bool) -> Value:
-    dims = _arg(o, 1, "dim", None)
+    dims = o.arg(1, "dim", None)
     correction = o.kwargs.get("correction", 1.0)
     correction = 1.0 if correction is None else float(correction)
     keepdim = bool(o.kwargs.get("keepdim", False))
@@ -287,82 +405,39 @@ def _variance(o: OpLowering, root: bool) -> Value:
     return o.reduction("welford", "m2", dims, keepdim, finish)
 
 
-def _logsumexp(o: OpLowering) -> Value:
-    dims, keepdim = o.args[1], _arg(o, 2, "keepdim", False)
-    expr, shape, ops = o.row_input()
-    o.last_dim_only(dims, len(shape))
-    stat = Reduce("online_softmax", expr, shape)
-    return o._row_value(Call("logsumexp_finish", (Field(stat, "max"), Field(stat, "sum"))), shape, keepdim, ops)
+def _logsumexp(o: OpLowering) -> Value | Leaf:
+    dims, keepdim = o.args[1], o.arg(2, "keepdim", False)
+    return o.reduction("online_softmax", "max", dims, keepdim, _logsumexp_finish)
 
 
-def _softmax(o: OpLowering, log: bool) -> Value:
-    expr, shape, ops = o.row_input()
-    o.last_dim_only(o.args[1], len(shape))
+def _logsumexp_finish(maximum: Field, _: int) -> Expr:
+    return Call("logsumexp_finish", (maximum, Field(maximum.reduce, "sum")))
+
+
+def _softmax(o: OpLowering, log: bool, safe: bool = False) -> Value | Leaf:
+    """softmax, log_softmax and SDPA's _safe_softmax (0, not NaN, on a row that is -inf throughout) over one dim:
+    one row kernel; over a dim before the last, a row kernel of the permuted input, written and viewed back."""
+    ndim = len(getattr(o.args[0], "shape", ()))
+    dim = o.args[1] % ndim if ndim else o.args[1]
+    if ndim < 2 or dim == ndim - 1:
+        expr, shape, ops = o.row_input()
+        o.last_dim_only(o.args[1], len(shape))
+        return Value(_softmax_expr(expr, shape, log, safe), shape, o.dtype, ops + (f"aten.{o.name}",))
+    expr, shape, ops = o.permuted_input([dim])
+    value = Value(_softmax_expr(expr, shape, log, safe), shape, o.dtype, ops + (f"aten.{o.name}",))
+    written = o.builder.materialise(value)
+    return unpermuted(written, o.permutation([dim]))
+
+
+def _softmax_expr(expr: Expr, shape: tuple[int, ...], log: bool, safe: bool) -> Expr:
     stat = Reduce("online_softmax", expr, shape)
     maximum, total = Field(stat, "max"), Field(stat, "sum")
     if log:
-        result = Call("sub", (expr, Call("add", (maximum, Call("log", (total,))))))
-    else:
-        result = Call("mul", (Call("exp_fast", (Call("sub", (expr, maximum)),)), Call("reciprocal", (total,))))
-    op = f"aten.{op_name(o.node.target)}"
-    return Value(result, shape, o.dtype, ops + (op,))
-
-
-def _layer_norm(o: OpLowering) -> tuple:
-    _, normalized_shape, weight, bias, eps = o.args
-    expr, shape, ops = o.row_input()
-    if len(normalized_shape) != 1:
-        raise NotFusible("normalises over more than the last dimension")
-    stat = Reduce("welford", expr, shape)
-    mean = Field(stat, "mean")
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(shape[-1])))), Const(float(eps)))),))
-    result = Call("mul", (Call("sub", (expr, mean)), rstd))
-    for operand, op in ((weight, "mul"), (bias, "add")):
-        if operand is not None:
-            result = Call(op, (result, o._expr(operand, False)))
-    op = f"aten.{op_name(o.node.target)}"
-    row_shape = shape[:-1] + (1,)
-    return (
-        Value(result, shape, o.dtype, ops + (op,)),
-        Value(mean, row_shape, "float32", ops + (op,)),
-        Value(rstd, row_shape, "float32", ops + (op,)),
-    )
-
-
-def _group_norm(o: OpLowering) -> tuple:
-    """One row per (sample, group): in NCHW the C/G channels x H*W positions of a group are contiguous."""
-    item, weight, bias, batch, channels, _, groups, eps = o.args
-    if isinstance(item, Value) and walk_reduces(item.expr):
-        o.args[0] = o.builder.materialise(item)  # its statistics run over other rows than the groups'
-    expr, shape, ops = o.row_input()
-    spatial = shape[2:]
-    rows_shape = (batch, groups, channels // groups) + spatial  # splits C of (N, C, *spatial) into (G, C/G)
-    length = math.prod(rows_shape[2:])
-    if not 0 < length < 2**31:  # columns are 32-bit in the kernels
-        raise NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
-    stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
-    mean = Field(stat, "mean")
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
-    result = Call("mul", (Call("sub", (expr, mean)), rstd))
-    for operand, op in ((weight, "mul"), (bias, "add")):
-        if operand is not None:
-            result = Call(op, (result, _per_channel(o, operand, len(spatial))))
-    op = f"aten.{op_name(o.node.target)}"
-    _, mean_meta, rstd_meta = o.node.meta["val"]
-    return (
-        Value(result, shape, o.dtype, ops + (op,)),
-        Value(mean, (batch, groups), dtype_name(mean_meta.dtype), ops + (op,), rows=True),
-        Value(rstd, (batch, groups), dtype_name(rstd_meta.dtype), ops + (op,), rows=True),
-    )
-
-
-def _per_channel(o: OpLowering, operand: Any, spatial_dims: int) -> Expr:
-    """A (C,) weight or bias as an expression over (N, C, *spatial): viewed as (C, 1, ...) to broadcast."""
-    leaf = o.builder.materialise(operand) if isinstance(operand, Value) else operand
-    if not isinstance(leaf, Leaf):
-        raise NotFusible("an affine parameter is the result of an unsupported op")
-    padding = (1,) * spatial_dims
-    return o._expr(Leaf(leaf.source, leaf.shape + padding, leaf.strides + padding, leaf.offset), False)
+        return Call("sub", (expr, Call("add", (maximum, Call("log", (total,))))))
+    result = Call("mul", (Call("exp_fast", (Call("sub", (expr, maximum)),)), Call("reciprocal", (total,))))
+    if safe:
+        result = Call("where", (Call("eq", (maximum, Const(-math.inf))), Const(0.0), result))
+    return result
 
 
 # nll_loss_forward's reduction argument (at::Reduction); 1 is 'mean'.
@@ -422,6 +497,30 @@ def _gather(o: OpLowering) -> Value:
     return Value(Gather(values, Load(index, rows + (1,)), None, shape), rows + (1,), o.dtype, ops + (op,))
 
 
+# smooth_l1_loss's reduction argument (at::Reduction); 1 is 'mean'.
+_MEAN = 1
+
+
+def _smooth_l1_loss(o: OpLowering, term: str) -> Value:
+    """smooth_l1_loss(x, y, reduction, beta) and huber_loss(x, y, reduction, delta): elementwise terms of x - y,
+    then their mean or sum over every element."""
+    x, y = o.args[:2]
+    reduction = o.arg(2, "reduction", _MEAN)
+    setting = float(o.arg(3, "beta" if term == "smooth_l1" else "delta", 1.0))
+    terms = o.derived(shape=torch_broadcast_shape(x, y))
+    loss = terms.elementwise(term, [terms.elementwise("sub", [x, y]), setting])
+    if reduction == _REDUCTION_NONE:
+        return loss
+    finish = _divide_by_length if reduction == _MEAN else None
+    return o.derived(args=[loss]).reduction("sum", "sum", None, False, finish)
+
+
+def torch_broadcast_shape(*items: Any) -> tuple[int, ...]:
+    import torch
+
+    return tuple(torch.broadcast_shapes(*(tuple(getattr(item, "shape", ())) for item in items)))
+
+
 # Statistics a column kernel computes (sum, mean and norms are sums; amax, amin, max and min are max and min).
 COLUMN_STATS = ("sum", "max", "min")
 
@@ -432,6 +531,13 @@ def _normalised_dims(dims: Any, ndim: int) -> list[int]:
         dims = list(range(ndim))
     dims = [dims] if isinstance(dims, int) else list(dims)
     return sorted({d % ndim for d in dims}) if ndim else []
+
+
+def _reducible_where_they_lie(reduced: list[int], ndim: int, kind: str) -> bool:
+    """True when a row kernel (the trailing dims) or a column kernel (adjacent dims before the last, for the
+    statistics it computes) reduces `reduced` in the tensor's own layout."""
+    adjacent = reduced == list(range(reduced[0], reduced[-1] + 1))
+    return adjacent and (reduced[-1] == ndim - 1 or kind in COLUMN_STATS)
 
 
 def _check_column_dims(reduced: list[int], ndim: int, kind: str) -> None:
@@ -464,17 +570,33 @@ _REDUCTIONS = {
     "amin": lambda o: _amax(o, "min"),
     "max": lambda o: _max_or_min(o, "max"),
     "min": lambda o: _max_or_min(o, "min"),
+    "argmax": lambda o: _argmax(o, "argmax"),
+    "argmin": lambda o: _argmax(o, "argmin"),
     "linalg_vector_norm": _vector_norm,
+    "norm": _vector_norm,
+    "smooth_l1_loss": lambda o: _smooth_l1_loss(o, "smooth_l1"),
+    "huber_loss": lambda o: _smooth_l1_loss(o, "huber"),
     "var": lambda o: _variance(o, root=False),
     "std": lambda o: _variance(o, root=True),
     "logsumexp": _logsumexp,
     "_softmax": lambda o: _softmax(o, log=False),
+    "_safe_softmax": lambda o: _softmax(o, log=False, safe=True),
     "_log_softmax": lambda o: _softmax(o, log=True),
-    "native_layer_norm": _layer_norm,
-    "native_group_norm": _group_norm,
+    "native_layer_norm": layer_norm,
+    "native_group_norm": group_norm,
+    "native_batch_norm": batch_norm,
+    "max_pool1d_with_indices": lambda o: pool(o, maximum=True),
+    "max_pool2d_with_indices": lambda o: pool(o, maximum=True),
+    "max_pool3d_with_indices": lambda o: pool(o, maximum=True),
+    "avg_pool1d": lambda o: pool(o, maximum=False),
+    "avg_pool2d": lambda o: pool(o, maximum=False),
+    "avg_pool3d": lambda o: pool(o, maximum=False),
     "nll_loss_forward": _nll_loss,
     "gather": _gather,
 }
+# Ops that copy their input into a new layout.
+_COPIES = {"repeat": repeat, "cat": cat, "stack": lambda o: cat(o, stack=True), "constant_pad_nd": constant_pad,
+           "triu": lambda o: triangle(o, upper=True), "tril": lambda o: triangle(o, upper=False)}
 
 
 def _scaled(args: list, kwargs: dict, op: str) -> tuple[str, list]:
@@ -526,9 +648,16 @@ _SPECIAL_ELEMENTWISE = {
     "leaky_relu": lambda a, k: ("leaky_relu", [a[0], a[1] if len(a) > 1 else 0.01]),
     "softplus": lambda a, k: ("softplus", [a[0], a[1] if len(a) > 1 else 1.0, a[2] if len(a) > 2 else 20.0]),
     "gelu": lambda a, k: ("gelu_tanh" if k.get("approximate", "none") == "tanh" else "gelu", a[:1]),
+    "celu": lambda a, k: ("elu", [a[0], _celu_alpha(a, k), 1.0, 1.0 / _celu_alpha(a, k)]),
+    "elu": lambda a, k: ("elu", [a[0], *[a[i] if len(a) > i else k.get(name, 1.0)
+                                         for i, name in ((1, "alpha"), (2, "scale"), (3, "input_scale"))]]),
     "masked_fill": lambda a, k: ("where", [a[1], a[2], a[0]]),
     "where": lambda a, k: ("where", a[:3]),
 }
+
+
+def _celu_alpha(args: list, kwargs: dict) -> float:
+    return float(args[1] if len(args) > 1 else kwargs.get("alpha", 1.0))
 
 
 def _cast_op(dtype: Any) -> str:
@@ -542,11 +671,13 @@ def _cast_op(dtype: Any) -> str:
 
 def to_rows(expr: Expr) -> Expr:
     """A reduction-free expression re-read as living in a keepdim=False result's shape."""
-    if isinstance(expr, Load):
-        return replace(expr, rows=True)
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(to_rows(arg) for arg in expr.args))
-    return expr
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load):
+            return replace(node, rows=True)
+        return None if isinstance(node, Call) else node  # Calls are rebuilt; anything else stays as it is
+
+    return rebuilt(expr, rule)
 
 
 def fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bool:
@@ -556,12 +687,6 @@ def fits_rows(shape: tuple[int, ...], rows: bool, reduce: Reduce | Gather) -> bo
         return shape == reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=False)
     kept = reduced_shape(reduce.shape, reduce.dims, reduce.inner, keepdim=True)
     return shape == kept or (not reduce.inner and splits(shape, reduce.shape))
-
-
-def _arg(o: OpLowering, position: int, name: str, default: Any) -> Any:
-    if len(o.args) > position:
-        return o.args[position]
-    return o.kwargs.get(name, default)
 
 
 def op_name(target: Any) -> str:

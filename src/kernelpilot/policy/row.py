@@ -211,6 +211,7 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "tensors": tensor_context(group, vector_tensors),
         "out_ctype": CTYPES[group.output.dtype],
         "stat_kinds": {reduce.kind for reduce in group.reduces()},
+        "indexed": bool({reduce.kind for reduce in group.reduces()} & {"argmax", "argmin"}),
         "gathers": any(isinstance(node, Gather) for node in walk(group.expr)),
         "kept_in_l2": any(a["kept_in_l2"] for a in element),
         **dtype_context(group, _integer_reads(accesses)),
@@ -256,6 +257,7 @@ class RowProgram:
                 row_names[Field(reduce, field_name)] = f"{name}_{field_name}"
         self.row = Emitter(row_names, self.counter, self._gathered_load)
         self._invariant: dict[Expr, bool] = {}
+        self._hoisted: set[Expr] = set()  # a node hoisted once has all its per-row parts emitted
         levels = self._levels(reduces)
         count = max(levels.values(), default=-1) + 1  # none for a row read only at gathered columns
         self.levels = [self._level(k, [r for r in reduces if levels[r] == k]) for k in range(count)]
@@ -286,8 +288,9 @@ class RowProgram:
 
     def _hoist(self, expr: Expr) -> None:
         """Emit the largest per-row subexpressions of `expr` once per row."""
-        if not isinstance(expr, Call):
+        if not isinstance(expr, Call) or expr in self._hoisted:
             return
+        self._hoisted.add(expr)
         if self._row_invariant(expr):
             self.row.value(expr)
         else:

@@ -1,11 +1,14 @@
 """Access strides: where each Load of a group reads its tensor, as strides over the group's iteration shape
-(splitting a dim the iteration shape splits, broadcasting the dims a tensor lacks). Run once a group is final."""
+(splitting a dim the iteration shape splits, broadcasting the dims a tensor lacks). Run once a group is final.
+Also: an elementwise expression re-read over its shape with the dims permuted, and a permuted result's view back."""
 
 from __future__ import annotations
 
 import math
 
-from kernelpilot.policy.ir import Access, Group, Load, NotFusible, contiguous_strides, walk
+from kernelpilot.policy.ir import (
+    Access, Call, Const, Expr, Group, Leaf, Load, NotFusible, contiguous_strides, rebuilt, walk,
+)  # fmt: skip
 
 
 def resolve_accesses(group: Group) -> None:
@@ -17,10 +20,24 @@ def resolve_accesses(group: Group) -> None:
         source = node.leaf.source
         if source not in group.tensors:
             group.tensors.append(source)
-        strides, offset = strides_in(node, group.shape, group.inner_dims)
-        access = Access(group.tensors.index(source), strides, offset)
+        if node.window is None:
+            strides, offset = strides_in(node, group.shape, group.inner_dims)
+            access = Access(group.tensors.index(source), strides, offset)
+        else:
+            access = _windowed_access(node, group, group.tensors.index(source))
         group.loads[node] = accesses.setdefault(access, len(accesses))
     group.accesses = list(accesses)
+
+
+def _windowed_access(load: Load, group: Group, tensor: int) -> Access:
+    """A windowed load's access in an elementwise group over its use shape: the leaf's strides, the offset moved
+    back by the origin, and the range of coordinates the leaf covers in each dim."""
+    leaf, window = load.leaf, load.window
+    if group.kind != "elementwise" or load.rows or group.shape != load.use_shape or len(leaf.shape) != len(group.shape):
+        raise NotFusible("reads a windowed tensor (a cat's input, a padded tensor) in a kernel that is not elementwise")
+    offset = leaf.offset - sum(origin * stride for origin, stride in zip(window.origin, leaf.strides))
+    bounds = tuple((origin, origin + size) for origin, size in zip(window.origin, leaf.shape))
+    return Access(tensor, leaf.strides, offset, bounds, window.fill, window.diagonal)
 
 
 def strides_in(load: Load, shape: tuple[int, ...], inner: int = 0) -> tuple[tuple[int, ...], int]:
@@ -77,3 +94,43 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], target: 
         else:
             raise NotFusible(f"broadcasts a {list(shape)} tensor into {list(target)}")
     return tuple(result)
+
+
+def permuted_expr(expr: Expr, shape: tuple[int, ...], order: list[int]) -> Expr:
+    """An elementwise expression over `shape` re-read over the permuted shape (dim i of the result is dim order[i]
+    of `shape`): each load reads the same element through permuted strides."""
+    return reindexed(expr, shape, tuple(shape[d] for d in order), [((d, 1),) for d in order])
+
+
+def reindexed(expr: Expr, shape: tuple[int, ...], new_shape: tuple[int, ...],
+              uses: list[tuple[tuple[int, int], ...]]) -> Expr:  # fmt: skip
+    """An elementwise expression over `shape` (no statistics, no per-row loads) read over `new_shape`, whose
+    coordinate j moves coordinate d of `shape` by f for each (d, f) in uses[j]: a permutation, or a pooling's
+    windows (an output position moves its dim by the stride, a kernel position by the dilation). Each load reads
+    through the strides that follow."""
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load) and not node.rows:
+            strides, offset = strides_in(node, shape)
+            new_strides = tuple(sum(strides[d] * factor for d, factor in moves) for moves in uses)
+            return Load(Leaf(node.leaf.source, new_shape, new_strides, offset), new_shape)
+        if isinstance(node, Call):
+            return None
+        if isinstance(node, Const):
+            return node
+        raise NotFusible("re-reads an expression that holds a row statistic over another shape")
+
+    return rebuilt(expr, rule)
+
+
+def unpermuted(leaf: Leaf, order: list[int]) -> Leaf:
+    """The view of a contiguous result computed over a permuted shape (dim i was dim order[i]) in the original
+    order of its dims."""
+    strides = contiguous_strides(leaf.shape)
+    shape, result = [0] * len(order), [0] * len(order)
+    for position, dim in enumerate(order):
+        shape[dim], result[dim] = leaf.shape[position], strides[position]
+    plain = contiguous_strides(tuple(shape))
+    if all(size == 1 or a == b for size, a, b in zip(shape, result, plain)):
+        result = list(plain)  # only size-1 dims moved (instance norm's): the result is contiguous as it is
+    return Leaf(leaf.source, tuple(shape), tuple(result), leaf.offset)
