@@ -175,3 +175,23 @@ def write_problem(folder: Path, source: str, name: str = "problem.py") -> Path:
     path = folder / name
     path.write_text(textwrap.dedent(source))
     return path
+
+
+# A problem the built-in policy names as unsupported (a running sum), for its refusal and the suite's reason.
+UNSUPPORTED_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=-1) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 1024)]
+
+
+def get_init_inputs():
+    return []
+"""

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from kernelpilot.agent.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.cli import app
 from kernelpilot.workspace import EXAMPLE_KERNELS
-from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, write_problem
+from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, UNSUPPORTED_PROBLEM, write_problem
 
 # A CPU stand-in for a CUDA kernel: the extension builds with g++ here and the judge runs it on the CPU.
 CPU_BINDING = """
@@ -239,25 +239,6 @@ def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
     assert "pass rate" in again.stdout
 
 
-CUMSUM_PROBLEM = """
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.cumsum(x, dim=-1) * 2.0
-
-
-def get_inputs():
-    return [torch.randn(64, 1024)]
-
-
-def get_init_inputs():
-    return []
-"""
-
-
 def suite_with_the_built_in_policy(folder: Path, out: Path) -> subprocess.CompletedProcess:
     """`kernelpilot suite FOLDER` with no model (the built-in policy) on the CPU judge, as a user runs it."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("KERNELPILOT_")}
@@ -272,7 +253,7 @@ def result_files(out: Path) -> dict[str, dict]:
 
 def test_suite_results_and_report_say_why_an_unsupported_and_an_unloadable_problem_failed(tmp_path):
     folder = tmp_path / "problems"
-    write_problem(folder, CUMSUM_PROBLEM, "1_cumsum.py")
+    write_problem(folder, UNSUPPORTED_PROBLEM, "1_cumsum.py")
     broken_source = "import torch\n\nraise RuntimeError('the weights file is missing')\n\n\ndef get_inputs():\n    return []\n"
     write_problem(folder, broken_source, "2_broken.py")
     run = suite_with_the_built_in_policy(folder, tmp_path / "out")

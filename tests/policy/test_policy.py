@@ -46,7 +46,7 @@ from kernelpilot.results import (
     HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
 )  # fmt: skip
 
-from kp_testing import EXAMPLES, REPO_ROOT, nonempty
+from kp_testing import EXAMPLES, REPO_ROOT, UNSUPPORTED_PROBLEM, nonempty
 from policy_testing import (
     analysed,
     assert_every_launch_candidate_compiles,
@@ -296,23 +296,6 @@ def test_small_mlp_block_is_a_matmul_then_one_row_kernel():
 
 
 # Every example is supported now: a running sum along the rows is a pattern the policy does not generate.
-UNSUPPORTED_PROBLEM = """
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.cumsum(x, dim=-1) * 2.0
-
-
-def get_inputs():
-    return [torch.randn(64, 1024)]
-
-
-def get_init_inputs():
-    return []
-"""
 
 
 def unsupported_problem(folder: Path) -> Path:
