@@ -166,6 +166,53 @@ def test_a_candidate_raising_in_forward_is_a_runtime_error_and_the_worker_stays(
     assert worker.pid == pid
 
 
+FLOAT32_PROBLEM = """
+import torch
+from torch import nn
+
+
+def tf32_switches():
+    on = [torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+          torch.get_float32_matmul_precision() != "highest"]
+    return float(sum(2**i for i, switch in enumerate(on) if switch))
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x + tf32_switches()  # the switches of the process computing it
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("candidate, computed_in", [
+    ("from model import Model\n\nclass ModelNew(Model):\n    pass\n", "the candidate's sandbox and the worker agree"),
+    ("from torch import nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x.clone()\n",
+     "the reference: no TF32 switch on in the worker"),
+])  # fmt: skip
+def test_float32_problems_are_computed_with_every_tf32_switch_off(worker, tmp_path, candidate, computed_in):
+    """torch turns TF32 on for float32 cuDNN convolutions by default; the judge's processes turn it off."""
+    ws = write_workspace(tmp_path / "ws", candidate)
+    (ws.root / "model.py").write_text(FLOAT32_PROBLEM)
+    reply = worker.call("verify", {"workspace": str(ws.root), "trials": 1}, timeout=120)
+    assert reply.ok, reply.message
+    trials = reply.result["trials"]
+    assert trials and all(trial["max_abs_error"] == 0.0 for trial in trials), (computed_in, trials)
+
+
+def test_tf32_is_allowed_only_when_the_user_asks():
+    from kernelpilot.harness.float32 import tf32_allowed
+
+    assert not tf32_allowed({}) and not tf32_allowed({"KERNELPILOT_ALLOW_TF32": "0"})
+    assert tf32_allowed({"KERNELPILOT_ALLOW_TF32": "1"}) and tf32_allowed({"KERNELPILOT_ALLOW_TF32": "yes"})
+
+
 def test_an_unknown_request_is_an_error_reply_not_a_crash(worker):
     pid = worker.start()["pid"]
     reply = worker.call("no-such-op", {}, timeout=10)

@@ -80,9 +80,10 @@ def baseline_cache_key(problem_id: str, gpu_name: str, dtype: str) -> dict[str, 
     import torch
 
     from kernelpilot.harness.bench import TIMING_METHOD
+    from kernelpilot.harness.float32 import tf32_allowed
 
-    return {"problem_id": problem_id, "gpu": gpu_name, "torch": torch.__version__, "dtype": dtype, "graph": False,
-            "method": TIMING_METHOD}
+    return {"problem_id": problem_id, "gpu": gpu_name, "torch": torch.__version__, "tf32": tf32_allowed(),
+            "dtype": dtype, "graph": False, "method": TIMING_METHOD}
 
 
 def _cached_cost(problem_id: str, cache_dir: Path | None) -> Any:

@@ -42,10 +42,13 @@ def device_name(device: str) -> str:
 
 
 def environment_key(device: str) -> dict[str, str]:
-    """The hardware and software a timing depends on: device name and torch version."""
+    """The hardware and software a timing depends on: device name, torch version and whether float32 math may use
+    TF32 (`float32.py`)."""
     import torch
 
-    return {"gpu": device_name(device), "torch": torch.__version__}
+    from kernelpilot.harness.float32 import tf32_allowed
+
+    return {"gpu": device_name(device), "torch": torch.__version__, "tf32": tf32_allowed()}
 
 
 def _entry_path(cache_dir: Path, kind: str, key: dict[str, Any]) -> Path:

@@ -296,7 +296,8 @@ def _child_environment(device: str) -> tuple[dict[str, str], str]:
 # What a sandbox keeps of the judge's environment: the toolchain and device settings, nothing else (no API keys,
 # tokens or credentials of the user's, whatever their names).
 _SANDBOX_ENV_NAMES = frozenset({"PATH", "LD_LIBRARY_PATH", "LANG", "TZ", "VIRTUAL_ENV", "PYTHONPATH",
-                                "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONHASHSEED"})  # fmt: skip
+                                "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONHASHSEED",
+                                "KERNELPILOT_ALLOW_TF32"})  # fmt: skip
 _SANDBOX_ENV_PREFIXES = ("CUDA", "NVIDIA", "TORCH_CUDA", "PYTORCH_CUDA", "CUBLAS", "CUDNN", "LC_", "OMP_", "MKL_")
 
 

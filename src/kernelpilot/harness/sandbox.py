@@ -303,7 +303,9 @@ class SandboxLoadError(Exception):
 def serve(args: argparse.Namespace) -> None:
     """Ready (torch imported, CUDA up: a spare waits here), then a "load" request, then one reply per request."""
     from kernelpilot.harness.confine import harden
+    from kernelpilot.harness.float32 import pin_float32_math
 
+    pin_float32_math()  # before any model (the reference's or the candidate's) exists in this process
     device = torch.device(args.device)
     if device.type == "cuda":  # before the confinement: the driver's start-up writes outside /dev
         torch.cuda.init()

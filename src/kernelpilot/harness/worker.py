@@ -337,8 +337,10 @@ def serve(device: str, requests_fd: int, replies_fd: int) -> None:
     """The worker's loop: hello, then one reply per request line until the request pipe closes."""
     import torch  # noqa: F401 - imported once here, so no request pays for it
 
+    from kernelpilot.harness.float32 import pin_float32_math
     from kernelpilot.harness.orphans import become_subreaper
 
+    pin_float32_math()  # the reference, the checker and the float64 precision check run here
     _not_dumpable()
     become_subreaper()
     state = WorkerState(device)

@@ -48,9 +48,11 @@ from pathlib import Path
 import torch
 from kernelpilot.harness.candidate import load_candidate, make_candidate_model
 from kernelpilot.harness.confine import harden
+from kernelpilot.harness.float32 import pin_float32_math
 from kernelpilot.results import BuildResult, from_dict
 from kernelpilot.workspace import open_workspace
 
+pin_float32_math()  # the math the judge times the candidate with
 workspace = open_workspace(sys.argv[1])
 built = json.loads(Path(sys.argv[2]).read_text())
 build = from_dict(BuildResult, built) if built is not None else None  # null: a workspace with no kernels
