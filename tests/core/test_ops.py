@@ -136,21 +136,30 @@ def test_a_built_workspace_registers_its_ops_under_its_namespace_with_a_meta_ker
         kp_ops.scale_shift(torch.randn(4), 2.0, 1.0)  # the binding's own check, not a missing-kernel error
 
 
-@pytest.mark.cuda_build
-def test_opcheck_passes_on_meta_tensors(example):
+@pytest.mark.parametrize(
+    "device", [pytest.param("meta", marks=pytest.mark.cuda_build), pytest.param("cuda", marks=pytest.mark.gpu)]
+)
+def test_opcheck_passes_on_the_example_op(example, device):
+    """On meta tensors (the meta kernel, no GPU needed) and, on a GPU, on CUDA tensors (the kernel itself)."""
     kp_ops = load_extension(example[1])
 
-    report = torch.library.opcheck(kp_ops.scale_shift.default, (torch.empty(64, 48, device="meta"), 2.0, 1.0))
+    report = torch.library.opcheck(kp_ops.scale_shift.default, (torch.randn(64, 48, device=device), 2.0, 1.0))
 
     assert set(report.values()) == {"SUCCESS"} and len(report) == 4, report
 
 
-@pytest.mark.cuda_build
-def test_torch_compile_traces_model_new_through_its_ops_with_no_graph_break(example):
+def _model_new_and_input(example, device: str):
+    """The example's ModelNew on `device`, and its problem's input there."""
     ws, result = example
     problem = ws.problem()
-    model = make_candidate_model(problem, load_candidate(ws, result), "meta")
-    (x,) = problem.make_inputs("meta")
+    model = make_candidate_model(problem, load_candidate(ws, result), device)
+    (x,) = problem.make_inputs(device)
+    return model, x
+
+
+@pytest.mark.cuda_build
+def test_torch_compile_traces_model_new_through_its_ops_with_no_graph_break(example):
+    model, x = _model_new_and_input(example, "meta")
 
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break is an error
     with torch.no_grad():
@@ -284,21 +293,8 @@ def test_a_library_built_without_kp_module_is_refused_with_a_hint(tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_opcheck_passes_on_the_example_op(example):
-    kp_ops = load_extension(example[1])
-    x = torch.randn(64, 48, device="cuda")
-
-    report = torch.library.opcheck(kp_ops.scale_shift.default, (x, 2.0, 1.0))
-
-    assert set(report.values()) == {"SUCCESS"} and len(report) == 4, report
-
-
-@pytest.mark.gpu
 def test_gpu_compiled_model_new_matches_eager(example):
-    ws, result = example
-    problem = ws.problem()
-    model = make_candidate_model(problem, load_candidate(ws, result), "cuda")
-    (x,) = problem.make_inputs("cuda")
+    model, x = _model_new_and_input(example, "cuda")
 
     with torch.no_grad():
         eager = model(x)

@@ -1216,7 +1216,8 @@ def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
     messages = converse(policy_for(layernorm_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Compile"], ["Finish"]]
     summary = tools.calls[-1].arguments["summary"]
-    assert "did not compile" in summary and "expected ';'" in summary and "no verified candidate" in summary
+    assert "did not compile: build: kernels/policy_g0.cu:10: expected ';'" in summary, "the suite's failure line"
+    assert "no verified candidate" in summary
 
 
 def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
@@ -1292,7 +1293,7 @@ def test_policy_falls_back_only_after_a_mismatch(lora_workspace, failure):
     tools = ScriptedTools(verify_failures=(failure,))
     messages = converse(policy_for(lora_workspace, tools), tools)
     assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
-    assert "failed verification" in tools.calls[-1].arguments["summary"]
+    assert f"failed verification: {failure.error_kind}: {failure.message}" in tools.calls[-1].arguments["summary"]
 
 
 class ScriptedJudge:

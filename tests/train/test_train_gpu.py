@@ -25,7 +25,8 @@ from kernelpilot.train.rft import (
 )
 from kernelpilot.train.rl import GrpoSettings, run_grpo
 from kernelpilot.train.rollout import run_rollouts
-from kernelpilot.train.synth import SynthReport, synthesize, write_dataset
+from kernelpilot.train.synth import SynthReport, synthesize
+from kernelpilot.train.synth_dataset import write_dataset
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -20,14 +20,8 @@ from kernelpilot.train.llm_composer import (
     problem_in,
 )
 from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
-from kernelpilot.train.synth import (
-    compose_tasks,
-    crawl_operators,
-    read_tasks,
-    sample_chains,
-    synthesize,
-    write_dataset,
-)
+from kernelpilot.train.synth import compose_tasks, crawl_operators, sample_chains, synthesize
+from kernelpilot.train.synth_dataset import read_tasks, write_dataset
 from kp_testing import nonempty
 
 BACKEND = "aot_eager"

@@ -11,9 +11,10 @@ from kernelpilot.train.rft import (
     build_sft_dataset,
     filter_trajectories,
     load_trajectory,
+    rejection_reason,
     run_sft,
 )
-from train_testing import tiny_model_and_tokenizer
+from train_testing import tiny_model_and_tokenizer, write_transcript
 
 
 def test_filters_keep_only_judged_positive_clean_short_trajectories(transcripts):
@@ -24,6 +25,15 @@ def test_filters_keep_only_judged_positive_clean_short_trajectories(transcripts)
     assert dropped == {
         "verifier-failed": 1, "no-positive-outcome": 2, "invalid-tool-call": 1, "repeated-action": 1, "over-long": 1
     }
+
+
+def test_a_refused_call_is_read_from_its_records_result_type_and_from_the_text_of_older_records(tmp_path):
+    limits = FilterLimits(max_tokens=20_000)
+    legacy = write_transcript(tmp_path / "legacy.jsonl", reward=1, refused="unknown tool Verfy", legacy=True)
+    assert rejection_reason(load_trajectory(legacy), limits) == "invalid-tool-call"
+    typed = load_trajectory(write_transcript(tmp_path / "typed.jsonl", reward=1))
+    typed.tool_records[0]["message"]["content"] = "Error: what the kernel itself printed"
+    assert rejection_reason(typed, limits) is None, "a result that is not a ToolError is no refused call"
 
 
 def test_sft_data_is_chat_format_with_tool_calls(transcripts, tmp_path):

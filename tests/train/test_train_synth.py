@@ -12,15 +12,8 @@ import pytest
 
 from kernelpilot.problem import load_problem
 from kernelpilot.train.decontaminate import decontaminate, op_sequence
-from kernelpilot.train.synth import (
-    Task,
-    check_task,
-    compose_tasks,
-    crawl_operators,
-    read_tasks,
-    synthesize,
-    write_dataset,
-)
+from kernelpilot.train.synth import Task, check_task, compose_tasks, crawl_operators, synthesize
+from kernelpilot.train.synth_dataset import read_tasks, write_dataset
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BACKEND = "aot_eager"

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kernelpilot.agent.tool_results import ToolError
 from kernelpilot.train.agent_env import TrajectoryWorkspaces
 from kernelpilot.train.rl import compute_score
-from kernelpilot.train.synth import SynthReport, Task, write_dataset
+from kernelpilot.train.synth import SynthReport, Task
+from kernelpilot.train.synth_dataset import write_dataset
 from kernelpilot.train.verl_config import (
     TOOL_CLASS,
     VerlSettings,
@@ -30,8 +32,8 @@ def test_each_trajectory_edits_its_own_workspace(tmp_path):
     envs = TrajectoryWorkspaces(no_judge, root=tmp_path)
     envs.run("a", TASK, "Write", {"path": "kernels/a.cu", "content": "// a\n"})
     assert "// a" in envs.run("a", TASK, "Read", {"path": "kernels/a.cu"}).text
-    assert envs.run("b", TASK, "Read", {"path": "kernels/a.cu"}).text.startswith("Error:")
-    assert envs.run("b", TASK, "Nope", {}).text.startswith("Error:")
+    assert isinstance(envs.run("b", TASK, "Read", {"path": "kernels/a.cu"}).result, ToolError)
+    assert isinstance(envs.run("b", TASK, "Nope", {}).result, ToolError)
     assert envs.best_reward("a") == -1  # nothing judged yet
     folders = list(tmp_path.iterdir())
     envs.release("a")

@@ -9,9 +9,13 @@ def _call(call_id, name, arguments):
 
 
 def write_transcript(
-    path: Path, *, reward=None, tool_content="ok", repeats=1, claim_success=False, filler=0, verify_error=None
+    path: Path, *, reward=None, refused=None, repeats=1, claim_success=False, filler=0, verify_error=None, legacy=False
 ):
-    """A session transcript shaped like agent/session.py writes them; Verify's data says `verify_error` when given."""
+    """A session transcript shaped like agent/session.py writes them; Verify's data says `verify_error` when given.
+
+    `refused`: the loop refused each Verify call with this ToolError message. `legacy`: tool records without their
+    result's type, as transcripts were before records named it (a refused call then only reads "Error: ...").
+    """
     records = [
         {"type": "start", "time": 0, "problem": "p.py", "model": "test"},
         {"type": "message", "turn": 0, "message": {"role": "system", "content": "You write kernels." + "x" * filler}},
@@ -26,16 +30,23 @@ def write_transcript(
                 "message": {"role": "assistant", "content": "verify", "tool_calls": [call]},
             }
         )
-        records.append(
-            {
-                "type": "tool",
-                "turn": turn,
-                "name": "Verify",
-                "arguments": {"trials": 3},
-                "message": {"role": "tool", "tool_call_id": call["id"], "content": tool_content},
-                "data": {"build": None, "verify": {"ok": verify_error is None, "error_kind": verify_error}},
-            }
-        )
+        if refused is None:
+            content, result_type = "ok", "VerifyOutcome"
+            data = {"build": None, "verify": {"ok": verify_error is None, "error_kind": verify_error}}
+        else:
+            content, result_type, data = f"Error: {refused}", "ToolError", {"message": refused}
+        record = {
+            "type": "tool",
+            "turn": turn,
+            "name": "Verify",
+            "arguments": {"trials": 3},
+            "message": {"role": "tool", "tool_call_id": call["id"], "content": content},
+            "data": data,
+            "result_type": result_type,
+        }
+        if legacy:
+            del record["result_type"]
+        records.append(record)
     if reward is not None:
         records.append(
             {

@@ -26,6 +26,7 @@ from kernelpilot.agent.tool_results import (
     JudgeResult,
     RunFinished,
     TodoItem,
+    ToolError,
     ToolResult,
 )
 from kernelpilot.errors import KernelpilotError
@@ -39,6 +40,8 @@ SESSIONS_DIR = ".kernelpilot/sessions"
 BEST_DIR = ".kernelpilot/best"
 # A faster time counts as an improvement only beyond timing noise (medians on a warm GPU move by about 1%).
 MIN_IMPROVEMENT = 0.01
+# What the loop answered a refused call with before records named their result's type (now a ToolError's text).
+LEGACY_ERROR_PREFIX = "Error:"
 INTERRUPTED_CALL = "This call was interrupted before it finished; nothing it did was recorded. Check the files before relying on them."
 
 
@@ -199,6 +202,15 @@ def tool_result(record: dict[str, Any]) -> ToolResult | None:
         return from_dict(legacy_type, data) if legacy_type is not None else None
     except TypeError:  # data an older kernelpilot wrote that the type no longer fits: no typed result
         return None
+
+
+def refused_call(record: dict[str, Any]) -> bool:
+    """True when a `tool` record answers a call the loop refused with a ToolError (unknown tool, bad arguments, a
+    refused path or command). A record from before records named their result's type holds only the text the model
+    read, which then began with "Error:"."""
+    if "result_type" in record:
+        return record["result_type"] == ToolError.__name__
+    return str(record["message"].get("content", "")).startswith(LEGACY_ERROR_PREFIX)
 
 
 def find_session(ws_root: Path, session_id: str | None) -> Path:

@@ -39,7 +39,8 @@ def train_synth(
 ) -> None:
     """Compose KernelBench-format tasks from torch.nn operators and keep those the execution filters pass."""
     from kernelpilot.train.llm_composer import composer_model
-    from kernelpilot.train.synth import crawl_operators, synthesize, write_dataset
+    from kernelpilot.train.synth import crawl_operators, synthesize
+    from kernelpilot.train.synth_dataset import write_dataset
 
     _require_choice(scale, SCALES, "--scale")
     report = synthesize(count, seed=seed, scale=scale, devices=devices.split(","), compile_backend=compile_backend,

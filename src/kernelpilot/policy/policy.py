@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent import JudgeResult, ModelReply, ToolCall, VerifyOutcome
-from kernelpilot.agent.observations import build_text, speedup_text, verify_text
+from kernelpilot.agent.failure import judged_failure
+from kernelpilot.agent.observations import speedup_text
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.results import BuildResult, EvalResult
 
@@ -142,23 +143,12 @@ def candidate_ms(result: JudgeResult | None) -> float | None:
 
 
 def problem_line(result: JudgeResult | None) -> str:
-    """What went wrong in a failed judge result, in one line for the summary: the first compiler error, else the
-    verdict of the build or of the verification."""
+    """What went wrong in a failed judge result, in one line for the summary: the failure's kind and line as the
+    suite reports them (agent/failure.py)."""
     if result is None:
         return "no result was returned"
-    build = result if isinstance(result, BuildResult) else result.build
-    verify = None if isinstance(result, BuildResult) else result.verify
-    if build is not None and not build.ok:
-        errors = [d for d in build.errors if d.tool != "ninja"] or build.errors
-        if errors:
-            place = f"{errors[0].file}:{errors[0].line}: " if errors[0].file and errors[0].line else ""
-            return f"Build FAILED: {place}{errors[0].message}"[:300]
-        return build_text(build).splitlines()[0][:300]
-    if verify is not None:
-        return verify_text(verify).splitlines()[0][:300]
-    if isinstance(result, EvalResult) and result.error_kind:
-        return f"{result.error_kind}: {result.message}"[:300]
-    return "no result was returned"
+    failure = judged_failure(result)
+    return f"{failure.kind}: {failure.message}" if failure is not None else "the judge found nothing wrong"
 
 
 # ------------------------------------------------------------------------------------------------- run

@@ -2,7 +2,7 @@
 
 An RL engine (verl's multi-turn tool interface) calls tools by name for many trajectories at once. Each trajectory
 gets its own workspace of its task on first use; every tool runs exactly as in `kernelpilot optimize`
-(agent/tools.py through loop.run_tool, so a bad call comes back as an "Error: ..." observation). The judge's worker
+(agent/tools.py through loop.run_tool, so a bad call comes back as a ToolError observation). The judge's worker
 serves one request at a time, so calls into it are serialised; everything else runs concurrently.
 """
 

@@ -3,7 +3,8 @@
 A trajectory is an agent session transcript (agent/session.py). It is kept only when the judge verified a candidate
 in it (an `eval` record with reward >= 1; what the model claimed in Finish counts for nothing), the verifier never
 failed in it (the model then acted on an observation about kernelpilot, not its kernel), none of its tool calls was
-rejected, it never repeats one action in a loop, and its conversation fits the context budget.
+refused (answered with a ToolError), it never repeats one action in a loop, and its conversation fits the context
+budget.
 """
 
 from __future__ import annotations
@@ -56,23 +57,19 @@ def load_trajectory(path: Path) -> Trajectory:
 def rejection_reason(trajectory: Trajectory, limits: FilterLimits) -> str | None:
     """The first RFT filter a trajectory fails, or None when it is kept."""
     from kernelpilot.agent.context import count_tokens
+    from kernelpilot.agent.session import refused_call
 
     if verifier_failed(trajectory):
         return "verifier-failed"
     if trajectory.best_reward < limits.min_reward:
         return "no-positive-outcome"
-    if any(_rejected_call(record) for record in trajectory.tool_records):
+    if any(refused_call(record) for record in trajectory.tool_records):
         return "invalid-tool-call"
     if longest_repeat(trajectory.tool_records) >= limits.max_repeats:
         return "repeated-action"
     if count_tokens(trajectory.messages) > limits.max_tokens:
         return "over-long"
     return None
-
-
-def _rejected_call(record: dict[str, Any]) -> bool:
-    # The loop answers a call a tool refused (unknown tool, bad arguments, bad path) with "Error: ..." (loop.run_tool).
-    return str(record["message"].get("content", "")).startswith("Error:")
 
 
 def verifier_failed(trajectory: Trajectory) -> bool:

@@ -186,7 +186,7 @@ def grpo_dataset(tasks_path: Path) -> Any:
     """The warm-up prompts of a synth dataset as a `datasets.Dataset` with columns prompt and task_code."""
     from datasets import Dataset
 
-    from kernelpilot.train.synth import read_tasks
+    from kernelpilot.train.synth_dataset import read_tasks
 
     tasks = read_tasks(tasks_path)
     return Dataset.from_list([{"prompt": warmup_prompt(task.code), "task_code": task.code} for task in tasks])

@@ -42,7 +42,7 @@ def run_rollouts(
     on_rollout: Callable[[Rollout], None] | None = None,
 ) -> list[Rollout]:
     """Run the agent on every task, `len(devices)` at a time (each on its own device); returns them in task order."""
-    from kernelpilot.train.synth import read_tasks
+    from kernelpilot.train.synth_dataset import read_tasks
 
     tasks = read_tasks(tasks_path)
     out_dir = Path(out_dir)

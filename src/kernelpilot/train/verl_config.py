@@ -47,7 +47,7 @@ def tool_names() -> list[str]:
 
 def verl_data_rows(tasks_path: Path, multi_turn: bool) -> list[dict[str, Any]]:
     """The tasks in verl's RL data format: prompt messages, a data source, and the task source as ground truth."""
-    from kernelpilot.train.synth import read_tasks
+    from kernelpilot.train.synth_dataset import read_tasks
 
     rows = []
     for task in read_tasks(tasks_path):
