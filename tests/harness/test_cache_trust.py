@@ -8,6 +8,9 @@ start; the candidate and the reference run in real sandbox processes. Unconfined
 would make them on a kernel without Landlock: the judge's side gives them no folders to confine their writes to (the
 sandbox environment without `confine.WRITABLE_ENV`), so `confine.harden` returns "none" in the child. Nothing the
 candidate can set chooses this: its process's environment is fixed before it starts.
+
+Below, the judge's side alone: which sandboxes' word ends the trust in the folder, and a judge that does not trust it
+ignoring a signed entry there (what a cheat wrote before, or under a judge of another system sharing the folder).
 """
 
 from __future__ import annotations
@@ -59,19 +62,23 @@ def judge_side(monkeypatch):
 def unconfined_sandboxes(monkeypatch) -> None:
     """Sandboxes started from now on run as on a kernel without Landlock (`confine.harden` returns "none")."""
     made = process.sandbox_environment
-    monkeypatch.setattr(process, "sandbox_environment",
-                        lambda env, private_dir: {k: v for k, v in made(env, private_dir).items() if k != WRITABLE_ENV})  # fmt: skip
+
+    def without_writable_folders(env: dict[str, str], private_dir: Path) -> dict[str, str]:
+        return {name: value for name, value in made(env, private_dir).items() if name != WRITABLE_ENV}
+
+    monkeypatch.setattr(process, "sandbox_environment", without_writable_folders)
 
 
 def bench(state: WorkerState, root: Path, cache_dir: Path) -> BenchResult:
-    result = from_dict(BenchResult, op_bench(state, {"workspace": str(root), "cache_dir": str(cache_dir), "min_runs": 5}))
+    args = {"workspace": str(root), "cache_dir": str(cache_dir), "min_runs": 5}
+    result = from_dict(BenchResult, op_bench(state, args))
     assert result.ok, result.message
     return result
 
 
 CONFINEMENTS = [
-    pytest.param("landlock", marks=pytest.mark.skipif("not landlock_available()", reason="this kernel has no Landlock")),
-    pytest.param("none", marks=pytest.mark.xfail(strict=True, reason="the cheat's signed entry is trusted")),
+    pytest.param("landlock", marks=pytest.mark.skipif(not landlock_available(), reason="this kernel has no Landlock")),
+    "none",
 ]
 
 
@@ -90,9 +97,90 @@ def test_a_candidate_that_reads_the_signing_key_cannot_forge_the_baselines(
         assert result.compiled.median_ms < FORGED_MS / 10, "the torch.compile baseline is the forged one"
     assert (second.eager, second.compiled) == (first.eager, first.compiled), "the second bench measured them again"
     stored = sorted(path.relative_to(cache_dir).as_posix() for path in cache_dir.rglob("*.json"))
+    assert state.pool.confined == (confinement == "landlock"), "the sandboxes' own word, before any candidate ran"
     if confinement == "landlock":  # as before: signed on disk, and read from there by the second bench
         assert len(stored) == 1 and stored[0].startswith("baselines/"), stored
         assert UNTRUSTED not in first.message + second.message
-    else:  # in the judge's memory only; measured anew once, and says why
-        assert stored == []
+    else:  # in the judge's memory only (the folder was never made: no key, no entry); measured anew once, and says why
+        assert not cache_dir.exists(), stored
         assert UNTRUSTED in first.message and UNTRUSTED not in second.message
+
+
+# ------------------------------------------------------------------------------------ the judge's side alone
+
+
+class HelloOnly:
+    """A sandbox that only says hello: `hellos` are what the next ones say, in order."""
+
+    hellos: list[dict] = []
+
+    def __init__(self, device: str, *, log_dir: Path):
+        self.pid = None
+
+    def start(self) -> dict:
+        return HelloOnly.hellos.pop(0) if HelloOnly.hellos else {"ok": True, "confinement": "landlock"}
+
+    def launch(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kernel_has_landlock", [True, False])
+def test_the_cache_folder_is_trusted_only_while_every_sandbox_was_confined(tmp_path, monkeypatch, kernel_has_landlock):
+    from kernelpilot.harness import confine, sandbox_client
+    from kernelpilot.harness.cache import MemoryCache
+
+    monkeypatch.setattr(confine, "landlock_available", lambda: kernel_has_landlock)
+    monkeypatch.setattr(sandbox_client, "Sandbox", HelloOnly)
+    monkeypatch.setenv(SHARED_DIR_ENV, "")
+    folder = tmp_path / "cache"
+    state = WorkerState("cpu")
+    try:
+        HelloOnly.hellos = [{"ok": True, "confinement": "landlock"}, {"ok": False, "message": "did not start"},
+                            {"ok": True, "confinement": "none"}, {"ok": True, "confinement": "landlock"}]  # fmt: skip
+        trusted = []
+        for _ in range(4):
+            state.pool.take()
+            trusted.append(state.cache_for(folder) == folder)
+        # A sandbox that never started ran no candidate; one unconfined sandbox ends the trust for good.
+        assert trusted == ([True, True, False, False] if kernel_has_landlock else [False] * 4)
+        assert isinstance(state.cache_for(folder), MemoryCache) and state.cache_for(None) is state.cache_for(folder)
+    finally:
+        state.close()
+
+
+def test_a_judge_that_does_not_trust_the_folder_ignores_a_signed_entry_there_and_writes_nothing(tmp_path, monkeypatch):
+    """What a cheat signed into the folder (before, or under a judge of another system sharing it) is what a judge
+    trusting the folder reports; a judge keeping its measurements in memory measures them and leaves the folder as
+    it was."""
+    from kernelpilot.harness import bench
+    from kernelpilot.harness.cache import MemoryCache
+    from kernelpilot.harness.sandbox_client import InProcessClean, InProcessModel
+    from kernelpilot.problem import load_problem
+    from kernelpilot.results import Timing
+
+    monkeypatch.setattr(InProcessClean, "compiled", InProcessClean.eager)  # (as judge_side: no inductor here)
+    path = tmp_path / "problem.py"
+    path.write_text(scale_problem(rows=4, features=8))
+    problem = load_problem(path)
+    folder = tmp_path / "cache"
+
+    def bench_in(cache: Path | MemoryCache) -> BenchResult:
+        candidate = InProcessModel.from_class(problem, type(problem.make_model("cpu")), device="cpu", seed=0)
+        result = bench.bench_candidate(problem, candidate, InProcessClean(problem, "cpu"), device="cpu", seed=0,
+                                       cache_dir=cache, min_runs=5)  # fmt: skip
+        assert result.ok, result.message
+        return result
+
+    honest = bench_in(folder)
+    key = bench.baseline_key(problem, device="cpu", dtype="float32")
+    slow = Timing(median_ms=FORGED_MS, p10_ms=FORGED_MS, p90_ms=FORGED_MS, mean_ms=FORGED_MS, runs=20)
+    bench.store_baselines(key, bench.Baselines(eager=honest.eager, compiled=slow), folder)  # as the cheat signs it
+    assert bench_in(folder).compiled == slow, "a judge trusting the folder reports the signed entry"
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    untrusting = bench_in(MemoryCache(note=UNTRUSTED))
+    assert untrusting.compiled.median_ms < FORGED_MS / 10 and UNTRUSTED in untrusting.message
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
