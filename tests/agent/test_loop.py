@@ -281,11 +281,13 @@ def test_prompts_render_with_every_fact_and_fail_on_a_missing_variable(workspace
         render_prompt("system")
 
 
-def test_known_facts_read_the_caches_with_the_benches_own_key(workspace, tmp_path):
+def test_known_facts_read_the_caches_with_the_benches_own_key(workspace, tmp_path, monkeypatch):
+    from kernelpilot.harness import confine
     from kernelpilot.harness.bench import Baselines, baseline_key, store_baselines
     from kernelpilot.harness.cache import store_entry
     from kernelpilot.harness.roofline import CEILINGS_KIND, problem_cost
 
+    monkeypatch.setattr(confine, "landlock_available", lambda: True)
     problem = workspace.problem()
     cache = tmp_path / "cache"
     assert baseline_cache_key(problem.problem_id, "cpu", "float32") == baseline_key(problem, device="cpu", dtype="float32")
@@ -297,6 +299,9 @@ def test_known_facts_read_the_caches_with_the_benches_own_key(workspace, tmp_pat
     facts = known_facts("cpu", problem.problem_id, cache)
     assert (facts.eager_ms, facts.compile_ms, facts.bandwidth_gbs, facts.bound) == (2.0, 1.0, 100.0, "memory")
     assert facts.floor_ms == pytest.approx(cost.bytes / 100e9 * 1e3)
+    # Without Landlock a candidate could have signed them: the folder is not read (as the judge does not read it).
+    monkeypatch.setattr(confine, "landlock_available", lambda: False)
+    assert known_facts("cpu", problem.problem_id, cache) == TaskFacts(gpu_name="cpu")
 
 
 # ------------------------------------------------------------------------------------------- on a GPU

@@ -6,6 +6,8 @@ import pytest
 
 # Seconds each (CLI subprocesses, fresh worker processes, a hang waited out, timing loops).
 SLOW = {
+    "test_a_judge_that_does_not_trust_the_folder_ignores_a_signed_entry_there_and_writes_nothing",
+    "test_a_candidate_that_reads_the_signing_key_cannot_forge_the_baselines",
     "test_a_hanging_candidate_is_killed_in_its_sandbox_and_the_worker_stays",
     "test_a_daemon_the_candidate_forks_does_not_outlive_the_step",
     "test_a_candidate_cannot_write_outside_its_sandbox",

@@ -57,13 +57,18 @@ def task_messages(problem: Problem, ws: Workspace, settings: Settings, facts: Ta
 
 
 def known_facts(gpu_name: str | None, problem_id: str, cache_dir: Path | None = None) -> TaskFacts:
-    """What the caches already know about this problem on this GPU (nothing is measured here)."""
+    """What the caches already know about this problem on this GPU (nothing is measured here). Without Landlock the
+    judge neither reads nor writes the cache folder (its sandboxes could write it: harness/cache.py), so neither
+    does this."""
     from kernelpilot.harness.cache import load_entry
+    from kernelpilot.harness.confine import landlock_available
     from kernelpilot.harness.roofline import CEILINGS_KIND
 
     if not gpu_name:
         return TaskFacts()
     facts = TaskFacts(gpu_name=gpu_name)
+    if not landlock_available():
+        return facts
     ceilings = load_entry(CEILINGS_KIND, {"gpu": gpu_name}, cache_dir)
     cost = _cached_cost(problem_id, cache_dir)
     if ceilings is not None:

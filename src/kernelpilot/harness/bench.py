@@ -2,7 +2,8 @@
 
 `bench_candidate` times the candidate's sandbox process with `timing.time_model` (fresh inputs per run, unannounced
 checked runs, the judge's own clock), and the baselines in clean processes where no candidate code ever ran; the
-baselines are cached on disk, signed (`cache.py`), and used only when a fresh eager measurement confirms them.
+baselines are cached on disk, signed (`cache.py`), and used only when a fresh eager measurement confirms them (kept
+in the judge's memory instead where its sandboxes are not confined: `worker.WorkerState.cache_for`).
 `time_callable` times a callable of the judge's own in this process (the roofline's ceilings; CUDA events with the
 L2 flushed, perf_counter on the CPU for tests).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from kernelpilot.harness.cache import device_name, environment_key, load_entry, store_entry
+from kernelpilot.harness.cache import MemoryCache, device_name, environment_key, load_entry, store_entry
 from kernelpilot.harness.failures import is_device_failure
 from kernelpilot.harness.roofline import dominant_dtype, problem_roofline
 from kernelpilot.harness.timing import Checker, TimedRuns, find_unaccounted_time, plan_runs, summarize, time_model
@@ -185,14 +186,16 @@ def baseline_key(problem: Problem, *, device: str, dtype: str, graph: bool = Fal
     }
 
 
-def load_baselines(key: dict[str, Any], cache_dir: Path | None = None) -> Baselines | None:
+def load_baselines(key: dict[str, Any], cache_dir: Path | MemoryCache | None = None) -> Baselines | None:
     """The cached baselines under `key`, or None (also when the entry's signature does not hold)."""
     cached = load_entry(BASELINES_KIND, key, cache_dir)
     return from_dict(Baselines, cached) if cached is not None else None
 
 
-def store_baselines(key: dict[str, Any], baselines: Baselines, cache_dir: Path | None = None) -> Path:
-    """Store baselines under `key`, signed; returns the file written."""
+def store_baselines(
+    key: dict[str, Any], baselines: Baselines, cache_dir: Path | MemoryCache | None = None
+) -> Path | None:
+    """Store baselines under `key`, signed; returns the file written (None for a MemoryCache)."""
     return store_entry(BASELINES_KIND, key, to_dict(baselines), cache_dir)
 
 
@@ -246,7 +249,7 @@ def bench_candidate(
     *,
     device: str,
     seed: int,
-    cache_dir: Path | None = None,
+    cache_dir: Path | MemoryCache | None = None,
     min_runs: int = 20,
     ceilings: dict[str, Any] | None = None,
     atol: float = 1e-2,
@@ -256,7 +259,9 @@ def bench_candidate(
     """Time the candidate's process against eager and torch.compile; speedups, % SOL, kernel breakdown.
 
     `candidate` and the clean models are `sandbox_client.ModelProcess`es whose weights were drawn under `seed`.
-    `ceilings` replaces the measured GPU ceilings (needed for a roofline off the GPU). A failure of the candidate
+    `ceilings` replaces the measured GPU ceilings (needed for a roofline off the GPU). `cache_dir` holds the
+    baselines, ceilings and costs: a folder, or a `MemoryCache` where the folder cannot be trusted (whose note the
+    result's message then carries when the baselines are measured). A failure of the candidate
     or the reference is a result with a message; this side's own OOM and CUDA errors are raised for the worker.
     """
     import torch
@@ -386,6 +391,8 @@ def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, 
     if eager.timing is None:
         return eager, ""
     baselines = Baselines(eager=eager.timing, compiled=compiled, compile_note=compile_note)
+    if isinstance(cache_dir, MemoryCache):  # why they were measured, though the folder may hold them
+        note = "; ".join(filter(None, [note, cache_dir.note]))
     try:
         store_baselines(key, baselines, cache_dir)
     except OSError as err:

@@ -2,11 +2,16 @@
 depend on, and signed.
 
 A measurement is stored as `<cache dir>/<kind>/<hash of key>.json` holding the key, the value and an HMAC-SHA256
-of both under a key only the judge's side reads (`<cache dir>/judge.key`, mode 0600, made on first use). A lookup
+of both under the judge's key (`<cache dir>/judge.key`, mode 0600, made on first use). A lookup
 checks the key itself and the signature, so an entry that anyone without the judge's key wrote or changed (a
 candidate forging slow baselines, say) is ignored and measured again. Sandboxes get a cache folder of their own,
 and where they run as another user they cannot read the key at all. Writes go to a temporary file and are renamed
 into place, so workers on several GPUs can share the folder without a reader ever seeing half a file.
+
+A sandbox of the same user can read the key (Landlock confines writes, not reads), so the signature holds only while
+no sandbox can write the folder: confined by Landlock, none can; unconfined (no Landlock), a candidate can sign
+whatever it likes. A judge whose sandboxes are not all confined therefore passes a `MemoryCache` where a folder would
+go: its entries live in the judge's process only, and the folder is neither read nor written (`worker.py`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,22 @@ def _entry_path(cache_dir: Path, kind: str, key: dict[str, Any]) -> Path:
     return cache_dir / kind / f"{digest}.json"
 
 
+class MemoryCache:
+    """Entries kept in this process's memory for its lifetime, in place of a cache folder a candidate could have
+    written (see the module's docstring); `note` says why, for a result whose measurements were made anew here."""
+
+    def __init__(self, note: str = ""):
+        self.note = note
+        self._entries: dict[tuple[str, str], str] = {}
+
+    def load(self, kind: str, key: dict[str, Any]) -> Any | None:
+        text = self._entries.get((kind, json.dumps(key, sort_keys=True)))
+        return json.loads(text) if text is not None else None  # a copy: a caller cannot change what is kept
+
+    def store(self, kind: str, key: dict[str, Any], value: Any) -> None:
+        self._entries[(kind, json.dumps(key, sort_keys=True))] = json.dumps(value)
+
+
 KEY_FILE = "judge.key"
 
 
@@ -87,9 +108,11 @@ def _signature(secret: bytes, key: Any, value: Any) -> str:
     return hmac.new(secret, canonical.encode(), hashlib.sha256).hexdigest()
 
 
-def load_entry(kind: str, key: dict[str, Any], cache_dir: Path | None = None) -> Any | None:
+def load_entry(kind: str, key: dict[str, Any], cache_dir: Path | MemoryCache | None = None) -> Any | None:
     """The value stored under `key`, or None when absent, unreadable, stored under another key or not signed
     with the judge's key."""
+    if isinstance(cache_dir, MemoryCache):
+        return cache_dir.load(kind, key)
     cache_dir = cache_dir or default_cache_dir()
     path = _entry_path(cache_dir, kind, key)
     try:
@@ -107,8 +130,11 @@ def load_entry(kind: str, key: dict[str, Any], cache_dir: Path | None = None) ->
     return stored.get("value")
 
 
-def store_entry(kind: str, key: dict[str, Any], value: Any, cache_dir: Path | None = None) -> Path:
-    """Store a JSON-able `value` under `key` atomically; returns the file written."""
+def store_entry(kind: str, key: dict[str, Any], value: Any, cache_dir: Path | MemoryCache | None = None) -> Path | None:
+    """Store a JSON-able `value` under `key` atomically; returns the file written (None for a MemoryCache)."""
+    if isinstance(cache_dir, MemoryCache):
+        cache_dir.store(kind, key, value)
+        return None
     cache_dir = cache_dir or default_cache_dir()
     path = _entry_path(cache_dir, kind, key)
     path.parent.mkdir(parents=True, exist_ok=True)

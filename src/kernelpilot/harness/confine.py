@@ -5,7 +5,8 @@ Reading stays open (Python, torch, the workspace's sources and its built extensi
 can then write nowhere except the sandbox's private home, temp and cache folders, the judge's shared-tensor folder
 and /dev (the GPU's device files): not the baseline cache, not the workspace, not the Python installation (a .pth
 file there would run code in every later Python process, the judge's included), not another sandbox's caches.
-Landlock needs Linux 5.13; elsewhere the sandbox says it is unconfined and runs as before.
+Landlock needs Linux 5.13; elsewhere the sandbox says it is unconfined and runs as before, and the judge, told so
+before any candidate code runs, no longer trusts its cache folder (`cache.py`).
 """
 
 from __future__ import annotations

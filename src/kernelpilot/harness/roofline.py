@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernelpilot.harness.cache import device_name, load_entry, store_entry
+from kernelpilot.harness.cache import MemoryCache, device_name, load_entry, store_entry
 from kernelpilot.results import Roofline
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ def _time(call, device):
     return time_callable(call, [[]], device=str(device), min_runs=10, max_runs=30, max_seconds=3.0, flush_l2=False)
 
 
-def gpu_ceilings(device: str, cache_dir: Path | None = None) -> dict[str, Any]:
+def gpu_ceilings(device: str, cache_dir: Path | MemoryCache | None = None) -> dict[str, Any]:
     """The ceilings of the GPU at `device`: from the cache, else measured once and stored."""
     key = {"gpu": device_name(device)}
     cached = load_entry(CEILINGS_KIND, key, cache_dir)
@@ -233,7 +233,7 @@ def effective_rate(ceilings: dict[str, Any], cost: ProblemCost) -> float:
 # ----------------------------------------------------------------------------------------- roofline
 
 
-def problem_cost(problem: Problem, *, device: str, cache_dir: Path | None = None) -> ProblemCost:
+def problem_cost(problem: Problem, *, device: str, cache_dir: Path | MemoryCache | None = None) -> ProblemCost:
     """`count_cost`, cached per problem and torch version (flop formulas change with torch)."""
     import torch
 
@@ -250,7 +250,7 @@ def problem_roofline(
     problem: Problem,
     *,
     device: str,
-    cache_dir: Path | None = None,
+    cache_dir: Path | MemoryCache | None = None,
     ceilings: dict[str, Any] | None = None,
 ) -> Roofline:
     """The problem's speed-of-light floor on the GPU at `device` (or against `ceilings` given explicitly)."""

@@ -119,16 +119,25 @@ class Sandbox:
 
 
 class SandboxPool:
-    """Hands out fresh sandboxes, keeping one spare started ahead so a turn does not wait for torch's import."""
+    """Hands out fresh sandboxes, keeping one spare started ahead so a turn does not wait for torch's import.
+
+    `confined` stays True while every sandbox handed out said, before any candidate code ran in it, that Landlock
+    confines its writes (and the kernel has Landlock at all): what the judge's cache trusts (`worker.py`).
+    """
 
     def __init__(self, device: str, log_dir: Path):
+        from kernelpilot.harness.confine import landlock_available
+
         self.device, self.log_dir = device, log_dir
         self._spare: Sandbox | None = None
         self._handed_out: list[Sandbox] = []
+        self.confined = landlock_available()
 
     def take(self) -> Sandbox:
         sandbox = self._spare or Sandbox(self.device, log_dir=self.log_dir)
-        sandbox.start()
+        started = sandbox.start()  # the hello comes before the sandbox loads anything (sandbox.serve)
+        if started.get("ok") and started.get("confinement") != "landlock":  # anything else is unconfined
+            self.confined = False
         self._spare = Sandbox(self.device, log_dir=self.log_dir)
         self._spare.launch()
         self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]

@@ -23,9 +23,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernelpilot.errors import KernelpilotError
+from kernelpilot.harness.cache import MemoryCache
 from kernelpilot.harness.failures import classify
+
+UNTRUSTED_CACHE_NOTE = ("baselines measured anew: sandboxes are not confined on this system (no Landlock), so the "
+                        "on-disk cache is not trusted")
+
+
 class WorkerState:
-    """What a worker keeps between requests: its device, loaded problems, and sandboxes.
+    """What a worker keeps between requests: its device, loaded problems, sandboxes, and where measurements are kept.
 
     The worker is the judge's trusted side: it never imports candidate code. A candidate is loaded in a fresh
     sandbox process, kept for the steps of one evaluation of the same sources (verify, then bench) and closed
@@ -48,6 +54,21 @@ class WorkerState:
         self.clean: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._candidate: tuple[tuple, Any] | None = None
         self.load_phases: dict[str, float] = {}  # the last candidate sandbox's start and load, in seconds
+        self.memory_cache = MemoryCache(note=UNTRUSTED_CACHE_NOTE)  # once the cache folder is not trusted
+        self._said_untrusted = False
+
+    def cache_for(self, cache_dir: Path | None) -> Path | MemoryCache | None:
+        """Where a step reads and keeps measurements (baselines, ceilings, costs): `cache_dir` (None: the default
+        folder) while every sandbox of this worker has been confined by Landlock; else this process's memory for
+        its lifetime, since a candidate in an unconfined sandbox can read the folder's signing key and write
+        signed entries there. The folder is then neither read nor written, and the worker's log says so once."""
+        if self.pool.confined:
+            return cache_dir
+        if not self._said_untrusted:
+            self._said_untrusted = True
+            print(f"kernelpilot worker: {UNTRUSTED_CACHE_NOTE}; measurements are kept in this process only",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return self.memory_cache
 
     def problem(self, path: Path) -> Any:
         from kernelpilot.problem import load_problem, problem_id_of
@@ -214,7 +235,8 @@ def op_bench(state: WorkerState, args: dict) -> dict:
             state.clean_models(Path(ws.model_path), problem),
             device=state.device,
             seed=sandbox.seed,
-            cache_dir=Path(args["cache_dir"]) if args.get("cache_dir") else None,
+            # (after the candidate's sandbox was taken: its confinement counts)
+            cache_dir=state.cache_for(Path(args["cache_dir"]) if args.get("cache_dir") else None),
             min_runs=args.get("min_runs", 20),
             atol=args.get("atol", 1e-2),
             rtol=args.get("rtol", 1e-2),
