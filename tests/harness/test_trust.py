@@ -13,7 +13,7 @@ import torch
 from kernelpilot.harness import cache
 from kernelpilot.harness.sandbox_client import InProcessModel
 from kernelpilot.harness.shared import SharedArena, open_reference, open_tree, share_tree
-from kernelpilot.harness.timing import UNACCOUNTED_TIME, find_unaccounted_time
+from kernelpilot.harness.timing import UNACCOUNTED_TIME, find_unaccounted_time, typical_unaccounted
 from kernelpilot.harness.compare import compare_tensors
 from kernelpilot.harness.verify import fingerprint, verify_candidate
 from kernelpilot.problem import load_problem
@@ -165,6 +165,15 @@ def test_time_the_sandbox_did_not_report_fails_beyond_the_protocols_own_cost():
     assert "1.020 ms longer on the judge's clock" in hidden.message
     # A long call may take a share of its own time more (noise scales with the call).
     assert find_unaccounted_time(timing(10.0, 2.2), clean_unaccounted_ms=0.3) is None
+
+
+def test_a_cpu_series_held_up_half_the_time_is_load_but_work_outside_every_window_is_not():
+    held_up = [0.7, 9.0, 0.8, 12.0, 0.6, 8.5, 0.7, 10.0, 9.5, 11.0, 0.7, 8.8]  # a busy machine: most runs late
+    assert typical_unaccounted(held_up, "cpu") < 1.0
+    assert typical_unaccounted(held_up, "cuda") > 4.0  # (a GPU's series is judged by its median)
+    outside = [30.0 + value for value in held_up]
+    assert typical_unaccounted(outside, "cpu") > 30.0
+    assert typical_unaccounted([0.7, 9.0, 0.8], "cpu") == 0.8  # too few runs for quartiles: the median
 
 
 def test_copying_into_slots_leaves_no_reference_cycle_holding_them():
