@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from kernelpilot.agent.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.cli import app
+from kernelpilot.lockfile import LOCK_NAME, read_lock
 from kernelpilot.workspace import EXAMPLE_KERNELS
 from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, UNSUPPORTED_PROBLEM, write_problem
 
@@ -153,6 +154,13 @@ def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_outp
         assert f"kp-double/{name}" in files, name
     assert not any(name.startswith("problems/") for name in files), "the copy beside the problem is the user's"
     assert "kp-double/.kernelpilot/sessions" not in str(files)
+    # Verified again at the shape variants before the commit, as `kernelpilot accept` does; timed by the run.
+    lock = read_lock(tmp_path / "project" / "kp-double" / LOCK_NAME)
+    assert [(s.variant, s.inputs) for s in lock.shapes.verified] == [
+        ("problem", [[16, 32]]), ("half", [[8, 32]]), ("double", [[32, 32]])]  # fmt: skip
+    assert lock.shapes.failed == [] and lock.shapes.not_applicable == []
+    assert lock.timings.candidate.median_ms == report["best"]["bench"]["candidate"]["median_ms"]
+    assert len(lock.verification.seeds) == len(report["best"]["verify"]["trials"])
 
     assert refused.exit_code == 2
     report = json.loads(refused.stdout)

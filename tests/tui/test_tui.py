@@ -1,6 +1,7 @@
 """The TUI through Textual's pilot: a scripted model's run on a real workspace fills the transcript, plan and diff
-panels; the pause, resume and stop keys really hold and end the loop; accept commits through vcs.accept in a real
-git repository (and says why not outside one); the profile panel shows judged results and the per-kernel diff;
+panels; the pause, resume and stop keys really hold and end the loop; accept verifies the best again at the shape
+variants with the run's judge and commits it with a lock file that records them, in a real git repository (and
+says why not outside one); the profile panel shows judged results and the per-kernel diff;
 watch mode turns saves in a real workspace into profile rows and compile errors into diagnostics, `w` turns it off
 and on, and quitting ends the watcher's thread."""
 
@@ -24,6 +25,7 @@ from kernelpilot.agent.session import Session, read_records
 from kernelpilot.agent.tool_results import TodoItem
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
+from kernelpilot.lockfile import LOCK_NAME, read_lock
 from kernelpilot.results import (
     BenchResult,
     BuildResult,
@@ -32,6 +34,7 @@ from kernelpilot.results import (
     KernelTime,
     Timing,
     TrialResult,
+    VariantCheck,
     VerifyResult,
     to_dict,
 )
@@ -41,7 +44,7 @@ from kernelpilot.tui.profile import ProfilePanel
 from kernelpilot.tui.status import RunStatus
 from kernelpilot.tui.todos import TodoPanel
 from kernelpilot.tui.transcript import Transcript
-from kernelpilot.workspace import init_workspace
+from kernelpilot.workspace import init_workspace, open_workspace
 from kp_testing import DOUBLE_PROBLEM, write_problem
 
 CANDIDATE = """from torch import nn
@@ -233,30 +236,63 @@ async def test_pause_resume_and_stop_keys_drive_the_loop(problem):
         assert app.outcome.summary.status == "stopped" and app.outcome.summary.turns == 3
 
 
+class VerifyingJudge:
+    """The run's judge after the run: watch mode's evaluation of the workspace as it is (the 0.25 ms candidate), and
+    accept's, which verifies (no timing) at the variants it is asked for, each verified, as the worker reports them
+    for DOUBLE_PROBLEM's (16, 32) input."""
+
+    SHAPES = {"half": [[8, 32]], "double": [[32, 32]]}
+
+    def __init__(self):
+        self.calls: list[dict] = []  # accept's
+
+    def evaluate(self, root, **judging) -> EvalResult:
+        problem_id = open_workspace(root).problem_id
+        if "variants" not in judging:
+            return judged(problem_id, str(root), 0.25, {"twice": 0.25})
+        self.calls.append(judging)
+        trials = [TrialResult(seed=100 + index, ok=True) for index in range(judging["trials"])]
+        checks = [VariantCheck(name, "verified", inputs=self.SHAPES[name]) for name in judging["variants"]]
+        verify = VerifyResult(ok=True, trials=trials, atol=judging["atol"], rtol=judging["rtol"],
+                              input_shapes=[[16, 32]], variants=checks)  # fmt: skip
+        return EvalResult(problem_id, str(root), verify=verify, reward=1)
+
+
 @pytest.mark.asyncio
 async def test_accept_commits_the_best_in_a_repository(problem):
     repo = git.Repo.init(problem.parent, initial_branch="main")
     (problem.parent / "README.md").write_text("# project\n")
     repo.index.add(["README.md"])
     repo.index.commit("start")
-    app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish())))
+    judge = VerifyingJudge()
+    app = KernelpilotApp(scripted_run(problem, ScriptedModel(plan_write_finish()), judge=judge))
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_for(pilot, lambda: app.phase == "ended", "the run to end")
         ws = app.workspace
         # The eval record the loop writes when the judge verifies a new best (the judge needs a GPU).
         result = judged(ws.problem_id, str(ws.root), 0.25, {"twice": 0.25})
         app.post_message(RecordWritten({"type": "eval", "turn": 2, "improved": True, "eval": to_dict(result)}))
-        await wait_for(pilot, lambda: app.best is not None and app.query_one("#attempts", DataTable).row_count == 1,
+        # The run's best, and watch mode's start: the same files, judged the same.
+        await wait_for(pilot, lambda: app.best is not None and app.query_one("#attempts", DataTable).row_count == 2,
                        "the best to be recorded and shown")  # fmt: skip
 
         await pilot.press("a")
         await wait_for(pilot, lambda: lines(app)[-1].startswith("committed"), "the commit")
         head = repo.head.commit
         assert lines(app)[-1] == f"committed {head.hexsha[:7]} {head.summary}"
+        assert "accept: verifying the best at half and double the batch size too, then committing…" in lines(app)
 
     committed = set(head.stats.files)
     assert "kp-double/model_new.py" in committed and "kp-double/kernelpilot.lock.json" in committed
     assert "README.md" not in committed
+    # Verified again, as it was (3 trials, its tolerances) and at the variants, not timed again: the run's timing.
+    [verifying] = judge.calls
+    assert verifying == {"trials": 3, "atol": 1e-2, "rtol": 1e-2, "bench": False, "variants": ("half", "double")}
+    lock = read_lock(problem.parent / "kp-double" / LOCK_NAME)
+    assert [(s.variant, s.inputs) for s in lock.shapes.verified] == [
+        ("problem", [[16, 32]]), ("half", [[8, 32]]), ("double", [[32, 32]])]  # fmt: skip
+    assert lock.verification.seeds == [100, 101, 102]
+    assert lock.timings.candidate.median_ms == 0.25 and lock.environment.gpu == "NVIDIA H100 80GB HBM3"
 
 
 @pytest.mark.asyncio

@@ -6,9 +6,10 @@ run can check (problem, model, git, GPU) is checked before the workspace is made
 cannot start leaves nothing behind. Nothing verified means nothing is written beside the problem, and the result
 says so; the CLI renders it (`cli/render_agent.py`).
 
-With `commit`, the best candidate is committed from the workspace, as `kernelpilot accept` would: the lock file
-lives there and `kernelpilot check` rebuilds from there. Git's refusal after a run is kept on the result, so the
-caller shows the run's outcome first and the refusal last.
+With `commit`, the best candidate is committed from the workspace, as `kernelpilot accept` would: verified again
+at the shape variants by the run's judge (`acceptance.accept_candidate`), so its lock file records the shapes;
+the lock file lives there and `kernelpilot check` rebuilds from there. Git's refusal after a run is kept on the
+result, so the caller shows the run's outcome first and the refusal last.
 """
 
 from __future__ import annotations
@@ -97,17 +98,18 @@ def optimize(
     """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate.
 
     With `commit`, git must be ready to commit in the workspace before the run starts (VcsError otherwise), and
-    the best verified candidate is committed afterwards (`commit_best`). `checked` is what `checked_run` gave a
-    caller that checked first (with the same `commit`); without it, the checks run here.
+    the best verified candidate is committed afterwards (`commit_best`), while the run's judge is still open.
+    `checked` is what `checked_run` gave a caller that checked first (with the same `commit`); without it, the
+    checks run here.
     """
     from kernelpilot.agent.loop import run_agent
 
     with prepared_run(problem_path, settings, resume=resume, session_id=session_id, commit=commit,
                       checked=checked) as run:  # fmt: skip
         summary = run_agent(run.messages, run.model, run.tools, run.ctx, settings, run.session, on_turn)
-    result = finish_run(run, summary)
-    if commit:
-        commit_best(result)
+        result = finish_run(run, summary)
+        if commit:
+            commit_best(result, run.ctx.judge)
     return result
 
 
@@ -220,16 +222,18 @@ def require_committable(root: Path) -> None:
         raise VcsError(err.message, hint="Fix that first, or run optimize without --commit.") from None
 
 
-def commit_best(result: OptimizeResult) -> None:
+def commit_best(result: OptimizeResult, judge: Judge | None) -> None:
     """Commit the run's best verified candidate, which `finish_run` put back into the workspace, with its lock
-    file (`kernelpilot.vcs.accept`); keep git's refusal on the result instead of raising it, so nothing is lost.
+    file, once `judge` has verified it at the shape variants too (`acceptance.accept_candidate`: its timings are
+    the run's); keep git's refusal on the result instead of raising it, so nothing is lost.
     """
-    from kernelpilot.vcs import accept
+    from kernelpilot.acceptance import accept_candidate
+    from kernelpilot.workspace import open_workspace
 
     if result.summary.best is None or result.summary.status == "interrupted":
         return
     try:
-        result.commit = accept(result.workspace, result.summary.best)
+        result.commit = accept_candidate(judge, open_workspace(result.workspace), result.summary.best).commit
     except KernelpilotError as err:  # VcsError from git; LockFileError for a result a lock file cannot record
         later = f"The best candidate is in {result.workspace}; `kernelpilot accept {result.workspace}` commits it."
         result.commit_refusal = type(err)(err.message, hint=later)

@@ -261,24 +261,24 @@ def accept(
 ) -> None:
     """Evaluate the workspace (also at half and double its batch size) and commit its kernels, model_new.py and
     kernelpilot.lock.json with the numbers and the shapes verified."""
+    from kernelpilot.acceptance import accept_candidate
     from kernelpilot.cli.render_eval import render_eval
     from kernelpilot.cli.render_git import render_commit
-    from kernelpilot.harness.judge import evaluate_path
-    from kernelpilot.harness.variants import VARIANTS
-    from kernelpilot.lockfile import lock_from_eval, write_lock
-    from kernelpilot.vcs import accept as commit_accepted, check_ready_to_commit
+    from kernelpilot.harness.judge import Judge
+    from kernelpilot.vcs import check_ready_to_commit
     from kernelpilot.workspace import open_workspace
 
     ws = open_workspace(workspace)
     _check_buildable(device)
     if not no_commit:
-        check_ready_to_commit(ws.root)  # before minutes of evaluation, not after
-    result = evaluate_path(ws.root, device=device, trials=trials, atol=atol, rtol=rtol, variants=VARIANTS)
-    render_eval(console, result)
-    if no_commit:
-        console.print(f"wrote {write_lock(ws, lock_from_eval(ws, result))}", highlight=False)
+        check_ready_to_commit(ws.root)  # before the judge starts (no GPU is an error there) and minutes of evaluation
+    with Judge(device) as judge:
+        accepted = accept_candidate(judge, ws, trials=trials, atol=atol, rtol=rtol, commit=not no_commit,
+                                    message=message, on_judged=lambda result: render_eval(console, result))  # fmt: skip
+    if accepted.commit is not None:
+        render_commit(console, accepted.commit)
     else:
-        render_commit(console, commit_accepted(ws, result, message=message))
+        console.print(f"wrote {accepted.lock_path}", highlight=False)
 
 
 @app.command()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,7 +36,10 @@ class Timeouts:
 
 
 class Judge:
-    """Evaluates candidates on one device through a long-lived worker; use as a context manager or call close()."""
+    """Evaluates candidates on one device through a long-lived worker; use as a context manager or call close().
+
+    Threads may share one judge (the TUI's watcher and its accept key): its worker runs one step at a time.
+    """
 
     def __init__(
         self,
@@ -53,6 +57,7 @@ class Judge:
         self.arch = arch
         self.jobs = jobs
         self.worker = Worker(self.device, log_path=log_path)
+        self._steps = threading.Lock()  # one request at a time on the worker's pipes
         if self.device != "cpu":
             self._require_gpu()
 
@@ -180,7 +185,8 @@ class Judge:
         self.close()
 
     def _call(self, op: str, args: dict[str, Any], timeout: float) -> Reply:
-        reply = self.worker.call(op, args, timeout=timeout)
+        with self._steps:
+            reply = self.worker.call(op, args, timeout=timeout)
         reply.raise_user_error()
         return reply
 

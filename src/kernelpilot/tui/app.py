@@ -3,13 +3,15 @@
 The worker assembles the run exactly as `optimize` does (`prepared_run`), replays the session's records so far,
 then runs the loop with a ReportingSession: every record is written to the transcript file first (closing the app
 loses nothing and `--resume` continues) and then posted to the app, whose handlers fill the panels on the UI
-thread. Pause and stop act between turns through RunControl; accept commits the best verified candidate with
-`vcs.accept` once the run is over and that candidate is back in the workspace.
+thread. Pause and stop act between turns through RunControl; accept commits the best verified candidate once the
+run is over and that candidate is back in the workspace, after the run's judge has verified it at the shape
+variants too (`acceptance.accept_candidate`, as `kernelpilot accept` and `optimize --commit` do).
 
 Once the run is over the worker keeps the run (and its judge) open, and the app watches the workspace: every save
 of a kernel or model_new.py is judged again and shown as an "edit N" attempt, until `w` turns watching off or the
 app closes. `kernelpilot watch DIR --tui` opens the same app with no run, watching only. After an edit, accept
 commits the workspace's files with the latest edit's numbers, so it refuses while the latest edit failed.
+Watching only, accept verifies with the judge that watching uses.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from kernelpilot.watch import DEBOUNCE_SECONDS, Evaluate, WatchEvent
 if TYPE_CHECKING:
     from kernelpilot.agent.optimize import AgentRun, CheckedRun, OptimizeResult
     from kernelpilot.config import Settings
+    from kernelpilot.harness.judge import Judge
     from kernelpilot.vcs import CommitInfo
     from kernelpilot.workspace import Workspace
 
@@ -83,7 +86,7 @@ class RunOver(Message):
 
 
 class AcceptDone(Message):
-    """`vcs.accept` committed the best candidate, or refused with a KernelpilotError."""
+    """`accept_candidate` committed the best candidate, or refused with a KernelpilotError."""
 
     def __init__(self, commit: CommitInfo | None, error: KernelpilotError | None):
         super().__init__()
@@ -117,10 +120,13 @@ class KernelpilotApp(App[None]):
         *,
         workspace: Workspace | None = None,
         evaluate: Evaluate | None = None,
+        judge: Judge | None = None,
         debounce_s: float = DEBOUNCE_SECONDS,
     ):
-        """Drive the run `open_run` assembles, then watch its workspace; with no run, watch `workspace` only."""
+        """Drive the run `open_run` assembles, then watch its workspace; with no run, watch `workspace` only, and
+        let accept verify with `judge`."""
         super().__init__()
+        self.judge = judge  # what accept verifies with: the run's judge once the run is assembled
         self._open_run = open_run
         self._debounce_s = debounce_s
         self.watch_bridge: WatchBridge | None = None
@@ -195,6 +201,7 @@ class KernelpilotApp(App[None]):
     def on_run_started(self, message: RunStarted) -> None:
         run = message.run
         self.workspace = run.workspace
+        self.judge = run.ctx.judge
         self.max_turns = run.settings.max_turns
         self.run_title = f"{run.problem_path.name} · {run.model.name} · session {run.session.id}"
         for record in message.history:
@@ -211,6 +218,7 @@ class KernelpilotApp(App[None]):
         transcript = self.query_one(Transcript)
         if message.error is not None:
             self.phase = "failed"
+            self.judge = None  # the run's judge closed with the run
             transcript.add_line(_sentence(message.error), "refused")
         else:
             self.phase = "ended"
@@ -346,14 +354,16 @@ class KernelpilotApp(App[None]):
         elif self.best is None or self.workspace is None:
             self._report_accept("No candidate was verified correct, so there is nothing to accept.", refused=True)
         else:
+            self.query_one(Transcript).add_line("accept: verifying the best at half and double the batch size too, "
+                                                "then committing…", "watch")  # fmt: skip
             self.run_worker(partial(self._accept, self.workspace, self.best), thread=True, name="accept",
                             group="accept", exclusive=True)  # fmt: skip
 
     def _accept(self, workspace: Workspace, best: EvalResult) -> None:
-        from kernelpilot.vcs import accept
+        from kernelpilot.acceptance import accept_candidate
 
         try:
-            self.post_message(AcceptDone(accept(workspace, best), None))
+            self.post_message(AcceptDone(accept_candidate(self.judge, workspace, best).commit, None))
         except KernelpilotError as err:
             self.post_message(AcceptDone(None, err))
 
@@ -422,5 +432,6 @@ def run_watch_tui(root: Path, *, device: str | None = None, trials: int = 5, ben
 
     ws = open_workspace(root)
     with Judge(device) as judge:
-        app = KernelpilotApp(workspace=ws, evaluate=lambda path: judge.evaluate(path, trials=trials, bench=bench))
+        app = KernelpilotApp(workspace=ws, evaluate=lambda path: judge.evaluate(path, trials=trials, bench=bench),
+                             judge=judge)  # fmt: skip
         app.run()
