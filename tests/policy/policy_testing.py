@@ -98,7 +98,9 @@ def needs_nvcc(test):
 def compile_cu(source: str, folder: Path) -> str:
     """Compile a torch-free .cu for sm_90 next to the workspace's kp_cuda.h, warning-free; return ptxas' report.
 
-    A source calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
+    Device code only (`-cubin`): nvcc's front end still parses and checks the whole file, host code included, but
+    the host compiler does not run, which halves the time; workspace builds (`built_workspace`) compile the host
+    side for real. A source calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
     from kernelpilot.build import LIBRARIES, find_library, resolve_cuda_home
 
     shutil.copy(REPO_ROOT / "templates" / "kernels" / "kp_cuda.h", folder / "kp_cuda.h")
@@ -108,7 +110,7 @@ def compile_cu(source: str, folder: Path) -> str:
         if f"#include <{library.header}>" in source:
             includes += ["-isystem", str(find_library(library, resolve_cuda_home()).include_dir)]
     done = subprocess.run(
-        [_nvcc(), "-std=c++17", "-c", "-arch=sm_90", "-Xptxas", "-v", *includes, "kernel.cu", "-o", "kernel.o"],
+        [_nvcc(), "-std=c++17", "-cubin", "-arch=sm_90", "-Xptxas", "-v", *includes, "kernel.cu", "-o", "kernel.cubin"],
         cwd=folder, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
