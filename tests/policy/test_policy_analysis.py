@@ -1,8 +1,10 @@
-"""The built-in policy: partitioning on meta tensors, generated sources, and its tool calls over a conversation.
+"""The built-in policy's analysis: a problem traced on meta tensors and partitioned into groups (the examples'
+groups, their reductions, accesses and epilogues; unsupported ops named), the rounding-faithful form of
+half-precision matmuls, and cuBLASLt's view of a matmul group's operands.
 
-The partition is checked for meaning, not only shape: `evaluate` runs each group's expression with torch on the
-CPU (loads as strided views, statistics as torch reductions) and the result must equal Model's output. The CUDA
-itself is compiled with nvcc here and verified on a GPU by the `gpu` tests.
+The partition is checked for meaning, not only shape: `evaluate` (policy/cpu_spec.py) runs each group's expression
+with torch on the CPU (loads as strided views, statistics as torch reductions) and the result must equal Model's
+output.
 """
 
 from __future__ import annotations
