@@ -1,4 +1,4 @@
-"""Markers of the harness tests."""
+"""Markers and shared fixtures of the harness tests."""
 
 from __future__ import annotations
 
@@ -30,3 +30,11 @@ def pytest_itemcollected(item):
     # Called for the items of this folder only (a collection hook through the item's own path).
     if item.originalname in SLOW:
         item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def relu_problem(tmp_path):
+    """verify_testing.py's ReLU problem, written to tmp_path and loaded."""
+    from verify_testing import RELU_PROBLEM, write_problem
+
+    return write_problem(tmp_path, RELU_PROBLEM)

@@ -1,4 +1,5 @@
-"""What the policy tests share: small problems written from a forward, the policy's analysis of a problem, a CPU
+"""What the policy tests share: the examples by kind, small problems written from a forward (and a catalogue of
+them: SMALL_PROBLEMS, the zoos of layouts, cancelling bf16 sums), the policy's analysis of a problem, a CPU
 reference (the package's executable spec, policy/cpu_spec.py) that evaluates an analysis' groups with torch (so a
 partition is checked for meaning, not only shape),
 nvcc compiles of generated sources (`needs_nvcc`, `compile_cu`), compile-only workspace builds, and the GPU
@@ -21,7 +22,7 @@ from kernelpilot.policy.cpu_spec import evaluate
 from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
 from kernelpilot.policy.ir import Analysis, Group
 from kernelpilot.problem import load_problem
-from kp_testing import REPO_ROOT, nonempty
+from kp_testing import REPO_ROOT, UNSUPPORTED_PROBLEM, nonempty
 
 
 def write_problem(folder: Path, name: str, forward: str, inputs: str, init: str = "") -> Path:
@@ -200,3 +201,268 @@ def assert_every_launch_candidate_verifies(judge, problem_path: Path, folder: Pa
         allowed = verify.ok or (later_may_mismatch and index > 0 and verify.error_kind == "mismatch")
         assert allowed, (index, verify.error_kind, verify.message, [t.message for t in verify.trials])
 
+
+# ----------------------------------------------------------------- examples and problems of more than one module
+
+# The examples the policy generates kernels for, by kind.
+FUSED_EXAMPLES = [
+    "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
+    "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
+    "cross_entropy", "cross_entropy_bf16_vocab128k", "token_logprobs_bf16", "logits_entropy_bf16", "sum_middle_dim",
+    "channel_amax_bf16", "distill_kl_bf16", "cross_entropy_z_loss_bf16", "policy_logprobs_entropy_bf16",
+    "cross_entropy_label_smoothing_bf16",
+]  # fmt: skip
+MATMUL_EXAMPLES = [
+    "linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16",
+    "coordinate_mlp_relu_fp16", "lora_residual_bf16",
+]  # fmt: skip
+CONV_EXAMPLES = ["conv2d_relu_bias"]
+SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
+
+
+# Every example is supported now: a running sum along the rows is a pattern the policy does not generate.
+def unsupported_problem(folder: Path) -> Path:
+    path = folder / "model.py"
+    path.write_text(UNSUPPORTED_PROBLEM)
+    return path
+
+
+SMALL_PROBLEMS = {
+    "softmax": ("def forward(self, x):\n    return torch.softmax(x, dim=-1)", "torch.randn(4, 1000) * 5"),
+    "log_softmax": ("def forward(self, x):\n    return F.log_softmax(x, dim=1)", "torch.randn(3, 37)"),
+    "layernorm": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(2, 3, 64) * 3 + 1",
+        "self.norm = nn.LayerNorm(64)\nwith torch.no_grad():\n    self.norm.weight.uniform_(0.5, 1.5)\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "rmsnorm": (
+        "def forward(self, x):\n    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight",
+        "torch.randn(2, 8, 32)",
+        "self.weight = nn.Parameter(torch.rand(32) + 0.5)",
+    ),
+    "silu_scale_shift": ("def forward(self, x):\n    return x * torch.sigmoid(x) * 1.7 - 0.25", "torch.randn(5, 7)"),
+    "logsumexp_plus_row_bias": (
+        "def forward(self, x, b):\n    return torch.logsumexp(x, dim=-1) + b",
+        "torch.randn(6, 50) * 40, torch.randn(6)",
+    ),
+    "l2_normalize": ("def forward(self, x):\n    return F.normalize(x, dim=-1)", "torch.randn(8, 33)"),
+    "row_stats": (
+        "def forward(self, x):\n    return x.mean(-1), x.amax(-1, keepdim=True), x.amin(-1), x.sum(-1), x.var(-1)",
+        "torch.randn(3, 17)",
+    ),
+    "broadcast_channels": (
+        "def forward(self, x, r):\n    return torch.relu(x * self.scale + self.shift + r)",
+        "torch.randn(2, 4, 3, 5), torch.randn(2, 4, 3, 5)",
+        "self.scale = nn.Parameter(torch.rand(4, 1, 1))\nself.shift = nn.Parameter(torch.randn(4, 1, 1))",
+    ),
+    "softmax_then_mask": (
+        "def forward(self, s, m):\n    return torch.softmax(s, dim=-1) * m",
+        "torch.randn(2, 2, 4, 8), (torch.rand(4, 8) > 0.3).float()",
+    ),
+    "two_pass_variance": (
+        "def forward(self, x):\n    return ((x - x.mean(-1, keepdim=True)) ** 2).mean(-1)",
+        "torch.randn(5, 40) + 100",
+    ),
+    "max_without_keepdim_then_unsqueeze": (
+        "def forward(self, x):\n    return torch.exp(x - x.amax(-1)[..., None])",
+        "torch.randn(4, 9)",
+    ),
+    "softmax_of_a_transpose": ("def forward(self, x):\n    return torch.softmax(x.t(), dim=-1)", "torch.randn(12, 5)"),
+    "transposed_elementwise": ("def forward(self, x, y):\n    return x.t() * 2 + y", "torch.randn(6, 3), torch.randn(3, 6)"),
+    "where_and_compare": (
+        "def forward(self, x):\n    return torch.where(x > 0, x, 0.1 * x).clamp(-1, 1)",
+        "torch.randn(7, 3)",
+    ),
+    "clone_then_scale": ("def forward(self, x):\n    return x.clone() * 2", "torch.randn(3, 3)"),
+    "gelu_residual_layernorm": (
+        "def forward(self, x, y):\n    return F.layer_norm(F.gelu(x) + y, (16,))",
+        "torch.randn(4, 16), torch.randn(4, 16)",
+    ),
+    "group_norm": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(2, 12, 5, 6) * 3 + 1",
+        "self.norm = nn.GroupNorm(4, 12)\nwith torch.no_grad():\n    self.norm.weight.uniform_(0.5, 1.5)\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "group_norm_without_affine": (
+        "def forward(self, x):\n    return self.norm(x)",
+        "torch.randn(3, 6, 4, 4) + 2",
+        "self.norm = nn.GroupNorm(3, 6, affine=False)",
+    ),
+    "group_norm_one_channel_per_group": (
+        "def forward(self, x):\n    return F.group_norm(x, 5, self.weight)",
+        "torch.randn(2, 5, 3, 7)",
+        "self.weight = nn.Parameter(torch.rand(5) + 0.5)",
+    ),
+    "group_norm_of_vectors": ("def forward(self, x):\n    return F.group_norm(x, 4)", "torch.randn(6, 16)"),
+    "prologue_group_norm_silu_residual": (
+        "def forward(self, x, r):\n    return F.silu(self.norm(x * 2 + 1)) + r",
+        "torch.randn(2, 8, 3, 4), torch.randn(2, 8, 3, 4)",
+        "self.norm = nn.GroupNorm(2, 8)\nwith torch.no_grad():\n    self.norm.bias.uniform_(-1, 1)",
+    ),
+    "group_norm_statistics": (
+        (
+            "def forward(self, x):\n    out, mean, rstd = torch.native_group_norm(x, None, None, 2, 8, 9, 4, 1e-5)\n"
+            "    return out, mean, rstd * 2"
+        ),
+        "torch.randn(2, 8, 3, 3) * 4",
+    ),
+    "layernorm_then_group_norm": (
+        "def forward(self, x):\n    return F.group_norm(F.layer_norm(x, (6,)), 2)",
+        "torch.randn(2, 4, 5, 6)",
+    ),
+    "returns_its_input_and_a_view": (
+        "def forward(self, x):\n    return x, x.sum(-1).view(2, 3)",
+        "torch.randn(6, 4)",
+    ),
+}
+
+
+def small_problem(folder: Path, name: str) -> Path:
+    forward, inputs, *init = SMALL_PROBLEMS[name]
+    return write_problem(folder, name, forward, inputs, init[0] if init else "")
+
+
+# Every matmul layout and epilogue in one problem, so the build and GPU tests make one workspace for all of them.
+MATMUL_ZOO = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(256, 512).to(torch.bfloat16)
+        self.proj = nn.Linear(512, 256)
+        self.down = nn.Linear(128, 192).half()
+
+    def forward(self, x, h, r, a, b, c, q):
+        return (
+            F.gelu(self.up(x), approximate="tanh"),  # bf16: bias and tanh GELU through the 3-D views
+            torch.relu(self.proj(h) + r),  # fp32: bias, residual and ReLU
+            torch.bmm(a, b.transpose(1, 2)),  # batched, B transposed
+            F.gelu(a[0] @ c[:, 8:]),  # B a slice (leading dimension 136, offset 8); exact GELU in its own kernel
+            a[1].t() @ a[2],  # A transposed, at an offset
+            self.down(q),  # fp16 bias
+        )
+
+
+def get_inputs():
+    return [
+        torch.randn(2, 64, 256, dtype=torch.bfloat16),
+        torch.randn(128, 512),
+        torch.randn(128, 256),
+        torch.randn(4, 96, 64),
+        torch.randn(4, 80, 64),
+        torch.randn(64, 136),
+        torch.randn(32, 128, dtype=torch.float16),
+    ]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def matmul_zoo_problem(folder: Path) -> Path:
+    path = folder / "matmul_zoo.py"
+    path.write_text(MATMUL_ZOO)
+    return path
+
+
+# Every unusual layout in one problem, so the GPU test builds one workspace for all of them.
+ZOO = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-1, 1)
+        self.scale = nn.Parameter(torch.rand(4, 1, 1) + 0.5)
+        self.shift = nn.Parameter(torch.randn(4, 1, 1))
+        self.group_norm = nn.GroupNorm(3, 12)
+        with torch.no_grad():
+            self.group_norm.weight.uniform_(0.5, 1.5)
+            self.group_norm.bias.uniform_(-1, 1)
+
+    def forward(self, x, odd, wide, img, half, tiny, maps):
+        return (
+            torch.softmax(x * 5, dim=-1),  # rows cached in registers
+            F.log_softmax(odd, dim=1),  # a row length with no vectors (37)
+            torch.softmax(odd.t(), dim=-1),  # strided rows
+            ((odd - odd.mean(-1, keepdim=True)) ** 2).mean(-1),  # two levels, one value per row
+            torch.logsumexp(wide * 40, dim=-1),  # rows streamed twice
+            torch.softmax(wide, dim=-1),  # rows cached in the shared memory of a 2-block cluster
+            ((wide - wide.mean(-1, keepdim=True)) ** 2).mean(-1),  # the same, two levels, one value per row
+            self.norm(x[:, :64]),  # rows of a slice
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+            F.normalize(odd, dim=-1),
+            torch.relu(img * self.scale + self.shift),  # per-channel broadcast
+            x.t() * 2 + 1,  # transposed elementwise
+            torch.where(odd > 0, odd, 0.1 * odd).clamp(-1, 1),
+            F.gelu(half, approximate="tanh") * half,  # bf16 elementwise
+            torch.softmax(half, dim=-1),  # bf16 rows
+            tiny * torch.sigmoid(tiny),  # a scalar tail after the vectors
+            F.silu(self.group_norm(maps)) + maps,  # rows of 4 channels x 7x7: no vectors, a weight per channel
+        )
+
+
+def get_inputs():
+    return [
+        torch.randn(300, 1000),
+        torch.randn(3, 37),
+        torch.randn(6, 70000),
+        torch.randn(2, 4, 3, 5),
+        torch.randn(40, 512, dtype=torch.bfloat16),
+        torch.randn(5, 7),
+        torch.randn(2, 12, 7, 7),
+    ]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def zoo_problem(folder: Path) -> Path:
+    path = folder / "zoo.py"
+    path.write_text(ZOO)
+    return path
+
+
+# The bf16 product 256 + 1 = 257 rounds to 256 (a tie, to even): eager then adds -256 (or halves it and adds -128)
+# and gets 0, while one rounding of the whole sum gets 1 (or 0.5), beyond atol = rtol = 1e-2.
+CANCELLING_PRODUCTS = {
+    "residual": ("r + a @ b", "torch.full((8, 16), -256.0).bfloat16()"),
+    "scaled_residual": ("r + (a @ b) * 0.5", "torch.full((8, 16), -128.0).bfloat16()"),
+}
+CANCELLING_OPERANDS = "torch.tensor([[256.0, 1.0] + [0.0] * 6] * 8).bfloat16(), torch.ones(8, 16).bfloat16(), "
+
+
+def offset_from_terms(index: int, offset: int, terms: list[dict]) -> int:
+    """The offset functions of the templates, in Python."""
+    for term in terms:
+        if term["last"]:
+            return offset + index * term["stride"]
+        offset += (index % term["size"]) * term["stride"]
+        index //= term["size"]
+    return offset
+
+
+# Examples whose row kernels accumulate online softmax statistics over long or many rows, through every path:
+# registers (softmax_then_mask), streamed passes, and shared memory in one block or a cluster.
+ONLINE_SOFTMAX_EXAMPLES = ["distill_kl_bf16", "logits_entropy_bf16", "softmax_long_rows", "softmax_then_mask",
+                           "cross_entropy_bf16_vocab128k"]  # fmt: skip
+
+
+def weighted_softmax_sum_problem(folder: Path) -> Path:
+    """Long rows where the second level reads a row (y) that the first does not: y is cached in shared memory by
+    a pass of its own before level 0. (A max, not a sum: a softmax-weighted sum would fold into one pass.)"""
+    return forward_problem(folder, "weighted_softmax_max", "x, y", "(torch.softmax(x, -1) * y).amax(-1)",
+                           "torch.randn(8, 100000), torch.randn(8, 100000)")  # fmt: skip

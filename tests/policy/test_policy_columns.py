@@ -1,7 +1,7 @@
 """Column reductions in the built-in policy: sum, mean, amax, amin, max/min(dim).values and norms over adjacent
 dims before the last, with a fused prologue and epilogue, as one column kernel.
 
-The partition is checked with test_policy's CPU `evaluate` against each Model on small inputs; the generated CUDA
+The partition is checked with cpu_spec's CPU `evaluate` against each Model on small inputs; the generated CUDA
 is compiled here for sm_90 and verified through the judge on a GPU (every launch candidate of a small zoo).
 """
 

@@ -1,6 +1,6 @@
 """Convolutions in the built-in policy: aten.convolution as one cuDNN call, its epilogue fused or handed on.
 
-The partition is checked with test_policy's CPU `evaluate` against Model on small inputs (every conv group
+The partition is checked with cpu_spec's CPU `evaluate` against Model on small inputs (every conv group
 computed by torch.convolution in float64); the generated sources are compiled (and the workspace linked against
 cuDNN) here, and verified through the judge on a GPU.
 """

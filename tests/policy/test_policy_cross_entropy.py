@@ -1,6 +1,6 @@
 """Cross-entropy in the built-in policy: log_softmax + nll_loss as one row kernel gathering each row's target.
 
-The partition is checked with test_policy's CPU `evaluate` against F.cross_entropy on small inputs (ignored rows,
+The partition is checked with cpu_spec's CPU `evaluate` against F.cross_entropy on small inputs (ignored rows,
 class weights, every reduction); the generated CUDA is compiled here and verified through the judge on a GPU.
 """
 

@@ -1,7 +1,7 @@
 """Softmax-weighted row sums in one pass (policy/expectation.py): entropy, KL and other expectations under a
 softmax of the same row are folded into the softmax's own statistic, so a row kernel reads the row once.
 
-The fold must be exact: each variant's analysis is evaluated on the CPU with test_policy's `evaluate` (the new
+The fold must be exact: each variant's analysis is evaluated on the CPU with cpu_spec's `evaluate` (the new
 statistic as a torch reduction) against Model, sums that only look alike stay two passes, the generated CUDA is
 compiled here for every launch candidate, and the `gpu` tests verify it through the judge.
 """

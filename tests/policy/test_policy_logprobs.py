@@ -4,7 +4,7 @@ plain log_softmax and row max/min.
 
 Each is one row kernel reading the logits from memory once: the gathered log-probability needs only the row's
 softmax statistics and one element, and the entropy's softmax-weighted sum is accumulated in the softmax's own
-pass (expectation.py; test_policy_expectation.py has its variants). The partition is checked with test_policy's CPU `evaluate` against Model, the
+pass (expectation.py; test_policy_expectation.py has its variants). The partition is checked with cpu_spec's CPU `evaluate` against Model, the
 generated CUDA is compiled here and verified through the judge on a GPU.
 """
 
@@ -224,7 +224,7 @@ def test_unsupported_forms_name_the_op_and_why(tmp_path, forward, inputs, op, re
 @needs_nvcc
 @pytest.mark.parametrize("name", ["token_logprobs_bf16", "logits_entropy_bf16", "policy_logprobs_entropy_bf16"])
 def test_every_launch_candidate_of_the_examples_compiles(tmp_path, name):
-    # The first candidate's spills are checked with the other examples' (test_policy's FUSED_EXAMPLES).
+    # The first candidate's spills are checked with the other examples' (test_policy_compile.py, over FUSED_EXAMPLES).
     assert_every_launch_candidate_compiles(EXAMPLES / f"{name}.py", tmp_path)
 
 

@@ -5,7 +5,7 @@ Each reads its logits rows from memory once: the distillation loss is one row ke
 student's softmax statistics, and the teacher's accumulated with the KL sum weighted by the teacher's softmax in
 the same pass, expectation.py), and cross-entropy with z-loss is one row kernel writing both the
 target's loss and logsumexp(z)^2 per row (merged from two row kernels sharing the online softmax statistics,
-merge.py). A one-row kernel then takes the means. The partition is checked with test_policy's CPU `evaluate`
+merge.py). A one-row kernel then takes the means. The partition is checked with cpu_spec's CPU `evaluate`
 against Model, the generated CUDA is compiled here and verified through the judge on a GPU.
 """
 
