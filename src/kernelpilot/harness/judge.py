@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelpilot.errors import KernelpilotError, NoGPUError
+from kernelpilot.errors import KernelpilotError, NoGPUError, UnconfinedJudgeError
 from kernelpilot.harness.process import Reply, Worker
-from kernelpilot.results import BenchResult, BuildResult, EvalResult, VerifyResult, from_dict
+from kernelpilot.results import UNCONFINED, BenchResult, BuildResult, EvalResult, VerifyResult, from_dict, least_confined
 
 # A candidate that dies, raises, answers wrong or hides work while being timed fails although it passed the trials.
 _BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime", "mismatch", "guard")
@@ -39,6 +39,10 @@ class Judge:
     """Evaluates candidates on one device through a long-lived worker; use as a context manager or call close().
 
     Threads may share one judge (the TUI's watcher and its accept key): its worker runs one step at a time.
+    `confinement` is the least confined its sandboxes have been (None before any sandbox ran): every result says
+    its own, and the callers warn when it is UNCONFINED. With `allow_unconfined=False` (training's judges) the
+    judge refuses to start where the kernel has no Landlock, and raises UnconfinedJudgeError, instead of
+    returning the result, once a step reports a sandbox that Landlock did not confine.
     """
 
     def __init__(
@@ -50,14 +54,20 @@ class Judge:
         arch: str | None = None,
         jobs: int | None = None,
         log_path: Path | None = None,
+        allow_unconfined: bool = True,
     ):
         self.device = _checked_device(device or "cuda")
+        if not allow_unconfined:
+            require_landlock()  # before a worker starts
+        self.allow_unconfined = allow_unconfined
+        self.confinement: str | None = None
         self.timeouts = timeouts or Timeouts()
         self.cache_dir = cache_dir
         self.arch = arch
         self.jobs = jobs
         self.worker = Worker(self.device, log_path=log_path)
         self._steps = threading.Lock()  # one request at a time on the worker's pipes
+        self._noting = threading.Lock()  # one update of `confinement` at a time
         if self.device != "cpu":
             self._require_gpu()
 
@@ -113,7 +123,7 @@ class Judge:
                                                   "variants": list(variants), "timeout": _inner(timeout)}  # fmt: skip
         reply = self._call("verify", args, timeout)
         if reply.ok:
-            return from_dict(VerifyResult, reply.result)
+            return self._served(from_dict(VerifyResult, reply.result))
         return VerifyResult(ok=False, atol=atol, rtol=rtol, error_kind=reply.error_kind, message=reply.message)
 
     def bench(
@@ -132,7 +142,7 @@ class Judge:
                                                   "atol": atol, "rtol": rtol, "timeout": _inner(self.timeouts.bench)}  # fmt: skip
         reply = self._call("bench", args, self.timeouts.bench)
         if reply.ok:
-            return from_dict(BenchResult, reply.result)
+            return self._served(from_dict(BenchResult, reply.result))
         return BenchResult(ok=False, error_kind=reply.error_kind, message=reply.message)
 
     def evaluate(
@@ -140,7 +150,15 @@ class Judge:
         variants: Sequence[str] = (),
     ) -> EvalResult:
         """Build, verify (and verify at the shape `variants`) and, when it is correct and `bench`, time the
-        candidate; the reward sums it up (the variants do not count in it)."""
+        candidate; the reward sums it up (the variants do not count in it), `confinement` the steps' sandboxes."""
+        result = self._evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants)
+        steps = [step.confinement for step in (result.verify, result.bench) if step is not None]
+        result.confinement = least_confined(*steps)
+        return result
+
+    def _evaluate(
+        self, ws_root: Path | str, *, trials: int, atol: float, rtol: float, bench: bool, variants: Sequence[str]
+    ) -> EvalResult:
         from kernelpilot.harness.reward import milestone_reward
         from kernelpilot.workspace import tampered_files
 
@@ -184,11 +202,30 @@ class Judge:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _served(self, result: VerifyResult | BenchResult) -> VerifyResult | BenchResult:
+        """Note how the step's sandboxes were confined; refuse an unconfined one unless that is allowed."""
+        with self._noting:
+            self.confinement = least_confined(self.confinement, result.confinement)
+        if result.confinement == UNCONFINED and not self.allow_unconfined:
+            raise UnconfinedJudgeError("A sandbox of the judge reported that Landlock does not confine it, so a "
+                                       "candidate could change what the judge runs and its rewards are not evidence.")
+        return result
+
     def _call(self, op: str, args: dict[str, Any], timeout: float) -> Reply:
         with self._steps:
             reply = self.worker.call(op, args, timeout=timeout)
         reply.raise_user_error()
         return reply
+
+
+def require_landlock() -> None:
+    """UnconfinedJudgeError when this kernel offers no Landlock, so that no sandbox of a judge can be confined:
+    what a judge that must be confined checks before it starts, and training before it spends any time."""
+    from kernelpilot.harness import confine
+
+    if not confine.landlock_available():
+        raise UnconfinedJudgeError("This system offers no Landlock, so the judge's sandboxes cannot be confined and a "
+                                   "candidate could change what the judge runs.")  # fmt: skip
 
 
 def evaluate_path(

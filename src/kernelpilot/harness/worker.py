@@ -70,6 +70,15 @@ class WorkerState:
                   file=sys.stderr, flush=True)  # fmt: skip
         return self.memory_cache
 
+    @property
+    def confinement(self) -> str:
+        """How this worker's sandboxes have been confined: LANDLOCK while every one handed out said Landlock
+        confines it (the pool's flag), else UNCONFINED for the worker's lifetime, since a candidate in an unconfined
+        sandbox could have changed what every later step runs. Results carry it (`results.UNCONFINED`)."""
+        from kernelpilot.results import LANDLOCK, UNCONFINED
+
+        return LANDLOCK if self.pool.confined else UNCONFINED
+
     def problem(self, path: Path) -> Any:
         from kernelpilot.problem import load_problem, problem_id_of
 
@@ -201,6 +210,7 @@ def op_verify(state: WorkerState, args: dict) -> dict:
                               library=build.library if build is not None and build.ok else None,
                               timeout=deadline.left())  # fmt: skip
     result.phases = {**state.load_phases, **result.phases}
+    result.confinement = state.confinement  # (after the candidate's sandbox was taken: its own word counts)
     if result.ok and args.get("variants"):
         from kernelpilot.harness.variants import verify_variants
 
@@ -228,7 +238,8 @@ def op_bench(state: WorkerState, args: dict) -> dict:
         sandbox = state.sandbox(ws, build, seed=None, timeout=deadline.left())
         if not sandbox.hello.get("ok"):
             hello = sandbox.hello
-            return to_dict(BenchResult(ok=False, error_kind=hello.get("error_kind") or "load", message=hello.get("message", "")))
+            return to_dict(BenchResult(ok=False, error_kind=hello.get("error_kind") or "load", message=hello.get("message", ""),
+                                       confinement=state.confinement))  # fmt: skip
         result = bench_candidate(
             problem,
             sandbox,
@@ -242,6 +253,7 @@ def op_bench(state: WorkerState, args: dict) -> dict:
             rtol=args.get("rtol", 1e-2),
             timeout=deadline.left(),
         )
+        result.confinement = state.confinement  # the clean sandboxes' word too, taken while timing
     finally:
         state.done_with_candidate()  # a candidate's sandbox lives for one evaluation
     return to_dict(result)
