@@ -96,6 +96,15 @@ def test_a_sandbox_that_reports_itself_unconfined_ends_the_rollouts_before_the_n
     assert not (tmp_path / "out" / rollout.ROLLOUTS_FILE).exists()
 
 
+def test_an_episode_the_judge_broke_off_is_run_again_by_the_next_rollouts(tmp_path):
+    from kernelpilot.agent.session import Session
+
+    for status in ("error", "finished"):  # "error": what run_agent writes when UnconfinedJudgeError ends the run
+        Session.create(tmp_path / status, problem="task.py", model="m").append("end", status=status, summary=None)
+    assert rollout.finished_session(tmp_path / "error") is None
+    assert rollout.finished_session(tmp_path / "finished").status == "finished"
+
+
 def test_grpo_rewards_come_from_judges_that_must_be_confined(tmp_path, monkeypatch, no_landlock):
     from kernelpilot.train import rft
 

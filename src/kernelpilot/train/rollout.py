@@ -123,12 +123,14 @@ def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Setting
 
 
 def finished_session(workspace: Path) -> Rollout | None:
-    """The newest session of `workspace` that ran to an end, as a rollout record; None when there is none."""
+    """The newest session of `workspace` that ran to an end, as a rollout record; None when there is none. A
+    session an error broke off (status "error": the judge refused an unconfined sandbox, no GPU, ...) did not run
+    to an end: a rerun runs the task again."""
     from kernelpilot.agent.session import list_sessions
 
     if not Path(workspace).is_dir():  # not started yet
         return None
-    ended = [info for info in list_sessions(workspace) if info.status != "unfinished"]
+    ended = [info for info in list_sessions(workspace) if info.status not in ("unfinished", "error")]
     if not ended:
         return None
     info = ended[-1]
