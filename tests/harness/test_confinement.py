@@ -77,11 +77,18 @@ def test_a_judge_that_must_be_confined_refuses_a_system_without_landlock_and_an_
         Judge("cpu").close()  # any other judge starts, and says so in its results
 
     unconfined_judges(monkeypatch)
+    marker = plain_workspace / "the candidate ran"  # unconfined, a candidate may write there
+    (plain_workspace / "model_new.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
+                                                  + PLAIN_CANDIDATE)  # fmt: skip
     with Judge("cpu", allow_unconfined=False) as judge:
-        assert judge.confinement is None, "no sandbox has run yet"
-        with pytest.raises(UnconfinedJudgeError, match="reported that Landlock does not confine it"):
-            judge.verify(plain_workspace, trials=1)
-        assert judge.confinement == UNCONFINED
+        for step in (judge.verify, judge.bench):
+            with pytest.raises(UnconfinedJudgeError, match="reported that Landlock does not confine it") as refused:
+                step(plain_workspace)
+            assert "--allow-unconfined" in refused.value.hint
+        assert not marker.exists(), "the candidate was loaded in the unconfined sandbox before the refusal"
+    with Judge("cpu") as judge:  # (the marker is what a loaded candidate leaves)
+        judge.verify(plain_workspace, trials=1)
+    assert marker.exists()
 
 
 def test_the_least_confined_step_counts_and_a_result_from_before_has_none():

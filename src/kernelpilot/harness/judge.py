@@ -119,8 +119,9 @@ class Judge:
         ws = _open(ws_root)
         # The variants' trials take about as long as the problem's own: the step gets twice the time.
         timeout = self.timeouts.verify * (2 if variants else 1)
-        args = _candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol, "base_seed": base_seed,
-                                                  "variants": list(variants), "timeout": _inner(timeout)}  # fmt: skip
+        args = self._candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol,
+                                                       "base_seed": base_seed, "variants": list(variants),
+                                                       "timeout": _inner(timeout)}  # fmt: skip
         reply = self._call("verify", args, timeout)
         if reply.ok:
             return self._served(from_dict(VerifyResult, reply.result))
@@ -138,8 +139,9 @@ class Judge:
         """Time the candidate in a fresh sandbox against eager and torch.compile (signed, confirmed baselines);
         timed calls are checked against the reference with `atol`/`rtol`."""
         ws = _open(ws_root)
-        args = _candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir),
-                                                  "atol": atol, "rtol": rtol, "timeout": _inner(self.timeouts.bench)}  # fmt: skip
+        args = self._candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir),
+                                                       "atol": atol, "rtol": rtol,
+                                                       "timeout": _inner(self.timeouts.bench)}  # fmt: skip
         reply = self._call("bench", args, self.timeouts.bench)
         if reply.ok:
             return self._served(from_dict(BenchResult, reply.result))
@@ -202,8 +204,17 @@ class Judge:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _candidate_args(self, root: Path, build: BuildResult | None) -> dict[str, Any]:
+        """What every candidate step sends: the workspace, its build, and whether its sandbox must be confined (the
+        worker then refuses an unconfined one before the candidate loads, with UnconfinedJudgeError)."""
+        from kernelpilot.results import to_dict
+
+        return {"workspace": str(root), "build": to_dict(build) if build is not None else None,
+                "confined": not self.allow_unconfined}  # fmt: skip
+
     def _served(self, result: VerifyResult | BenchResult) -> VerifyResult | BenchResult:
-        """Note how the step's sandboxes were confined; refuse an unconfined one unless that is allowed."""
+        """Note how the step's sandboxes were confined; refuse an unconfined one unless that is allowed (the
+        worker has refused it already, before the candidate loaded: this is the result's own word)."""
         with self._noting:
             self.confinement = least_confined(self.confinement, result.confinement)
         if result.confinement == UNCONFINED and not self.allow_unconfined:
@@ -284,12 +295,6 @@ def _open(ws_root: Path | str) -> Any:
     from kernelpilot.workspace import open_workspace
 
     return open_workspace(Path(ws_root).resolve())
-
-
-def _candidate_args(root: Path, build: BuildResult | None) -> dict[str, Any]:
-    from kernelpilot.results import to_dict
-
-    return {"workspace": str(root), "build": to_dict(build) if build is not None else None}
 
 
 def _inner(timeout: float) -> float:
