@@ -166,3 +166,18 @@ def test_accept_check_optimize_and_suite_warn_once_when_their_judge_was_unconfin
 
     assert outcome.exception is None or isinstance(outcome.exception, SystemExit), outcome.exception
     assert warnings(outcome.stderr) == ([WARNING] if confinement == UNCONFINED else []), outcome.output
+
+
+def test_watch_warns_with_the_first_unconfined_result_only():
+    from rich.console import Console
+
+    from kernelpilot.cli.render_watch import TerminalView
+    from kernelpilot.watch import WatchEvent
+
+    console = Console(record=True, width=300)
+    view = TerminalView(console)
+    for confinement in (LANDLOCK, UNCONFINED, UNCONFINED):
+        result = EvalResult("p", "ws", verify=VerifyResult(ok=True, confinement=confinement), reward=1,
+                            confinement=confinement)  # fmt: skip
+        view(WatchEvent("result", result=result))
+    assert warnings(console.export_text()) == [WARNING]
