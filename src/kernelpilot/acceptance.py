@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.results import EvalResult, VerifyResult
+from kernelpilot.results import EvalResult, VerifyResult, least_confined
 
 if TYPE_CHECKING:
     from kernelpilot.harness.judge import Judge
@@ -83,7 +83,8 @@ def judge_for_acceptance(
     its verification is redone with the variants, with its own trial count and tolerances, after an incremental
     build of the files as they are (a build reported earlier may have been pruned, or made from other sources).
     A `judged` result whose verification already covers the variants, or that is not verified (the lock file
-    refuses it with its reason), comes back as it is. A failed verification comes back as the failed result.
+    refuses it with its reason), comes back as it is. A failed verification comes back as the failed result. The
+    result's confinement is the least confined of the judgements it is made of.
     """
     from kernelpilot.harness.variants import VARIANTS
 
@@ -98,7 +99,8 @@ def judge_for_acceptance(
                            bench=False, variants=VARIANTS)  # fmt: skip
     if fresh.verify is None or not fresh.verify.ok:
         return fresh
-    return dataclasses.replace(judged, build=fresh.build, verify=fresh.verify)
+    return dataclasses.replace(judged, build=fresh.build, verify=fresh.verify,
+                               confinement=least_confined(judged.confinement, fresh.confinement))  # fmt: skip
 
 
 def _covers(verify: VerifyResult, variants: tuple[str, ...]) -> bool:

@@ -55,6 +55,7 @@ class CheckReport:
     outcomes: list[CheckOutcome] = field(default_factory=list)
     skipped: str = ""
     device: str = ""  # what the candidates were checked on: the GPU's name, or "cpu"
+    confinement: str | None = None  # the least confined the judge's sandboxes were ("none": unverified figures)
 
     @property
     def failed(self) -> bool:
@@ -86,7 +87,7 @@ def run_check(
         )
     with judge:
         outcomes = [check_one(judge, lock_file, tolerance) for lock_file in lock_files]
-        return CheckReport(outcomes=outcomes, device=judge.gpu_name or judge.device)
+        return CheckReport(outcomes=outcomes, device=judge.gpu_name or judge.device, confinement=judge.confinement)
 
 
 def find_lock_files(paths: Sequence[Path]) -> list[Path]:

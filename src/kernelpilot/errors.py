@@ -32,3 +32,13 @@ class NoGPUError(KernelpilotError):
 
 class ProblemMemoryError(ProblemError):
     """Running the problem file ran out of memory (the loader's memory limit, or the machine's)."""
+
+
+class UnconfinedJudgeError(KernelpilotError):
+    """A judge that must be confined (training's) found that Landlock does not confine its sandboxes."""
+
+    HINT = ("Train where Landlock confines the sandboxes (Linux 5.13 or newer, not blocked by a container's seccomp "
+            "profile), or pass --allow-unconfined to train on rewards a hostile candidate could forge.")  # fmt: skip
+
+    def __init__(self, message: str, hint: str | None = HINT):
+        super().__init__(message, hint)

@@ -3,7 +3,8 @@
 `kernelpilot.lock.json` sits in the workspace beside model_new.py. `kernelpilot accept` writes it from the
 judge's EvalResult and commits it with the kernels; `kernelpilot check` reads it back to re-verify and re-time
 the candidate against the recorded figures on the same GPU model, and to verify again the input shapes (the
-problem's and its leading-dim variants) verified at accept.
+problem's and its leading-dim variants) verified at accept. It also records whether Landlock confined the judge's
+sandboxes (`confinement`), so a reviewer sees figures that a hostile candidate could have forged.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ class Lock:
     files: dict[str, str]  # workspace-relative path -> SHA-256 of the candidate's files
     version: int = LOCK_VERSION
     shapes: Shapes | None = None  # None in a lock written before shapes were recorded
+    # How the judge's sandboxes were confined: "landlock", or "none" (no Landlock: a hostile candidate could have
+    # changed what the judge ran, so the figures are unverified); None in a lock written before it was recorded.
+    confinement: str | None = None
 
 
 def lock_path(ws: Workspace) -> Path:
@@ -143,6 +147,7 @@ def lock_from_eval(ws: Workspace, result: EvalResult, environment: Environment |
         reward=result.reward,
         files=file_hashes(ws),
         shapes=shapes_of(result.verify),
+        confinement=result.confinement,
     )
 
 

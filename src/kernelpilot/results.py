@@ -107,6 +107,22 @@ class BuildResult:
 
 # ------------------------------------------------------------------------------------------ harness
 
+# How the sandboxes that ran a candidate (and the reference) were confined (`harness/confine.py`): by Landlock, or
+# UNCONFINED where the system offers no Landlock. Unconfined, a candidate could write anything the user can (the
+# judge's own code, the Python installation, the workspace), so the result is no evidence against a hostile
+# candidate. A result's confinement is None when no sandbox served it (or it was written before this was recorded).
+LANDLOCK, UNCONFINED = "landlock", "none"
+UNCONFINED_NOTE = ("the candidate's sandboxes are not confined on this system (no Landlock): a hostile candidate could "
+                   "change what the judge runs; treat these numbers as unverified.")  # fmt: skip
+
+
+def least_confined(*confinements: str | None) -> str | None:
+    """The weakest of several steps' confinements: UNCONFINED if any step was, else LANDLOCK if any was, else None."""
+    if UNCONFINED in confinements:
+        return UNCONFINED
+    return LANDLOCK if LANDLOCK in confinements else None
+
+
 
 @dataclass
 class GuardFinding:
@@ -168,6 +184,7 @@ class VerifyResult:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the trials (inputs, compare, ...)
     input_shapes: list[list[int] | None] | None = None  # the first trial's input shapes (None: not a tensor)
     variants: list[VariantCheck] = field(default_factory=list)  # the leading-dim variants verified after the trials
+    confinement: str | None = None  # LANDLOCK | UNCONFINED: the judge's sandboxes, as the worker saw them
 
     @property
     def max_abs_error(self) -> float | None:
@@ -243,6 +260,7 @@ class BenchResult:
     seed: int = 0  # timed run i drew its inputs from seed + i
     checked_calls: int = 0  # timed calls whose outputs were compared with the reference's
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step (calibration, candidate runs, ...)
+    confinement: str | None = None  # LANDLOCK | UNCONFINED: the judge's sandboxes, as the worker saw them
 
 
 @dataclass
@@ -257,3 +275,4 @@ class EvalResult:
     reward: int = -1
     error_kind: str | None = None
     message: str = ""
+    confinement: str | None = None  # the least confined of its verification's and timing's (`least_confined`)

@@ -25,7 +25,7 @@ from kernelpilot.lockfile import (
     lock_from_eval,
     write_lock,
 )
-from kernelpilot.results import EvalResult
+from kernelpilot.results import LANDLOCK, UNCONFINED, UNCONFINED_NOTE, EvalResult
 from kernelpilot.workspace import GITIGNORE_PATH, MANIFEST_PATH, PROTECTED_FILES, Workspace, open_workspace
 
 GIT_ERRORS = (git.GitError, OSError, ValueError)
@@ -157,6 +157,10 @@ def commit_message(name: str, lock: Lock, *, subject: str | None = None) -> str:
     ]
     if lock.shapes is not None:
         body.append(f"shapes     {_shapes_text(lock.shapes)}")
+    if lock.confinement == UNCONFINED:
+        body.append(f"judge      unverified: {UNCONFINED_NOTE}")
+    elif lock.confinement == LANDLOCK:
+        body.append("judge      its sandboxes confined by Landlock")
     return "\n".join([subject or f"kernelpilot: accept {name}: {numbers}", "", *body]) + "\n"
 
 

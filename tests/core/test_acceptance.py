@@ -6,6 +6,7 @@ a failed re-verification is refused; no result means one full evaluation with th
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -13,7 +14,7 @@ from kernelpilot.acceptance import accept_candidate, judge_for_acceptance
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.harness.variants import VARIANTS
 from kernelpilot.lockfile import LOCK_NAME, LockFileError, read_lock
-from kernelpilot.results import EvalResult, TrialResult, VariantCheck, VerifyResult
+from kernelpilot.results import LANDLOCK, UNCONFINED, UNCONFINED_NOTE, EvalResult, TrialResult, VariantCheck, VerifyResult
 from kernelpilot.vcs import VcsError
 from vcs_testing import GPU, make_repo, make_workspace, verified_result
 
@@ -24,10 +25,11 @@ VERIFIED_VARIANTS = [VariantCheck("half", "verified", inputs=[[32, 64]]),
 
 
 class RecordingJudge:
-    """Answers `evaluate` as the judge would for a candidate correct at every shape (or wrong, with `ok=False`)."""
+    """Answers `evaluate` as the judge would for a candidate correct at every shape (or wrong, with `ok=False`), its
+    sandboxes confined by Landlock (or as `confinement` says)."""
 
-    def __init__(self, ok: bool = True):
-        self.ok, self.calls = ok, []
+    def __init__(self, ok: bool = True, confinement: str = LANDLOCK):
+        self.ok, self.calls, self.confinement = ok, [], confinement
 
     def evaluate(self, root, **judging) -> EvalResult:
         self.calls.append(judging)
@@ -37,7 +39,9 @@ class RecordingJudge:
         trials = [TrialResult(seed=500 + index, ok=self.ok) for index in range(judging["trials"])]
         result.verify = VerifyResult(ok=self.ok, trials=trials, atol=judging["atol"], rtol=judging["rtol"],
                                      input_shapes=[[64, 64]], message="" if self.ok else "trial 0: mismatch",
-                                     variants=VERIFIED_VARIANTS if self.ok and judging["variants"] else [])  # fmt: skip
+                                     variants=VERIFIED_VARIANTS if self.ok and judging["variants"] else [],
+                                     confinement=self.confinement)  # fmt: skip
+        result.confinement = self.confinement
         if self.ok:
             result.reward = 1
         else:
@@ -98,3 +102,24 @@ def test_git_is_asked_before_judging_and_no_judge_is_one_sentence(tmp_path):
     with pytest.raises(KernelpilotError, match="no judge here to verify") as caught:
         accept_candidate(None, ws, verified_result(ws))
     assert f"kernelpilot accept {ws.root}" in caught.value.hint
+
+
+@pytest.mark.parametrize("judged_in, verified_in", [(UNCONFINED, LANDLOCK), (LANDLOCK, UNCONFINED), (LANDLOCK, LANDLOCK)])
+def test_the_lock_file_and_the_commit_say_when_the_judge_was_unconfined(tmp_path, judged_in, verified_in):
+    """A result verified again at the variants keeps the least confined of its two judgements; the lock file records
+    it, and the commit says the figures are unverified; a lock file from before it was recorded reads as unknown."""
+    repo = make_repo(tmp_path / "project")
+    ws = make_workspace(tmp_path / "project")
+    best = dataclasses.replace(verified_result(ws), confinement=judged_in)
+    accepted = accept_candidate(RecordingJudge(confinement=verified_in), ws, best)
+
+    expected = UNCONFINED if UNCONFINED in (judged_in, verified_in) else LANDLOCK
+    assert accepted.result.confinement == expected
+    assert read_lock(accepted.lock_path).confinement == expected
+    unverified = f"judge      unverified: {UNCONFINED_NOTE}" in repo.head.commit.message
+    assert unverified == (expected == UNCONFINED), repo.head.commit.message
+
+    written_before = json.loads(accepted.lock_path.read_text())
+    del written_before["confinement"]
+    accepted.lock_path.write_text(json.dumps(written_before))
+    assert read_lock(accepted.lock_path).confinement is None

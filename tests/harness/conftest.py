@@ -7,6 +7,7 @@ import pytest
 # Seconds each (CLI subprocesses, fresh worker processes, a hang waited out, timing loops).
 SLOW = {
     "test_a_judge_that_does_not_trust_the_folder_ignores_a_signed_entry_there_and_writes_nothing",
+    "test_a_judge_that_must_be_confined_refuses_a_system_without_landlock_and_an_unconfined_sandbox",
     "test_a_candidate_that_reads_the_signing_key_cannot_forge_the_baselines",
     "test_a_hanging_candidate_is_killed_in_its_sandbox_and_the_worker_stays",
     "test_a_daemon_the_candidate_forks_does_not_outlive_the_step",
@@ -22,6 +23,7 @@ SLOW = {
     "test_candidate_sees_its_own_model_and_leaves_nothing_behind",
     "test_close_stops_the_worker",
     "test_eval_cli_without_a_gpu_prints_one_error_line_and_exits_non_zero",
+    "test_eval_says_whether_the_judges_sandboxes_were_confined_and_warns_once_when_not",
     "test_judge_without_a_gpu_refuses_with_one_sentence",
 }
 

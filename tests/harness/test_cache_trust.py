@@ -5,9 +5,9 @@ measurements in its own memory and neither reads nor writes the cache folder.
 
 The judge's side (`worker.WorkerState`, `op_bench`) runs in this process, so the test can choose how its sandboxes
 start; the candidate and the reference run in real sandbox processes. Unconfined sandboxes are made the way the judge
-would make them on a kernel without Landlock: the judge's side gives them no folders to confine their writes to (the
-sandbox environment without `confine.WRITABLE_ENV`), so `confine.harden` returns "none" in the child. Nothing the
-candidate can set chooses this: its process's environment is fixed before it starts.
+would make them on a kernel without Landlock (`confinement_testing.unconfine_sandboxes`): the judge's side gives them
+no folders to confine their writes to, so `confine.harden` returns "none" in the child. Nothing the candidate can set
+chooses this: its process's environment is fixed before it starts.
 
 Below, the judge's side alone: which sandboxes' word ends the trust in the folder, and a judge that does not trust it
 ignoring a signed entry there (what a cheat wrote before, or under a judge of another system sharing the folder).
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelpilot.harness import process
-from kernelpilot.harness.confine import WRITABLE_ENV, landlock_available
+from confinement_testing import unconfine_sandboxes
+from kernelpilot.harness.confine import landlock_available
 from kernelpilot.harness.sandbox_client import CleanSandboxes
 from kernelpilot.harness.shared import SHARED_DIR_ENV
 from kernelpilot.harness.worker import WorkerState, op_bench
@@ -59,16 +59,6 @@ def judge_side(monkeypatch):
         state.close()
 
 
-def unconfined_sandboxes(monkeypatch) -> None:
-    """Sandboxes started from now on run as on a kernel without Landlock (`confine.harden` returns "none")."""
-    made = process.sandbox_environment
-
-    def without_writable_folders(env: dict[str, str], private_dir: Path) -> dict[str, str]:
-        return {name: value for name, value in made(env, private_dir).items() if name != WRITABLE_ENV}
-
-    monkeypatch.setattr(process, "sandbox_environment", without_writable_folders)
-
-
 def bench(state: WorkerState, root: Path, cache_dir: Path) -> BenchResult:
     args = {"workspace": str(root), "cache_dir": str(cache_dir), "min_runs": 5}
     result = from_dict(BenchResult, op_bench(state, args))
@@ -87,7 +77,7 @@ def test_a_candidate_that_reads_the_signing_key_cannot_forge_the_baselines(
     cheat_workspace, tmp_path, judge_side, monkeypatch, confinement
 ):
     if confinement == "none":
-        unconfined_sandboxes(monkeypatch)
+        unconfine_sandboxes(monkeypatch.setattr)
     cache_dir = tmp_path / "cache"
     state = judge_side()
     first = bench(state, cheat_workspace, cache_dir)  # the cheat forges while it is timed

@@ -3,10 +3,11 @@ panels; the pause, resume and stop keys really hold and end the loop; accept ver
 variants with the run's judge and commits it with a lock file that records them, in a real git repository (and
 says why not outside one); the profile panel shows judged results and the per-kernel diff;
 watch mode turns saves in a real workspace into profile rows and compile errors into diagnostics, `w` turns it off
-and on, and quitting ends the watcher's thread."""
+and on, and quitting ends the watcher's thread; results of an unconfined judge are flagged as unverified."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
 from kernelpilot.lockfile import LOCK_NAME, read_lock
 from kernelpilot.results import (
+    UNCONFINED,
+    UNCONFINED_NOTE,
     BenchResult,
     BuildResult,
     Diagnostic,
@@ -415,6 +418,24 @@ async def test_watch_only_a_saved_kernel_becomes_a_profile_row(workspace):
             assert app.best.bench.candidate.median_ms == 0.25  # what accept would commit: the workspace as it is now
 
         await eventually(pilot, compared)
+
+
+@pytest.mark.asyncio
+async def test_results_of_an_unconfined_judge_are_flagged_once_in_the_transcript_and_in_the_status_line(workspace):
+    root = str(workspace.root)
+    unconfined = [dataclasses.replace(judged(workspace.problem_id, root, ms, {"twice": ms}), confinement=UNCONFINED)
+                  for ms in (0.5, 0.25)]  # fmt: skip
+    evaluate = ReleasedEvaluations(unconfined)
+    app = KernelpilotApp(workspace=workspace, evaluate=evaluate, debounce_s=0.05)
+    async with app.run_test(size=(200, 50)) as pilot:
+        evaluate.permits.release()
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start"], "the starting row")
+        (workspace.root / "kernels" / "twice.cu").write_text(KERNEL)
+        evaluate.permits.release()
+        await wait_for(pilot, lambda: attempt_labels(app) == ["start", "edit 1"], "the edit's row")
+
+        assert [line for line in lines(app) if line.startswith("warning:")] == [f"warning: {UNCONFINED_NOTE}"]
+        assert "unverified: no Landlock" in str(app.query_one(RunStatus).render())
 
 
 class EvaluatingJudge:

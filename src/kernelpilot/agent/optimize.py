@@ -27,7 +27,7 @@ from kernelpilot.agent.loop import RunSummary
 from kernelpilot.agent.session import RunState, Session, candidate_files, restore_best
 from kernelpilot.config import Settings
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.results import to_dict
+from kernelpilot.results import least_confined, to_dict
 
 if TYPE_CHECKING:
     from kernelpilot.agent import JudgeRecord, Model, Tool, ToolContext
@@ -51,6 +51,7 @@ class OptimizeResult:
     commit: CommitInfo | None = None  # what --commit committed
     commit_refusal: KernelpilotError | None = None  # why --commit committed nothing; the caller reports it last
     failure: RunFailure | None = None  # why nothing was verified (None when something was, or after an interruption)
+    confinement: str | None = None  # the least confined the judge's sandboxes were in this run ("none": unverified)
 
     @property
     def exit_code(self) -> int:
@@ -67,6 +68,7 @@ class OptimizeResult:
             "commit": dataclasses.asdict(self.commit) if self.commit is not None else None,
             "commit_refused": self.commit_refusal.message if self.commit_refusal is not None else None,
             "failure": to_dict(self.failure),
+            "confinement": self.confinement,
             **to_dict(self.summary),
         }
 
@@ -94,18 +96,20 @@ def optimize(
     on_turn: Callable[[RunState, str], None] | None = None,
     commit: bool = False,
     checked: CheckedRun | None = None,
+    allow_unconfined: bool = True,
 ) -> OptimizeResult:
     """Run the agent on a problem (or resume one of its sessions) and write out the best verified candidate.
 
     With `commit`, git must be ready to commit in the workspace before the run starts (VcsError otherwise), and
     the best verified candidate is committed afterwards (`commit_best`), while the run's judge is still open.
     `checked` is what `checked_run` gave a caller that checked first (with the same `commit`); without it, the
-    checks run here.
+    checks run here. With `allow_unconfined=False` (training's rollouts) the run's judge must be confined by
+    Landlock: UnconfinedJudgeError ends the run otherwise (`Judge`).
     """
     from kernelpilot.agent.loop import run_agent
 
     with prepared_run(problem_path, settings, resume=resume, session_id=session_id, commit=commit,
-                      checked=checked) as run:  # fmt: skip
+                      checked=checked, allow_unconfined=allow_unconfined) as run:  # fmt: skip
         summary = run_agent(run.messages, run.model, run.tools, run.ctx, settings, run.session, on_turn)
         result = finish_run(run, summary)
         if commit:
@@ -134,10 +138,11 @@ class CheckedRun:
 @contextmanager
 def checked_run(
     problem_path: Path, settings: Settings, *, resume: bool = False, session_id: str | None = None,
-    commit: bool = False,
+    commit: bool = False, allow_unconfined: bool = True,
 ) -> Iterator[CheckedRun]:  # fmt: skip
     """Every check a run can make before it creates anything: the problem file, the session to resume, the model,
-    git (for `commit`) and the device (no GPU is an error here); the judge's worker closes on exit."""
+    git (for `commit`) and the device (no GPU is an error here; nor Landlock, unless `allow_unconfined`); the
+    judge's worker closes on exit."""
     from kernelpilot.agent import JudgeRecord
     from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.session import find_session
@@ -160,7 +165,7 @@ def checked_run(
                           judge_results=judged.by_call)  # fmt: skip
     if commit:
         require_committable(root)  # before the run's minutes, not after
-    with Judge(settings.device) as judge:
+    with Judge(settings.device, allow_unconfined=allow_unconfined) as judge:
         yield CheckedRun(problem, model, judge, root, judged)
 
 
@@ -173,6 +178,7 @@ def prepared_run(
     session_id: str | None = None,
     commit: bool = False,
     checked: CheckedRun | None = None,
+    allow_unconfined: bool = True,
 ) -> Iterator[AgentRun]:
     """Assemble a run (new, or resuming a session of the workspace) once `checked_run`'s checks passed; the judge's
     worker closes on exit. A workspace this call made is removed again if assembling the run fails."""
@@ -181,7 +187,7 @@ def prepared_run(
     from kernelpilot.workspace import init_workspace
 
     opened = nullcontext(checked) if checked is not None else checked_run(
-        problem_path, settings, resume=resume, session_id=session_id, commit=commit
+        problem_path, settings, resume=resume, session_id=session_id, commit=commit, allow_unconfined=allow_unconfined
     )  # fmt: skip
     with opened as checked_now:
         made_here = not checked_now.workspace_root.exists()
@@ -206,8 +212,11 @@ def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
     with why nothing was verified when nothing was."""
     interrupted = summary.status == "interrupted"
     written = [] if interrupted else write_outputs(run.workspace, run.problem_path, run.settings.output)
+    # The judge's own word covers every step it ran; the evaluations' cover a resumed session's earlier ones.
+    confinement = least_confined(getattr(run.ctx.judge, "confinement", None),
+                                 *(result.confinement for result in run.ctx.judged.evals))  # fmt: skip
     return OptimizeResult(run.problem_path, run.workspace.root, run.model.name, summary, written,
-                          failure=run_failure(summary, run.ctx.judged))  # fmt: skip
+                          failure=run_failure(summary, run.ctx.judged), confinement=confinement)  # fmt: skip
 
 
 def require_committable(root: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from kernelpilot.agent.session import SESSIONS_DIR
 from kernelpilot.config import Settings
 from kernelpilot.errors import KernelpilotError, ProblemError, WorkspaceError
+from kernelpilot.results import least_confined
 
 FAST_P_THRESHOLDS = (1.0, 1.05)
 RESULTS_DIR = "results"
@@ -46,6 +47,7 @@ class ProblemOutcome:
     turns: int = 0
     failure: str = ""  # what kept it from a verified candidate: the judge's error kind, no-candidate, problem, ...
     message: str = ""  # that failure in one line: the failing check's first line, the model's, or the problem's
+    confinement: str | None = None  # the least confined the run's sandboxes were ("none": unverified); None: no judge
 
 
 @dataclass
@@ -60,6 +62,7 @@ class SuiteReport:
     geomean_speedup_vs_compile: float | None
     mean_reward: float
     cost_usd: float | None
+    confinement: str | None = None  # the least confined of the problems' ("none": some numbers are unverified)
 
 
 # A file that names none of these at the start of a line is no attempt at a problem (a script, a model's module).
@@ -160,6 +163,7 @@ def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path
         turns=summary.turns,
         failure=failure.kind if failure is not None else "",
         message=failure.message if failure is not None else "",
+        confinement=result.confinement,
     )
 
 
@@ -189,6 +193,7 @@ def summarize(outcomes: list[ProblemOutcome]) -> SuiteReport:
         geomean_speedup_vs_compile=geometric_mean([o.speedup_vs_compile for o in correct]),
         mean_reward=sum(outcome.reward for outcome in outcomes) / count,
         cost_usd=None if any(cost is None for cost in costs) else sum(costs),
+        confinement=least_confined(*(outcome.confinement for outcome in outcomes)),
     )
 
 

@@ -1,5 +1,5 @@
 """What every command shares: the two consoles, a KernelpilotError as `error:` / `hint:` lines and a non-zero exit,
-JSON output, and a Typer app whose help reads as a person would write it (no `<bool>` after a flag, no `{problem}`).
+the warning that a judge's sandboxes were not confined, JSON output, and a Typer app whose help reads as a person would write it (no `<bool>` after a flag, no `{problem}`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ def report_error(err: KernelpilotError) -> None:
     err_console.print(f"[bold red]error:[/] {escape(err.message)}", highlight=False, soft_wrap=True)
     if err.hint:
         err_console.print(f"[dim]hint:[/] {escape(err.hint)}", highlight=False, soft_wrap=True)
+
+
+def warn_if_unconfined(console: Console, *confinements: str | None) -> None:
+    """One `warning:` line when any of these judgements came from sandboxes that Landlock did not confine."""
+    from kernelpilot.results import UNCONFINED, UNCONFINED_NOTE, least_confined
+
+    if least_confined(*confinements) == UNCONFINED:
+        console.print(f"[bold yellow]warning:[/] {escape(UNCONFINED_NOTE)}", highlight=False, soft_wrap=True)
 
 
 def print_json(data: object) -> None:

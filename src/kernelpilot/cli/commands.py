@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from kernelpilot import __version__
-from kernelpilot.cli.base import App, console, err_console, one_of, print_json
+from kernelpilot.cli.base import App, console, err_console, one_of, print_json, warn_if_unconfined
 from kernelpilot.cli.run_args import DirOpt, RunArgs, run_command
 from kernelpilot.cli.train import train_app
 from kernelpilot.errors import KernelpilotError
@@ -117,6 +117,7 @@ def eval_(
         print_json(to_dict(result))
     else:
         render_eval(console, result)
+    warn_if_unconfined(err_console, result.confinement)
     if result.reward < 1:
         raise typer.Exit(1)
 
@@ -135,6 +136,7 @@ def _eval_folder(workspaces: list[Path], folder: Path, *, device: Optional[str],
         print_json(to_dict(results))
     else:
         render_batch(console, folder, results)
+    warn_if_unconfined(err_console, *(result.confinement for result in results))
     if any(result.reward < 1 for result in results):
         raise typer.Exit(1)
 
@@ -192,6 +194,7 @@ def _optimize(args: RunArgs, *, as_json: bool, tui: bool, commit: bool) -> None:
         print_json(result.to_json())
     else:
         render_result(console, result)
+    warn_if_unconfined(err_console, result.confinement)
     if result.commit_refusal is not None:
         raise result.commit_refusal  # after the outcome, which it must not hide
     raise typer.Exit(result.exit_code)
@@ -226,6 +229,7 @@ def suite(
         print_json(dataclasses.asdict(report))
     else:
         render_report(console, report)
+    warn_if_unconfined(err_console, report.confinement)
 
 
 @app.command()
@@ -265,6 +269,7 @@ def accept(
     from kernelpilot.cli.render_eval import render_eval
     from kernelpilot.cli.render_git import render_commit
     from kernelpilot.harness.judge import Judge
+    from kernelpilot.results import EvalResult
     from kernelpilot.vcs import check_ready_to_commit
     from kernelpilot.workspace import open_workspace
 
@@ -272,9 +277,13 @@ def accept(
     _check_buildable(device)
     if not no_commit:
         check_ready_to_commit(ws.root)  # before the judge starts (no GPU is an error there) and minutes of evaluation
+    def judged(result: EvalResult) -> None:  # before the lock file, which records the confinement too
+        render_eval(console, result)
+        warn_if_unconfined(err_console, result.confinement)
+
     with Judge(device) as judge:
         accepted = accept_candidate(judge, ws, trials=trials, atol=atol, rtol=rtol, commit=not no_commit,
-                                    message=message, on_judged=lambda result: render_eval(console, result))  # fmt: skip
+                                    message=message, on_judged=judged)  # fmt: skip
     if accepted.commit is not None:
         render_commit(console, accepted.commit)
     else:
@@ -294,6 +303,7 @@ def check(
 
     report = run_check(paths or [], tolerance=tolerance, require_gpu=require_gpu, device=device)
     render_check(console, report)
+    warn_if_unconfined(err_console, report.confinement)
     if report.failed:
         raise typer.Exit(1)
 

@@ -8,8 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernelpilot.cli.base import warn_if_unconfined
 from kernelpilot.cli.render_build import render_build
-from kernelpilot.results import EvalResult
+from kernelpilot.results import UNCONFINED, EvalResult
 from kernelpilot.watch import Change, WatchEvent, diff_results, format_value
 
 
@@ -18,6 +19,7 @@ class TerminalView:
 
     def __init__(self, console: Console):
         self.console = console
+        self._warned = False  # that the judge's sandboxes are not confined: said once, with the first such result
 
     def __call__(self, event: WatchEvent) -> None:
         stamp = f"[dim]{datetime.now():%H:%M:%S}[/]"
@@ -30,6 +32,9 @@ class TerminalView:
             self._show_result(event.result, event.previous)
 
     def _show_result(self, result: EvalResult, previous: EvalResult | None) -> None:
+        if result.confinement == UNCONFINED and not self._warned:
+            self._warned = True
+            warn_if_unconfined(self.console, result.confinement)
         if result.build is not None and not result.build.ok:
             render_build(self.console, result.build)
             return

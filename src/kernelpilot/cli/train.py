@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,6 +12,13 @@ from kernelpilot.errors import KernelpilotError
 
 train_app = App(name="train", help="Train a model on kernel tasks: synthesis, RFT, GRPO warm-up (TRL; verl on clusters).",
                 no_args_is_help=True)
+# The commands whose rewards come from the judge refuse sandboxes that Landlock does not confine, unless told.
+AllowUnconfined = Annotated[bool, typer.Option(
+    "--allow-unconfined",
+    help="Judge even where Landlock does not confine the candidates' sandboxes (no Landlock in this kernel or "
+         "container): a candidate could then change what the judge runs, so the rewards are unverified and the policy "
+         "may learn to exploit that.",
+)]  # fmt: skip
 SCALES = ("full", "small")
 STAGES = ("warmup", "agentic")
 ENGINES = ("trl", "verl")
@@ -78,6 +85,7 @@ def train_rollout(
     out: Path = typer.Option(Path("kp-rollouts"), "--out", help="Task files, workspaces with transcripts, rollouts.jsonl."),
     devices: str = typer.Option("cuda", "--devices", help="Comma-separated devices, one episode on each at a time."),
     max_turns: int = typer.Option(20, "--max-turns", min=1, help="Most model turns per task."),
+    allow_unconfined: AllowUnconfined = False,
 ) -> None:
     """Run the agent over every task against a policy endpoint; rerun to resume."""
     from kernelpilot.config import Settings
@@ -85,7 +93,8 @@ def train_rollout(
 
     settings = Settings(model=model, api_base=api_base, max_turns=max_turns)
     run_rollouts(tasks, out, settings, devices.split(","), on_rollout=lambda r: console.print(
-        f"{r.task_id}: {'skipped (done)' if r.skipped else r.status}, reward {r.reward}", highlight=False))
+        f"{r.task_id}: {'skipped (done)' if r.skipped else r.status}, reward {r.reward}", highlight=False),
+        allow_unconfined=allow_unconfined)
 
 
 @train_app.command("ppo")
@@ -96,21 +105,24 @@ def train_ppo(
     stage: str = typer.Option("warmup", "--stage", metavar="warmup|agentic", help="warmup (single-turn) or agentic (multi-turn, verl only)."),
     max_steps: int = typer.Option(100, "--max-steps", min=1, help="Optimizer steps (TRL)."),
     engine: str = typer.Option("trl", "--engine", metavar="trl|verl", help="trl (one node, GRPO) or verl (write a cluster config)."),
+    allow_unconfined: AllowUnconfined = False,
 ) -> None:
-    """RL rewarded by the harness: single-turn GRPO warm-up on TRL, or a verl configuration for a cluster."""
+    """RL rewarded by the harness: single-turn GRPO warm-up on TRL, or a verl configuration for a cluster (whose
+    nodes' judges refuse unconfined sandboxes unless the config, written with --allow-unconfined, allows them)."""
     _require_choice(stage, STAGES, "--stage")
     _require_choice(engine, ENGINES, "--engine")
     if engine == "verl":
         from kernelpilot.train.verl_config import VerlSettings, launch_command, write_verl_config
 
-        paths = write_verl_config(VerlSettings(model=model, tasks=tasks, output_dir=out, multi_turn=stage == "agentic"))
+        paths = write_verl_config(VerlSettings(model=model, tasks=tasks, output_dir=out, multi_turn=stage == "agentic",
+                                               allow_unconfined=allow_unconfined))  # fmt: skip
         console.print(f"wrote {paths['config']}; launch with: {launch_command(paths['config'])}", highlight=False)
         return
     if stage == "agentic":
         raise KernelpilotError("Multi-turn (agentic) RL runs on verl, not TRL.", hint="Add --engine verl.")
     from kernelpilot.train.rl import GrpoSettings, run_grpo
 
-    run_grpo(GrpoSettings(model=model, tasks=tasks, output_dir=out, max_steps=max_steps))
+    run_grpo(GrpoSettings(model=model, tasks=tasks, output_dir=out, max_steps=max_steps, allow_unconfined=allow_unconfined))
 
 
 @train_app.command("critic")
@@ -131,9 +143,11 @@ def train_critic(
 @train_app.command("run")
 def train_run(
     config: Path = typer.Option(Path("train.toml"), "--config", help=r"Pipeline config: \[synth], \[warmup], \[rollout], \[rft], \[critic], \[agentic] tables (docs/TRAINING.md)."),
+    allow_unconfined: AllowUnconfined = False,
 ) -> None:
     """Run the configured stages in order; a stage whose checkpoint is complete is skipped."""
     from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
 
     run_pipeline(load_config(config), STAGES, on_stage=lambda outcome: console.print(
-        f"{outcome.name}: {'skipped (done)' if outcome.skipped else 'done'} -> {outcome.out_dir}", highlight=False))
+        f"{outcome.name}: {'skipped (done)' if outcome.skipped else 'done'} -> {outcome.out_dir}", highlight=False),
+        allow_unconfined=allow_unconfined)

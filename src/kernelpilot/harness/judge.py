@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelpilot.errors import KernelpilotError, NoGPUError
+from kernelpilot.errors import KernelpilotError, NoGPUError, UnconfinedJudgeError
 from kernelpilot.harness.process import Reply, Worker
-from kernelpilot.results import BenchResult, BuildResult, EvalResult, VerifyResult, from_dict
+from kernelpilot.results import UNCONFINED, BenchResult, BuildResult, EvalResult, VerifyResult, from_dict, least_confined
 
 # A candidate that dies, raises, answers wrong or hides work while being timed fails although it passed the trials.
 _BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime", "mismatch", "guard")
@@ -39,6 +39,10 @@ class Judge:
     """Evaluates candidates on one device through a long-lived worker; use as a context manager or call close().
 
     Threads may share one judge (the TUI's watcher and its accept key): its worker runs one step at a time.
+    `confinement` is the least confined its sandboxes have been (None before any sandbox ran): every result says
+    its own, and the callers warn when it is UNCONFINED. With `allow_unconfined=False` (training's judges) the
+    judge refuses to start where the kernel has no Landlock, and raises UnconfinedJudgeError, instead of
+    returning the result, once a step reports a sandbox that Landlock did not confine.
     """
 
     def __init__(
@@ -50,14 +54,20 @@ class Judge:
         arch: str | None = None,
         jobs: int | None = None,
         log_path: Path | None = None,
+        allow_unconfined: bool = True,
     ):
         self.device = _checked_device(device or "cuda")
+        if not allow_unconfined:
+            require_landlock()  # before a worker starts
+        self.allow_unconfined = allow_unconfined
+        self.confinement: str | None = None
         self.timeouts = timeouts or Timeouts()
         self.cache_dir = cache_dir
         self.arch = arch
         self.jobs = jobs
         self.worker = Worker(self.device, log_path=log_path)
         self._steps = threading.Lock()  # one request at a time on the worker's pipes
+        self._noting = threading.Lock()  # one update of `confinement` at a time
         if self.device != "cpu":
             self._require_gpu()
 
@@ -109,11 +119,12 @@ class Judge:
         ws = _open(ws_root)
         # The variants' trials take about as long as the problem's own: the step gets twice the time.
         timeout = self.timeouts.verify * (2 if variants else 1)
-        args = _candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol, "base_seed": base_seed,
-                                                  "variants": list(variants), "timeout": _inner(timeout)}  # fmt: skip
+        args = self._candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol,
+                                                       "base_seed": base_seed, "variants": list(variants),
+                                                       "timeout": _inner(timeout)}  # fmt: skip
         reply = self._call("verify", args, timeout)
         if reply.ok:
-            return from_dict(VerifyResult, reply.result)
+            return self._served(from_dict(VerifyResult, reply.result))
         return VerifyResult(ok=False, atol=atol, rtol=rtol, error_kind=reply.error_kind, message=reply.message)
 
     def bench(
@@ -128,11 +139,12 @@ class Judge:
         """Time the candidate in a fresh sandbox against eager and torch.compile (signed, confirmed baselines);
         timed calls are checked against the reference with `atol`/`rtol`."""
         ws = _open(ws_root)
-        args = _candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir),
-                                                  "atol": atol, "rtol": rtol, "timeout": _inner(self.timeouts.bench)}  # fmt: skip
+        args = self._candidate_args(ws.root, build) | {"min_runs": min_runs, "cache_dir": _str_or_none(self.cache_dir),
+                                                       "atol": atol, "rtol": rtol,
+                                                       "timeout": _inner(self.timeouts.bench)}  # fmt: skip
         reply = self._call("bench", args, self.timeouts.bench)
         if reply.ok:
-            return from_dict(BenchResult, reply.result)
+            return self._served(from_dict(BenchResult, reply.result))
         return BenchResult(ok=False, error_kind=reply.error_kind, message=reply.message)
 
     def evaluate(
@@ -140,7 +152,15 @@ class Judge:
         variants: Sequence[str] = (),
     ) -> EvalResult:
         """Build, verify (and verify at the shape `variants`) and, when it is correct and `bench`, time the
-        candidate; the reward sums it up (the variants do not count in it)."""
+        candidate; the reward sums it up (the variants do not count in it), `confinement` the steps' sandboxes."""
+        result = self._evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants)
+        steps = [step.confinement for step in (result.verify, result.bench) if step is not None]
+        result.confinement = least_confined(*steps)
+        return result
+
+    def _evaluate(
+        self, ws_root: Path | str, *, trials: int, atol: float, rtol: float, bench: bool, variants: Sequence[str]
+    ) -> EvalResult:
         from kernelpilot.harness.reward import milestone_reward
         from kernelpilot.workspace import tampered_files
 
@@ -184,11 +204,39 @@ class Judge:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _candidate_args(self, root: Path, build: BuildResult | None) -> dict[str, Any]:
+        """What every candidate step sends: the workspace, its build, and whether its sandbox must be confined (the
+        worker then refuses an unconfined one before the candidate loads, with UnconfinedJudgeError)."""
+        from kernelpilot.results import to_dict
+
+        return {"workspace": str(root), "build": to_dict(build) if build is not None else None,
+                "confined": not self.allow_unconfined}  # fmt: skip
+
+    def _served(self, result: VerifyResult | BenchResult) -> VerifyResult | BenchResult:
+        """Note how the step's sandboxes were confined; refuse an unconfined one unless that is allowed (the
+        worker has refused it already, before the candidate loaded: this is the result's own word)."""
+        with self._noting:
+            self.confinement = least_confined(self.confinement, result.confinement)
+        if result.confinement == UNCONFINED and not self.allow_unconfined:
+            raise UnconfinedJudgeError("A sandbox of the judge reported that Landlock does not confine it, so a "
+                                       "candidate could change what the judge runs and its rewards are not evidence.")
+        return result
+
     def _call(self, op: str, args: dict[str, Any], timeout: float) -> Reply:
         with self._steps:
             reply = self.worker.call(op, args, timeout=timeout)
         reply.raise_user_error()
         return reply
+
+
+def require_landlock() -> None:
+    """UnconfinedJudgeError when this kernel offers no Landlock, so that no sandbox of a judge can be confined:
+    what a judge that must be confined checks before it starts, and training before it spends any time."""
+    from kernelpilot.harness import confine
+
+    if not confine.landlock_available():
+        raise UnconfinedJudgeError("This system offers no Landlock, so the judge's sandboxes cannot be confined and a "
+                                   "candidate could change what the judge runs.")  # fmt: skip
 
 
 def evaluate_path(
@@ -247,12 +295,6 @@ def _open(ws_root: Path | str) -> Any:
     from kernelpilot.workspace import open_workspace
 
     return open_workspace(Path(ws_root).resolve())
-
-
-def _candidate_args(root: Path, build: BuildResult | None) -> dict[str, Any]:
-    from kernelpilot.results import to_dict
-
-    return {"workspace": str(root), "build": to_dict(build) if build is not None else None}
 
 
 def _inner(timeout: float) -> float:

@@ -70,6 +70,15 @@ class WorkerState:
                   file=sys.stderr, flush=True)  # fmt: skip
         return self.memory_cache
 
+    @property
+    def confinement(self) -> str:
+        """How this worker's sandboxes have been confined: LANDLOCK while every one handed out said Landlock
+        confines it (the pool's flag), else UNCONFINED for the worker's lifetime, since a candidate in an unconfined
+        sandbox could have changed what every later step runs. Results carry it (`results.UNCONFINED`)."""
+        from kernelpilot.results import LANDLOCK, UNCONFINED
+
+        return LANDLOCK if self.pool.confined else UNCONFINED
+
     def problem(self, path: Path) -> Any:
         from kernelpilot.problem import load_problem, problem_id_of
 
@@ -89,9 +98,11 @@ class WorkerState:
         self.clean.move_to_end(key)
         return self.clean[key]
 
-    def sandbox(self, ws: Any, build: Any, *, seed: int | None, timeout: float) -> Any:
+    def sandbox(self, ws: Any, build: Any, *, seed: int | None, timeout: float, confined: bool = False) -> Any:
         """The candidate's sandbox: the one verify left when the sources are the same (and `seed` is None or
-        its own), else a fresh one loaded with the candidate's weights drawn under `seed`."""
+        its own), else a fresh one loaded with the candidate's weights drawn under `seed`. With `confined`, a
+        fresh sandbox that Landlock does not confine (or any after one that was not) is closed before the
+        candidate loads: UnconfinedJudgeError, and no candidate code has run unconfined."""
         from kernelpilot.harness.verify import random_seed
 
         library = build.library if build is not None and build.ok else None
@@ -106,6 +117,12 @@ class WorkerState:
         seed = random_seed() if seed is None else seed
         started = time.perf_counter()
         sandbox = self.pool.take()
+        if confined and not self.pool.confined:
+            from kernelpilot.errors import UnconfinedJudgeError
+
+            sandbox.close()
+            raise UnconfinedJudgeError("A sandbox of the judge reported that Landlock does not confine it, so a "
+                                       "candidate could change what the judge runs (none was loaded in it).")  # fmt: skip
         taken = time.perf_counter()
         sandbox.load("candidate", Path(ws.model_path), seed=seed, timeout=timeout, workspace=Path(ws.root),
                      library=library)  # fmt: skip
@@ -195,12 +212,13 @@ def op_verify(state: WorkerState, args: dict) -> dict:
     deadline = Deadline(args.get("timeout", 600.0))
     _release_cached_memory()  # an earlier step's cached blocks: the sandbox's outputs need the device's memory
     state.load_phases = {}
-    sandbox = state.sandbox(ws, build, seed=seed, timeout=deadline.left())
+    sandbox = state.sandbox(ws, build, seed=seed, timeout=deadline.left(), confined=bool(args.get("confined")))
     result = verify_candidate(problem, sandbox, device=state.device, trials=args.get("trials", 5), base_seed=seed,
                               atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2), workspace=ws.root,
                               library=build.library if build is not None and build.ok else None,
                               timeout=deadline.left())  # fmt: skip
     result.phases = {**state.load_phases, **result.phases}
+    result.confinement = state.confinement  # (after the candidate's sandbox was taken: its own word counts)
     if result.ok and args.get("variants"):
         from kernelpilot.harness.variants import verify_variants
 
@@ -225,10 +243,11 @@ def op_bench(state: WorkerState, args: dict) -> dict:
     deadline = Deadline(args.get("timeout", 600.0))
     _release_cached_memory()  # what verification left cached: the sandboxes' outputs need the device's memory
     try:
-        sandbox = state.sandbox(ws, build, seed=None, timeout=deadline.left())
+        sandbox = state.sandbox(ws, build, seed=None, timeout=deadline.left(), confined=bool(args.get("confined")))
         if not sandbox.hello.get("ok"):
             hello = sandbox.hello
-            return to_dict(BenchResult(ok=False, error_kind=hello.get("error_kind") or "load", message=hello.get("message", "")))
+            return to_dict(BenchResult(ok=False, error_kind=hello.get("error_kind") or "load", message=hello.get("message", ""),
+                                       confinement=state.confinement))  # fmt: skip
         result = bench_candidate(
             problem,
             sandbox,
@@ -242,6 +261,7 @@ def op_bench(state: WorkerState, args: dict) -> dict:
             rtol=args.get("rtol", 1e-2),
             timeout=deadline.left(),
         )
+        result.confinement = state.confinement  # the clean sandboxes' word too, taken while timing
     finally:
         state.done_with_candidate()  # a candidate's sandbox lives for one evaluation
     return to_dict(result)

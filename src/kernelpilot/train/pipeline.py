@@ -4,6 +4,9 @@ A stage is finished when its folder holds `STAGE_DONE` (written last, after its 
 through a stage redoes that stage and nothing before it. Stages run in a fixed order; the TOML's tables say which
 run and with what settings: [synth], [warmup], [rollout], [rft], [critic], [agentic], and the top-level
 `run_dir` and `model`.
+
+The stages rewarded by the judge (JUDGED_STAGES) need its sandboxes confined by Landlock: where the system has no
+Landlock and one of them is still to run, the pipeline stops before any stage runs, unless `allow_unconfined`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from kernelpilot.errors import KernelpilotError
 
 STAGE_DONE = "STAGE_DONE.json"
 STAGE_ORDER = ("synth", "warmup", "rollout", "rft", "critic", "agentic")
+JUDGED_STAGES = ("warmup", "rollout", "agentic")  # their rewards come from the judge, which candidates must not escape
 
 
 class PipelineConfigError(KernelpilotError):
@@ -35,6 +39,7 @@ class StageContext:
     out_dir: Path
     run_dir: Path
     model: str
+    allow_unconfined: bool = False  # judge where Landlock does not confine the sandboxes (unverified rewards)
 
 
 @dataclass
@@ -72,10 +77,19 @@ def run_pipeline(
     *,
     base_dir: Path = Path("."),
     on_stage: Callable[[StageOutcome], None] | None = None,
+    allow_unconfined: bool = False,
 ) -> list[StageOutcome]:
-    """Run each configured stage in order, skipping those already done; returns what happened to each."""
+    """Run each configured stage in order, skipping those already done; returns what happened to each.
+
+    A judged stage still to run needs Landlock (UnconfinedJudgeError first, otherwise), unless `allow_unconfined`.
+    """
     run_dir = base_dir / config.get("run_dir", "kp-train")
     model = str(config.get("model", ""))
+    judged = [name for name in JUDGED_STAGES if name in config and not (run_dir / name / STAGE_DONE).is_file()]
+    if judged and not allow_unconfined:
+        from kernelpilot.harness.judge import require_landlock
+
+        require_landlock()
     outcomes = []
     for name in STAGE_ORDER:
         if name not in config:
@@ -88,7 +102,7 @@ def run_pipeline(
         else:
             out_dir.mkdir(parents=True, exist_ok=True)
             started = time.monotonic()
-            model = stages[name](StageContext(config[name], out_dir, run_dir, model))
+            model = stages[name](StageContext(config[name], out_dir, run_dir, model, allow_unconfined))
             done.write_text(
                 json.dumps({"model": model, "seconds": round(time.monotonic() - started, 1)}), encoding="utf-8"
             )
@@ -146,6 +160,7 @@ def warmup_stage(ctx: StageContext) -> str:
             learning_rate=float(settings.get("learning_rate", 1e-6)),
             max_completion_length=int(settings.get("max_completion_length", 4096)),
             devices=tuple(settings.get("devices", ["cuda"])),
+            allow_unconfined=ctx.allow_unconfined,
         )
     )
     return str(ctx.out_dir)
@@ -163,7 +178,8 @@ def rollout_stage(ctx: StageContext) -> str:
         api_key=settings.get("api_key"),
         max_turns=int(settings.get("max_turns", 20)),
     )
-    run_rollouts(ctx.run_dir / "synth", ctx.out_dir, agent, devices=settings.get("devices", ["cuda"]))
+    run_rollouts(ctx.run_dir / "synth", ctx.out_dir, agent, devices=settings.get("devices", ["cuda"]),
+                 allow_unconfined=ctx.allow_unconfined)  # fmt: skip
     return ctx.model
 
 
@@ -241,6 +257,7 @@ def agentic_stage(ctx: StageContext) -> str:
             nnodes=int(settings.get("nnodes", 1)),
             gpus_per_node=int(settings.get("gpus_per_node", 8)),
             epochs=int(settings.get("epochs", 1)),
+            allow_unconfined=ctx.allow_unconfined,
         )
     )
     command = launch_command(paths["config"])

@@ -6,6 +6,10 @@ is the harness milestone reward (-1 broken or wrong, 1 correct, 2 beats eager, 3
 by `Judge` worker processes, each step with its own timeout, one judge per device, several completions at once. A
 completion the verifier failed on (kernelpilot's bug, error kind "harness") scores -1 too, since nothing was
 verified, and is logged as a warning so that the failure does not pass for a wrong kernel.
+
+The judges must be confined by Landlock: a policy rewarded by a judge whose sandboxes a candidate can write out of
+learns to exploit that. Without Landlock nothing is judged (UnconfinedJudgeError, before any model is loaded), nor
+once a sandbox says it is not confined, unless `allow_unconfined` is set (`--allow-unconfined`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,37 +135,42 @@ class HarnessReward:
         self._pool.shutdown()
 
 
-def judge_evaluator(device: str, trials: int = 3) -> Callable[[Path], EvalResult]:
-    """An evaluate callable backed by a `Judge` worker on `device` (its timeouts bound every step)."""
+def judge_evaluator(device: str, trials: int = 3, *, allow_unconfined: bool = False) -> Callable[[Path], EvalResult]:
+    """An evaluate callable backed by a `Judge` worker on `device` (its timeouts bound every step) that refuses
+    unconfined sandboxes (UnconfinedJudgeError) unless `allow_unconfined`."""
     from kernelpilot.harness.judge import Judge
 
-    judge = Judge(device)
+    judge = Judge(device, allow_unconfined=allow_unconfined)
     return lambda ws_root: judge.evaluate(ws_root, trials=trials)
 
 
 # ---------------------------------------------------------------------------------------------- verl
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, *,
+    allow_unconfined: bool = False,
+) -> float:  # fmt: skip
     """verl's custom reward function. `ground_truth` carries the task's source.
 
     A multi-turn episode was judged by its own tools: verl passes their rewards (the best verdict so far, see
     verl_tools.py) as `extra_info["tool_rewards"]`, and the last is the episode's. A single-turn completion is judged
-    here, on this node's GPU.
+    here, on this node's GPU, by a judge that must be confined unless `allow_unconfined` (the config's
+    `custom_reward_function.reward_kwargs`, which verl passes here).
     """
     tool_rewards = list((extra_info or {}).get("tool_rewards") or [])
     if tool_rewards:
         return float(tool_rewards[-1])
-    return judge_completion(ground_truth, solution_str, _node_evaluator())
+    return judge_completion(ground_truth, solution_str, _node_evaluator(allow_unconfined))
 
 
 _node_judge: list[Callable[[Path], EvalResult]] = []
 
 
-def _node_evaluator() -> Callable[[Path], EvalResult]:
+def _node_evaluator(allow_unconfined: bool) -> Callable[[Path], EvalResult]:
     # verl calls the reward function many times per process: one warm judge per process, not one per call.
     if not _node_judge:
-        _node_judge.append(judge_evaluator("cuda"))
+        _node_judge.append(judge_evaluator("cuda", allow_unconfined=allow_unconfined))
     return _node_judge[0]
 
 
@@ -180,6 +190,7 @@ class GrpoSettings:
     batch_size: int = 4
     max_completion_length: int = 4096
     devices: tuple[str, ...] = ("cuda",)
+    allow_unconfined: bool = False  # judge where Landlock does not confine the sandboxes (unverified rewards)
 
 
 def grpo_dataset(tasks_path: Path) -> Any:
@@ -195,13 +206,21 @@ def grpo_dataset(tasks_path: Path) -> Any:
 def run_grpo(
     settings: GrpoSettings, reward: Callable | None = None, tokenizer: Any = None, model: Any = None
 ) -> list[dict[str, Any]]:
-    """GRPO warm-up with TRL's GRPOTrainer; returns the logged history (rewards, losses). Saves to `output_dir`."""
+    """GRPO warm-up with TRL's GRPOTrainer; returns the logged history (rewards, losses). Saves to `output_dir`.
+
+    Rewarded by the judge (no `reward` given), it refuses a system without Landlock first, before anything loads,
+    unless `settings.allow_unconfined`."""
     from kernelpilot.train.rft import require_training_engine, trainer_arguments
 
+    if reward is None and not settings.allow_unconfined:
+        from kernelpilot.harness.judge import require_landlock
+
+        require_landlock()
     require_training_engine("trl", "datasets", "transformers")
     from trl import GRPOConfig, GRPOTrainer
 
-    reward_fn = reward or HarnessReward(judge_evaluator, settings.devices)
+    reward_fn = reward or HarnessReward(partial(judge_evaluator, allow_unconfined=settings.allow_unconfined),
+                                        settings.devices)  # fmt: skip
     config = GRPOConfig(
         **trainer_arguments(settings),
         num_generations=settings.num_generations,

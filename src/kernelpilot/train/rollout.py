@@ -4,6 +4,9 @@ Each task becomes a problem file and a workspace under the output folder and run
 as `kernelpilot optimize` would (a vLLM server of the checkpoint is `--model openai/<name> --api-base URL`). The
 transcript in each workspace holds every turn with its judge results and rewards; `rollouts.jsonl` lists one line
 per task. A task whose workspace already holds a finished session is skipped, so a rerun resumes.
+
+The judges must be confined by Landlock, since these rewards train a policy: without Landlock nothing starts, and
+a sandbox that says it is not confined ends the rollouts (UnconfinedJudgeError), unless `allow_unconfined`.
 """
 
 from __future__ import annotations
@@ -40,10 +43,19 @@ def run_rollouts(
     settings: Settings,
     devices: Sequence[str],
     on_rollout: Callable[[Rollout], None] | None = None,
+    *,
+    allow_unconfined: bool = False,
 ) -> list[Rollout]:
-    """Run the agent on every task, `len(devices)` at a time (each on its own device); returns them in task order."""
+    """Run the agent on every task, `len(devices)` at a time (each on its own device); returns them in task order.
+
+    An error that ends one episode (UnconfinedJudgeError, no GPU, ...) stops the others from starting a new task
+    and is raised once the episodes under way have ended; the rollouts finished so far are in `rollouts.jsonl`.
+    """
+    from kernelpilot.harness.judge import require_landlock
     from kernelpilot.train.synth_dataset import read_tasks
 
+    if not allow_unconfined:
+        require_landlock()  # before the tasks are read or any episode starts
     tasks = read_tasks(tasks_path)
     out_dir = Path(out_dir)
     (out_dir / "tasks").mkdir(parents=True, exist_ok=True)
@@ -53,17 +65,22 @@ def run_rollouts(
         problem.write_text(task.code, encoding="utf-8")
         pending.put((index, task.task_id, problem))
     results: list[Rollout | None] = [None] * len(tasks)
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def worker(device: str) -> None:
-        while True:
+        while not errors:
             try:
                 index, task_id, problem = pending.get_nowait()
             except queue.Empty:
                 return
-            rollout = rollout_task(
-                task_id, problem, out_dir / "workspaces" / task_id, dataclasses.replace(settings, device=device)
-            )
+            try:
+                rollout = rollout_task(task_id, problem, out_dir / "workspaces" / task_id,
+                                       dataclasses.replace(settings, device=device), allow_unconfined=allow_unconfined)  # fmt: skip
+            except BaseException as err:  # noqa: BLE001 - raised in the caller's thread, after the others stop
+                with lock:
+                    errors.append(err)
+                return
             with lock:
                 results[index] = rollout
                 _append_line(out_dir / ROLLOUTS_FILE, rollout)
@@ -75,11 +92,15 @@ def run_rollouts(
         thread.start()
     for thread in threads:
         thread.join()
+    if errors:
+        raise errors[0]
     return [rollout for rollout in results if rollout is not None]
 
 
-def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Settings) -> Rollout:
-    """One episode of the agent on one task, or the record of the finished one already in `workspace`."""
+def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Settings, *,
+                 allow_unconfined: bool = False) -> Rollout:  # fmt: skip
+    """One episode of the agent on one task, or the record of the finished one already in `workspace`; its judge
+    must be confined unless `allow_unconfined`."""
     from kernelpilot.agent.optimize import optimize
     from kernelpilot.agent.session import SESSIONS_DIR
 
@@ -88,7 +109,7 @@ def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Setting
         return dataclasses.replace(finished, task_id=task_id, skipped=True)
     # The best candidate stays in the workspace: output inside it means nothing is copied elsewhere.
     run_settings = dataclasses.replace(settings, workspace=workspace, output=workspace / "model_new.py")
-    result = optimize(problem, run_settings)
+    result = optimize(problem, run_settings, allow_unconfined=allow_unconfined)
     best = result.summary.best
     session = workspace / SESSIONS_DIR / f"{result.summary.session_id}.jsonl"
     return Rollout(
@@ -102,12 +123,14 @@ def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Setting
 
 
 def finished_session(workspace: Path) -> Rollout | None:
-    """The newest session of `workspace` that ran to an end, as a rollout record; None when there is none."""
+    """The newest session of `workspace` that ran to an end, as a rollout record; None when there is none. A
+    session an error broke off (status "error": the judge refused an unconfined sandbox, no GPU, ...) did not run
+    to an end: a rerun runs the task again."""
     from kernelpilot.agent.session import list_sessions
 
     if not Path(workspace).is_dir():  # not started yet
         return None
-    ended = [info for info in list_sessions(workspace) if info.status != "unfinished"]
+    ended = [info for info in list_sessions(workspace) if info.status not in ("unfinished", "error")]
     if not ended:
         return None
     info = ended[-1]

@@ -4,7 +4,8 @@ verl (Ray) runs PPO/GRPO across nodes; kernelpilot supplies what is specific to 
 (`kernelpilot.train.rl.compute_score`, the harness milestone reward), the task prompts as parquet in verl's data
 format, and, for agentic (multi-turn) runs, a tool config naming `verl_tools.KernelpilotTool` once per agent tool,
 with each task's source passed to the tools through `extra_info.tools_kwargs`. Written against verl 0.9's
-ppo_trainer config (`python -m verl.trainer.main_ppo`).
+ppo_trainer config (`python -m verl.trainer.main_ppo`). Both the reward function and the tools judge on the nodes,
+where their judges refuse sandboxes that Landlock does not confine unless the config allows it (`allow_unconfined`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class VerlSettings:
     gpus_per_node: int = 8
     rollout_engine: str = "vllm"
     epochs: int = 1
+    allow_unconfined: bool = False  # the nodes' judges may run where Landlock does not confine their sandboxes
 
 
 def tool_names() -> list[str]:
@@ -68,13 +70,15 @@ def verl_data_rows(tasks_path: Path, multi_turn: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def tool_config() -> dict[str, Any]:
-    """verl's tool config: our adapter class once per agent tool, with that tool's OpenAI-format schema."""
+def tool_config(allow_unconfined: bool = False) -> dict[str, Any]:
+    """verl's tool config: our adapter class once per agent tool, with that tool's OpenAI-format schema, and
+    whether its judge may run unconfined (`verl_tools.KernelpilotTool` reads it)."""
     from kernelpilot.agent.tools import default_tools, tool_schemas
 
+    config = {"type": "native", "allow_unconfined": allow_unconfined}
     return {
         "tools": [
-            {"class_name": TOOL_CLASS, "config": {"type": "native"}, "tool_schema": schema}
+            {"class_name": TOOL_CLASS, "config": dict(config), "tool_schema": schema}
             for schema in tool_schemas(default_tools())
         ]
     }
@@ -99,7 +103,8 @@ def trainer_config(settings: VerlSettings, train_file: Path, tool_config_path: P
             "return_raw_chat": True,
         },
         "actor_rollout_ref": {"model": {"path": settings.model}, "rollout": rollout},
-        "custom_reward_function": {"path": inspect.getfile(rl), "name": rl.compute_score.__name__},
+        "custom_reward_function": {"path": inspect.getfile(rl), "name": rl.compute_score.__name__,
+                                   "reward_kwargs": {"allow_unconfined": settings.allow_unconfined}},  # fmt: skip
         "trainer": {
             "nnodes": settings.nnodes,
             "n_gpus_per_node": settings.gpus_per_node,
@@ -131,7 +136,8 @@ def write_verl_config(settings: VerlSettings) -> dict[str, Path]:
     pq.write_table(pa.Table.from_pylist(rows), paths["data"])
     if settings.multi_turn:
         paths["tools"] = out / "tools.yaml"
-        paths["tools"].write_text(yaml.safe_dump(tool_config(), sort_keys=False), encoding="utf-8")
+        paths["tools"].write_text(yaml.safe_dump(tool_config(settings.allow_unconfined), sort_keys=False),
+                                  encoding="utf-8")  # fmt: skip
     config = trainer_config(settings, paths["data"], paths.get("tools"))
     paths["config"].write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return paths

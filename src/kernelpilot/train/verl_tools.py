@@ -20,11 +20,11 @@ from kernelpilot.train.agent_env import TrajectoryWorkspaces
 _workspaces: list[TrajectoryWorkspaces] = []
 
 
-def _shared_workspaces() -> TrajectoryWorkspaces:
+def _shared_workspaces(allow_unconfined: bool) -> TrajectoryWorkspaces:
     if not _workspaces:
         from kernelpilot.harness.judge import Judge
 
-        _workspaces.append(TrajectoryWorkspaces(lambda: Judge("cuda")))
+        _workspaces.append(TrajectoryWorkspaces(lambda: Judge("cuda", allow_unconfined=allow_unconfined)))
     return _workspaces[0]
 
 
@@ -34,6 +34,8 @@ class KernelpilotTool(BaseTool):
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema):
         super().__init__(config, tool_schema)
         self._task_code: dict[str, str] = {}
+        # The judge refuses sandboxes Landlock does not confine unless the tool config allows them (verl_config).
+        self._allow_unconfined = bool((config or {}).get("allow_unconfined", False))
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
         instance_id = instance_id or uuid4().hex
@@ -45,7 +47,7 @@ class KernelpilotTool(BaseTool):
     ) -> tuple[ToolResponse, float, dict]:
         agent_data = kwargs.get("agent_data")
         trajectory = getattr(agent_data, "request_id", None) or instance_id
-        workspaces = _shared_workspaces()
+        workspaces = _shared_workspaces(self._allow_unconfined)
         output = await asyncio.to_thread(
             workspaces.run, trajectory, self._task_code[instance_id], self.name, parameters
         )

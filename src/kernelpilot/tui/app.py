@@ -33,7 +33,7 @@ from textual.widgets import Footer
 from kernelpilot.agent.session import describe_eval, read_records, tool_result
 from kernelpilot.agent.tool_results import FileEdited, FileWritten, TodoItem, TodoList
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.results import EvalResult, from_dict
+from kernelpilot.results import UNCONFINED, UNCONFINED_NOTE, EvalResult, from_dict
 from kernelpilot.tui.control import Record, ReportingSession, RunControl
 from kernelpilot.tui.diff_view import DiffView
 from kernelpilot.tui.profile import ProfilePanel
@@ -135,6 +135,7 @@ class KernelpilotApp(App[None]):
             self.watch_bridge = WatchBridge(self, workspace.root, evaluate, debounce_s=debounce_s)
         self._edits = 0
         self.latest_watched: EvalResult | None = None  # what the workspace's files scored when last judged
+        self._warned_unconfined = False  # that the judge's sandboxes are not confined: said once
         self._app_closed = threading.Event()  # lets the finished run's worker close its judge
         self.control = RunControl(on_change=lambda: self.post_message(ControlChanged()))
         # Set by the worker thread before it posts RunOver, so they are there even if the app closed first.
@@ -246,6 +247,7 @@ class KernelpilotApp(App[None]):
             self.turn = record.get("turn") or 0
         elif kind == "eval":
             result = from_dict(EvalResult, record["eval"])
+            self._warn_if_unconfined(result)
             self.query_one(ProfilePanel).add_result(f"turn {record.get('turn') or self.turn}", result)
             if record.get("improved"):
                 self.best = result
@@ -276,6 +278,7 @@ class KernelpilotApp(App[None]):
         return f"edit {self._edits}"
 
     def _show_watched(self, label: str, result: EvalResult) -> None:
+        self._warn_if_unconfined(result)
         self.query_one(ProfilePanel).add_result(label, result)
         transcript = self.query_one(Transcript)
         if result.build is not None and not result.build.ok:
@@ -287,6 +290,14 @@ class KernelpilotApp(App[None]):
         self.latest_watched = result
         if _verified(result):
             self.best = result  # the workspace holds it now, so it is what accept commits
+
+    def _warn_if_unconfined(self, result: EvalResult) -> None:
+        """Say once, in the transcript and as a notification, that the judge's sandboxes are not confined."""
+        if result.confinement == UNCONFINED and not self._warned_unconfined:
+            self._warned_unconfined = True
+            text = f"warning: {UNCONFINED_NOTE}"
+            self.query_one(Transcript).add_line(text, "unconfined")
+            self.notify(text, severity="warning", timeout=30)
 
     def action_toggle_watch(self) -> None:
         self._set_watching(self.watch_bridge is not None and not self.watch_bridge.running)

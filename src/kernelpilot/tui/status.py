@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from kernelpilot.results import EvalResult
+from kernelpilot.results import UNCONFINED, EvalResult
 
 PHASE_STYLES = {"running": "bold green", "pausing": "yellow", "paused": "bold yellow", "stopping": "yellow",
                 "quitting": "yellow", "ended": "bold cyan", "failed": "bold red", "starting": "dim",
@@ -40,9 +40,15 @@ class RunStatus(Static):
 
 
 def best_text(best: EvalResult | None) -> str:
-    """The best verified candidate in a few words."""
+    """The best verified candidate in a few words (unverified, when the judge's sandboxes were not confined)."""
     if best is None:
         return "nothing verified yet"
+    if best.confinement == UNCONFINED:
+        return f"{_best_text(best)}, unverified: no Landlock"
+    return _best_text(best)
+
+
+def _best_text(best: EvalResult) -> str:
     bench = best.bench
     if bench is None or not bench.ok or bench.candidate is None:
         return f"correct, not timed (reward {best.reward})"
