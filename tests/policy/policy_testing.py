@@ -96,12 +96,13 @@ def needs_nvcc(test):
     return pytest.mark.cuda_build(no_nvcc(test))
 
 
-def compile_cu(source: str, folder: Path) -> str:
+def compile_cu(source: str, folder: Path, *, host_object: bool = False) -> str:
     """Compile a torch-free .cu for sm_90 next to the workspace's kp_cuda.h, warning-free; return ptxas' report.
 
     Device code only (`-cubin`): nvcc's front end still parses and checks the whole file, host code included, but
     the host compiler does not run, which halves the time; workspace builds (`built_workspace`) compile the host
-    side for real. A source calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
+    side for real; `host_object` compiles both sides into kernel.o, for a test that links a host program. A source
+    calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
     from kernelpilot.build import LIBRARIES, find_library, resolve_cuda_home
 
     shutil.copy(REPO_ROOT / "templates" / "kernels" / "kp_cuda.h", folder / "kp_cuda.h")
@@ -110,8 +111,9 @@ def compile_cu(source: str, folder: Path) -> str:
     for library in LIBRARIES:
         if f"#include <{library.header}>" in source:
             includes += ["-isystem", str(find_library(library, resolve_cuda_home()).include_dir)]
+    output = ["-c", "-o", "kernel.o"] if host_object else ["-cubin", "-o", "kernel.cubin"]
     done = subprocess.run(
-        [_nvcc(), "-std=c++17", "-cubin", "-arch=sm_90", "-Xptxas", "-v", *includes, "kernel.cu", "-o", "kernel.cubin"],
+        [_nvcc(), "-std=c++17", *output, "-arch=sm_90", "-Xptxas", "-v", *includes, "kernel.cu"],
         cwd=folder, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -560,7 +560,7 @@ def _host_binary(source: str, folder) -> str:
     """Compile a candidate's source with a host main() appended and link it against cuDNN: the binary's path."""
     from kernelpilot.build import find_cudnn, resolve_cuda_home
 
-    compile_cu(source, folder)
+    compile_cu(source, folder, host_object=True)
     cudnn = find_cudnn(resolve_cuda_home()).library
     command = [_nvcc(), "kernel.o", "-o", "host", f"-L{cudnn.parent}", f"-l:{cudnn.name}", f"-Xlinker=-rpath={cudnn.parent}"]
     linked = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
