@@ -106,16 +106,16 @@ def test_a_burst_of_saves_is_one_evaluation_after_the_quiet_period(watched, work
     for edit in range(5):
         save(kernel, f"// edit {edit}\n")
         time.sleep(0.05)
+    last_save = time.monotonic()  # (before the save: the test's thread may be held up after it, the watcher's not)
     save(workspace.model_new_path, "# edited\n")
     save(workspace.root / "notes.txt", "not a source\n")
-    last_save = time.monotonic()
 
     evaluating = next_event(events, "evaluating")
     result = next_event(events, "result")
 
     assert evaluating.changed == ["kernels/example_scale_shift.cu", "model_new.py"]
     assert len(recorder.calls) == 1
-    assert recorder.calls[0] - last_save >= DEBOUNCE_S * 0.9, "it waited for the saves to stop"
+    assert recorder.calls[0] - last_save >= DEBOUNCE_S, "it waited for the saves to stop"
     assert recorder.calls[0] - started >= DEBOUNCE_S
     assert result.result.reward == 1 and result.previous is None
     assert_quiet(events, DEBOUNCE_S * 3)

@@ -37,17 +37,25 @@ def get_init_inputs():
 
 def test_spread_runs_one_item_per_lane_at_once_and_keeps_the_items_order():
     both_lanes_busy = threading.Barrier(2, timeout=10)  # breaks (and the test fails) if the lanes run one by one
+    c_done = threading.Event()
     lanes_seen: dict[str, str] = {}
 
     def run(lane: str, item: str) -> str:
         lanes_seen[item] = lane
         if item in ("a", "b"):
             both_lanes_busy.wait()
-        time.sleep(0.05 if item == "a" else 0.0)  # "a" finishes after "b" and "c"
+        if item == "a":  # "a" finishes after "b" and "c", which the other lane runs meanwhile
+            assert c_done.wait(60), "c never finished"
         return item.upper()
 
     finished: list[str] = []
-    results = spread(["a", "b", "c"], ["lane0", "lane1"], run, on_done=lambda item, _: finished.append(item))
+
+    def done(item: str, _: str) -> None:
+        finished.append(item)
+        if item == "c":
+            c_done.set()
+
+    results = spread(["a", "b", "c"], ["lane0", "lane1"], run, on_done=done)
 
     assert results == ["A", "B", "C"]
     assert {lanes_seen["a"], lanes_seen["b"]} == {"lane0", "lane1"}

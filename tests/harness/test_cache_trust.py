@@ -42,12 +42,23 @@ def cheat_workspace(tmp_path) -> Path:
     return root
 
 
+def agree_within_load(monkeypatch) -> None:
+    """A cached eager time is used when a fresh calibration agrees with it. This problem's call takes about 0.01 ms,
+    which a busy machine can time twice as slow from one bench to the next: here the two agree unless 10x off. (The
+    cheat keeps the cached eager time, so the agreement is no defence against it; a forged eager is refuted in
+    test_bench.py.)"""
+    from kernelpilot.harness import bench as bench_module
+
+    monkeypatch.setattr(bench_module, "BASELINE_AGREEMENT", 10.0)
+
+
 @pytest.fixture
 def judge_side(monkeypatch):
     """A judge's trusted side in this process, closed after the test. torch.compile on the CPU takes half a minute
     (inductor and g++), so its baseline is timed in the eager sandbox: the cache does not care what was timed."""
     monkeypatch.setenv(SHARED_DIR_ENV, "")  # WorkerState points it at its own folder; restored after the test
     monkeypatch.setattr(CleanSandboxes, "compiled", CleanSandboxes.eager)
+    agree_within_load(monkeypatch)
     states: list[WorkerState] = []
 
     def make() -> WorkerState:
@@ -152,6 +163,7 @@ def test_a_judge_that_does_not_trust_the_folder_ignores_a_signed_entry_there_and
     from kernelpilot.results import Timing
 
     monkeypatch.setattr(InProcessClean, "compiled", InProcessClean.eager)  # (as judge_side: no inductor here)
+    agree_within_load(monkeypatch)
     path = tmp_path / "problem.py"
     path.write_text(scale_problem(rows=4, features=8))
     problem = load_problem(path)

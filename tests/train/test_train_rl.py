@@ -69,6 +69,10 @@ def test_the_real_judge_rewards_a_torch_copy_with_minus_one(tmp_path):
 
 def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order():
     busy, peak, lock = set(), [0], threading.Lock()
+    # Each device's first completion waits for the other's: the barrier breaks (and the test fails) if completions are
+    # judged one at a time. (Timing alone cannot show it: each completion first makes a workspace, which takes a
+    # varying while on a busy machine.)
+    both_devices_busy, first_calls = threading.Barrier(2, timeout=60), set()
 
     def make_evaluate(device):
         def evaluate(ws_root):
@@ -76,6 +80,10 @@ def test_harness_reward_spreads_completions_over_devices_and_keeps_their_order()
                 assert device not in busy  # one completion per device at a time
                 busy.add(device)
                 peak[0] = max(peak[0], len(busy))
+                first = device not in first_calls
+                first_calls.add(device)
+            if first:
+                both_devices_busy.wait()
             time.sleep(0.05)
             with lock:
                 busy.discard(device)
