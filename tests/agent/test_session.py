@@ -200,6 +200,17 @@ def test_list_and_render_sessions(tmp_path):
     assert first.id in text and "target-met" in text and "2.00x" in text
 
 
+def test_sessions_started_within_one_millisecond_list_in_the_order_they_started(tmp_path, monkeypatch):
+    import kernelpilot.agent.session as session_module
+
+    clock = iter(1_800_000_000.0001 + step * 0.0001 for step in range(1000))  # 0.1 ms apart
+    monkeypatch.setattr(session_module.time, "time", lambda: next(clock))
+    # "kp-b" sorts before "kp-z" by path: only the recorded start can put kp-z first.
+    first = Session.create(tmp_path / "kp-z", problem="/x/z.py", model="m")
+    second = Session.create(tmp_path / "kp-b", problem="/x/b.py", model="m")
+    assert [info.id for info in list_sessions(tmp_path)] == [first.id, second.id]
+
+
 def test_replay_shows_turns_calls_results_and_evals(tmp_path):
     session = Session.create(tmp_path, problem="p.py", model="m")
     session.append("message", turn=1, message={"role": "assistant", "content": "I predict 2x [fewer bytes]", "tool_calls": [

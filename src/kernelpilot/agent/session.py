@@ -112,7 +112,8 @@ class Session:
 
     def append(self, record_type: str, **fields: Any) -> None:
         """Write one record and force it to disk before returning."""
-        record = {"type": record_type, "time": round(time.time(), 3), **to_dict(fields)}
+        record = {"type": record_type, "time": round(time.time(), 6), **to_dict(fields)}  # (µs: sessions started
+        # in the same millisecond still list in the order they started)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, default=str) + "\n")
             handle.flush()
@@ -255,7 +256,7 @@ def list_sessions(root: Path) -> list[SessionInfo]:
             infos.append(_session_info(path, read_records(path)))
         except SessionError:
             continue  # a foreign or damaged file is not a session to list
-    return sorted(infos, key=lambda info: info.started)
+    return sorted(infos, key=lambda info: (info.started, str(info.path)))  # (ties: a stable order)
 
 
 def _session_info(path: Path, records: list[dict[str, Any]]) -> SessionInfo:
