@@ -96,6 +96,22 @@ def needs_nvcc(test):
     return pytest.mark.cuda_build(no_nvcc(test))
 
 
+def written(path: Path, text: str) -> Path:
+    """`text` written to `path`; the path."""
+    path.write_text(text)
+    return path
+
+
+def linked_and_fused_flags(ws, library_path: str, library: str) -> tuple[str, str]:
+    """Assert the workspace's link line and its built library name `library` (e.g. "cudnn"); the fused kernels'
+    nvcc flags line (for the caller to check that the library's headers stay out of it) and `ldd`'s report."""
+    ninja = (ws.build_dir / "build.ninja").read_text()
+    assert re.search(rf"^link_flags = .*lib{library}\.so", ninja, re.MULTILINE)
+    linked = subprocess.run(["ldd", library_path], capture_output=True, text=True, check=True).stdout
+    assert f"lib{library}.so" in linked
+    return next(line for line in ninja.splitlines() if line.startswith("cuda_flags = ")), linked
+
+
 def compile_cu(source: str, folder: Path, *, host_object: bool = False) -> str:
     """Compile a torch-free .cu for sm_90 next to the workspace's kp_cuda.h, warning-free; return ptxas' report.
 
@@ -224,9 +240,7 @@ SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
 
 # Every example is supported now: a running sum along the rows is a pattern the policy does not generate.
 def unsupported_problem(folder: Path) -> Path:
-    path = folder / "model.py"
-    path.write_text(UNSUPPORTED_PROBLEM)
-    return path
+    return written(folder / "model.py", UNSUPPORTED_PROBLEM)
 
 
 SMALL_PROBLEMS = {
@@ -367,9 +381,7 @@ def get_init_inputs():
 
 
 def matmul_zoo_problem(folder: Path) -> Path:
-    path = folder / "matmul_zoo.py"
-    path.write_text(MATMUL_ZOO)
-    return path
+    return written(folder / "matmul_zoo.py", MATMUL_ZOO)
 
 
 # Every unusual layout in one problem, so the GPU test builds one workspace for all of them.
@@ -433,9 +445,7 @@ def get_init_inputs():
 
 
 def zoo_problem(folder: Path) -> Path:
-    path = folder / "zoo.py"
-    path.write_text(ZOO)
-    return path
+    return written(folder / "zoo.py", ZOO)
 
 
 # The bf16 product 256 + 1 = 257 rounds to 256 (a tie, to even): eager then adds -256 (or halves it and adds -128)

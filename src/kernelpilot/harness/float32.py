@@ -32,13 +32,3 @@ def pin_float32_math() -> bool:
     torch.set_float32_matmul_precision("high" if allowed else "highest")
     return allowed
 
-
-def float32_math_in_use() -> dict[str, object]:
-    """The switches as this process has them (for tests and logs)."""
-    import torch
-
-    return {
-        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-        "matmul_precision": torch.get_float32_matmul_precision(),
-    }
