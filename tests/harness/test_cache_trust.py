@@ -1,5 +1,6 @@
-"""The baseline cache against a real sandboxed cheat on the CPU: candidates/signs_forged_baselines.py reads the judge's
-signing key (reads are never confined) and signs a 25 ms torch.compile time into the judge's cache. Confined by
+"""The baseline cache against a real sandboxed cheat on the CPU: tests/adversarial/candidates/cpu/
+signs_forged_baselines.py (the adversarial folder's cheats judged without a GPU) reads the judge's signing key
+(reads are never confined) and signs a 25 ms torch.compile time into the judge's cache. Confined by
 Landlock, it cannot write there and the cache serves the next bench as before; unconfined, the judge keeps its
 measurements in its own memory and neither reads nor writes the cache folder.
 
@@ -27,7 +28,7 @@ from kernelpilot.harness.worker import WorkerState, op_bench
 from kernelpilot.results import BenchResult, from_dict
 from kp_testing import scale_problem
 
-CHEAT = Path(__file__).parent / "candidates" / "signs_forged_baselines.py"
+CHEAT = Path(__file__).parents[1] / "adversarial" / "candidates" / "cpu" / "signs_forged_baselines.py"
 FORGED_MS = 25.0  # the torch.compile time the cheat signs (its FORGED_MS)
 UNTRUSTED = "sandboxes are not confined on this system (no Landlock)"  # in the bench's message, unconfined
 
