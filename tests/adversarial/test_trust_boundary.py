@@ -94,10 +94,12 @@ TIMING_CASES = [
     case("unwatched_side_stream_c", "big_relu", None, honest_time=True, why="as unwatched_side_stream"),
     case("patches_timer_honest", "big_relu", None, honest_time=True,
          why="the clock is in the trusted process: the patched timer in the sandbox times nothing the judge reports"),
-    case("torch_compute_modes_disabled", "big_relu", GUARD, {TORCH_COMPUTE},
-         why="the op recorder runs where the candidate can pop it; kernels must be traced for the sandbox's whole life "
-         "(so `profiler enabled` never changes), and torch's relu kernel among a verified or timed call's kernels "
-         "fails"),
+    case("torch_compute_modes_disabled", "big_relu", None, honest_time=True,
+         why="a profiler is on in every call of the candidate's process (tracing.py), not only in the profiled one: "
+         "it never sees one off, so it always runs its own kernel"),
+    case("torch_after_verify", "big_relu", GUARD, {TORCH_COMPUTE}, message="a timed call",
+         why="the kernels of the checked timed runs are collected: torch's relu among them fails, though the op "
+         "recorder was popped and the answers are right"),
 ]  # fmt: skip
 
 # Judged with Judge.verify: the cheat shows in the trials.
@@ -281,13 +283,7 @@ def assert_trust_verdict(verdict: Verdict, case: TrustCase, honest_ms: float | N
 
 
 # Cheats the judge does not stop yet, each with why: strict, so the day one is stopped the suite says so.
-KNOWN_GAPS = {
-    "torch_compute_modes_disabled": (
-        "torch compute from Python with the op recorder popped is seen only by a profiler that the candidate can tell "
-        "is on; its answer is right and its time is eager's (no false speedup), but the rule 'the work runs in "
-        "kernels/*.cu' is not enforced for it"
-    ),
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def with_known_gaps(cases: list) -> list:

@@ -330,7 +330,7 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
             timed, clock_finding = time_candidate(6_000_000)
         clock_note = "unaccounted time in the first series of timed runs did not repeat; the second series counts"
     if timed.timing is None:
-        return failed(timed.error_kind or "runtime", timed.message, checked_calls=timed.checked)
+        return failed(timed.error_kind or "runtime", timed.message, checked_calls=timed.checked, guards=timed.findings)
     measured = timed.timing
     if clock_finding is not None:
         message = f"guard {clock_finding.guard} failed (timed twice): {clock_finding.message}"

@@ -15,6 +15,7 @@ compiled form for the baselines (`mode="eager"|"compile"`), in a process where n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -31,6 +32,7 @@ from kernelpilot.harness import guards  # noqa: I001
 from kernelpilot.harness.failures import describe_exception, failure_kind
 from kernelpilot.harness.guards import PreviousCall, clone_tree, tensor_leaves
 from kernelpilot.harness.shared import dtype_name, open_reference, open_tree
+from kernelpilot.harness.tracing import KernelTrace
 from kernelpilot.ops import loaded_namespaces
 
 # Captured before any candidate code runs (self-protection for honest reports, not a trust boundary).
@@ -48,10 +50,12 @@ _LEFT_MAPPED: list = []  # shared tensors never unmapped: the process exits righ
 class LocalModel:
     """One model and the calls the judge makes on it: checked calls, timed runs and a profiled call."""
 
-    def __init__(self, problem: Any, model: torch.nn.Module, device: torch.device, *, workspace: Path | None = None):
+    def __init__(self, problem: Any, model: torch.nn.Module, device: torch.device, *, workspace: Path | None = None,
+                 trace: KernelTrace | None = None):  # fmt: skip
         self.problem, self.model, self.device = problem, model, device
         self.cuda = device.type == "cuda"
         self.workspace = workspace
+        self.trace = trace  # a candidate's on a GPU: every forward runs with a profiler on (tracing.py)
         self.previous: PreviousCall | None = None
         self.timing_slots: list[torch.Tensor] = []
         self._flush = None
@@ -67,7 +71,7 @@ class LocalModel:
         # The candidate's kernels (torch ops of the namespaces loaded here) are no torch compute; what they call is.
         recorder = guards.AtenOpRecorder(own_namespaces=loaded_namespaces())
         try:
-            with torch.no_grad(), recorder:
+            with torch.no_grad(), recorder, self._collecting(True):
                 actual = self.model(*inputs)
             read_at_return = clone_tree(actual) if self.cuda else None
             if self.cuda:
@@ -115,12 +119,27 @@ class LocalModel:
             except Exception as exc:  # noqa: BLE001 - the model's failure, not the profiler's
                 error.append(_failed(exc, f"ModelNew.forward under the profiler (seed {seed})"))
 
-        profiled = guards.profile_forward(forward, self.device)
+        with self._paused():
+            profiled = guards.profile_forward(forward, self.device)
         if error:
             return error[0]
         names = [kernel.name for kernel in profiled.kernels]
+        # The kernels of the checked calls before this one, collected while they ran.
+        traced = self.trace.take_names(read=False) if self.trace is not None else []
         return {"ok": True, "kernels": names, "current_stream": profiled.current_stream,
-                "streams": [k.stream for k in profiled.kernels], "synchronized": profiled.synchronized}  # fmt: skip
+                "streams": [k.stream for k in profiled.kernels], "synchronized": profiled.synchronized,
+                "traced_kernels": traced}  # fmt: skip
+
+    def traced_kernels(self) -> dict:
+        """The kernels of the traced calls since the last report (the timed runs the judge asked to trace)."""
+        return {"ok": True, "kernels": self.trace.take_names() if self.trace is not None else [],
+                "traced": self.trace is not None}  # fmt: skip
+
+    def _collecting(self, wanted: bool) -> Any:
+        return self.trace.collecting() if wanted and self.trace is not None else contextlib.nullcontext()
+
+    def _paused(self) -> Any:
+        return self.trace.paused() if self.trace is not None else contextlib.nullcontext()
 
     # ---------------------------------------------------------------------------- timed runs
 
@@ -134,11 +153,12 @@ class LocalModel:
             self._flush = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=self.device)
         return {"ok": True}
 
-    def run(self, seed: int) -> dict:
+    def run(self, seed: int, *, trace: bool = False) -> dict:
         """One timed call on fresh inputs drawn from `seed`: its time in ms, outputs copied into the bound slots.
 
         On a GPU: L2 flushed, the GPU kept busy while the call is dispatched, then an event, the call, a
-        device-wide synchronisation (work on every stream counts) and an event.
+        device-wide synchronisation (work on every stream counts) and an event. A traced run collects the call's
+        kernels (tracing.py): the judge leaves its time out of the figures, since collecting slows each launch.
         """
         try:
             inputs = self.problem.make_inputs(self.device, seed)
@@ -146,7 +166,7 @@ class LocalModel:
             return {"ok": False, "error_kind": "reference", "message": f"get_inputs() raised {describe_exception(exc)}"}
         try:
             with torch.no_grad():
-                ms, actual = self._timed(inputs)
+                ms, actual = self._timed(inputs, trace=trace)
         except Exception as exc:  # noqa: BLE001
             return _failed(exc, f"ModelNew.forward while timed (seed {seed})")
         structure = copy_into_slots(actual, self.timing_slots)
@@ -154,7 +174,7 @@ class LocalModel:
             _synchronize(self.device)
         return {"ok": True, "ms": ms, "structure": structure}
 
-    def _timed(self, inputs: list) -> tuple[float, Any]:
+    def _timed(self, inputs: list, *, trace: bool = False) -> tuple[float, Any]:
         if not self.cuda:
             start = _perf_counter()
             actual = self.model(*inputs)
@@ -164,11 +184,12 @@ class LocalModel:
             self._flush.zero_()
         torch.cuda._sleep(int(torch.cuda.get_device_properties(self.device).clock_rate * 1e3 * DISPATCH_COVER_S))
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-        start.record()
-        actual = self.model(*inputs)
-        _synchronize(self.device)
-        end.record()
-        end.synchronize()
+        with self._collecting(trace):
+            start.record()
+            actual = self.model(*inputs)
+            _synchronize(self.device)
+            end.record()
+            end.synchronize()
         return start.elapsed_time(end), actual
 
     def kernels(self, seed: int) -> dict:
@@ -177,7 +198,7 @@ class LocalModel:
         from kernelpilot.results import to_dict
 
         inputs = self.problem.make_inputs(self.device, seed)
-        with torch.no_grad():
+        with torch.no_grad(), self._paused():
             rows = profile_kernels(self.model, inputs, device=str(self.device))
         return {"ok": True, "kernels": [to_dict(row) for row in rows]}
 
@@ -350,6 +371,8 @@ def _load(request: dict, device: torch.device) -> tuple[LocalModel | None, dict]
         problem = load_problem(Path(args["problem"]), validate=False)
         workspace = Path(args["workspace"]) if args.get("workspace") else None
         problem_loaded = _perf_counter()
+        # On before the candidate is imported: no code of its own ever runs without a profiler on.
+        trace = KernelTrace(device) if args["mode"] == "candidate" and device.type == "cuda" else None
         model = load_model(args["mode"], problem, device, seed=int(args["seed"]), workspace=workspace,
                            library=args.get("library"))  # fmt: skip
     except SandboxLoadError as err:
@@ -357,7 +380,7 @@ def _load(request: dict, device: torch.device) -> tuple[LocalModel | None, dict]
     imported = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
     # Where the load's seconds went, as this process saw them (diagnostics, not evidence).
     seconds = {"problem": round(problem_loaded - started, 4), "model": round(_perf_counter() - problem_loaded, 4)}
-    return LocalModel(problem, model, device, workspace=workspace), {
+    return LocalModel(problem, model, device, workspace=workspace, trace=trace), {
         "ok": True, "pid": os.getpid(), "import_findings": [_finding(imported)] if imported else [],
         "seconds": seconds}  # fmt: skip
 
@@ -382,7 +405,9 @@ def handle(local: LocalModel, request: dict) -> dict:
         elif op == "bind":
             reply = local.bind([open_reference(ref) for ref in args["slots"]], flush_l2=args.get("flush_l2", True))
         elif op == "run":
-            reply = local.run(args["seed"])
+            reply = local.run(args["seed"], trace=bool(args.get("trace")))
+        elif op == "traced_kernels":
+            reply = local.traced_kernels()
         elif op == "kernels":
             reply = local.kernels(args["seed"])
         else:

@@ -8,6 +8,9 @@ copies the outputs into slots this side owns. Three things keep the figure hones
   pointer or content gains nothing).
 - **Checked runs**: after some runs, chosen here at random and never announced, this side draws the same inputs,
   runs the reference and compares the slots; a model idle or wrong while timed fails as a mismatch.
+- **Traced runs**: the candidate's process collects the kernels of another random sample of runs (tracing.py; its
+  profiler is on in every run, so it cannot tell them apart by that): torch's own kernels among them fail as
+  torch-compute. Their times, slowed by the collecting, are left out of the figures.
 - **A trusted clock**: this side measures each request's wall time; wall time minus the reported time is the
   protocol's cost, which the baselines' clean process measures for the same problem. A model whose unaccounted
   time is well above that did work outside its timed window (or reported less than it took): "unaccounted-time".
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kernelpilot.harness.guards import tensor_leaves
+from kernelpilot.harness.guards import find_torch_kernels, tensor_leaves
 from kernelpilot.harness.sandbox_client import Deadline
 from kernelpilot.harness.shared import SharedArena
 from kernelpilot.results import GuardFinding, Timing
@@ -161,7 +164,11 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
     else:
         note = ""
     phases = {"warm-up": _clock() - started, "runs": 0.0, "checks": 0.0, "companion": 0.0}
-    checked_runs = set(random.SystemRandom().sample(range(runs), min(runs, max(CHECKED_MIN, int(runs * CHECKED_SHARE)))))
+    chooser, sample_size = random.SystemRandom(), min(runs, max(CHECKED_MIN, int(runs * CHECKED_SHARE)))
+    checked_runs = set(chooser.sample(range(runs), sample_size))
+    # Traced runs are drawn apart from the checked ones: a candidate that can tell a traced run (by the delay its
+    # tracing adds, say) learns nothing about which runs are checked.
+    traced_runs = set(chooser.sample(range(runs), sample_size)) if checker is not None else set()
     samples, unaccounted, companion_unaccounted, checked = [], [], [], 0
     every = max(runs // COMPANION_RUNS, 1)
     for index in range(runs):
@@ -171,14 +178,16 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
             if reply.get("ok"):
                 companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
         run_seed_now = next(run_seed)
-        reply, wall_ms = _run(model, run_seed_now, deadline)
+        traced = index in traced_runs
+        reply, wall_ms = _run(model, run_seed_now, deadline, trace=traced)
         phases["runs"] += wall_ms / 1e3
         if not reply.get("ok"):
             kind = reply.get("error_kind") or "runtime"
             return TimedRuns(error_kind=kind, message=f"timed run {index + 1}: {reply.get('message', '')}", checked=checked)
         reported = float(reply.get("ms", 0.0))
-        samples.append(reported)
-        unaccounted.append(wall_ms - reported)
+        if not traced or runs - len(traced_runs) < 2:  # a traced run's time is the tracing's as much as the model's
+            samples.append(reported)
+            unaccounted.append(wall_ms - reported)
         if checker is not None and index in checked_runs:
             check_started = _clock()
             if device.type == "cuda":
@@ -189,6 +198,10 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
             if problem:
                 message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
                 return TimedRuns(error_kind="mismatch", message=message, checked=checked)
+    if checker is not None:
+        stopped = _traced_kernels_finding(model, deadline)
+        if stopped is not None:
+            return TimedRuns(error_kind=stopped.error_kind, message=stopped.message, checked=checked, findings=stopped.findings)
     timing = summarize(samples, note=note)
     timing.unaccounted_ms = typical_unaccounted(unaccounted, device.type)
     companion_ms = typical_unaccounted(companion_unaccounted, device.type) if companion_unaccounted else None
@@ -219,10 +232,21 @@ def _bind(model: Any, refs: list[dict], deadline: Deadline) -> dict | None:
     return None if bound.get("ok") else bound
 
 
-def _run(model: Any, seed: int, deadline: Deadline) -> tuple[dict, float]:
+def _run(model: Any, seed: int, deadline: Deadline, *, trace: bool = False) -> tuple[dict, float]:
     start = _clock()
-    reply = model.request("run", {"seed": seed}, timeout=deadline.left())
+    reply = model.request("run", {"seed": seed, "trace": trace} if trace else {"seed": seed}, timeout=deadline.left())
     return reply, (_clock() - start) * 1e3
+
+
+def _traced_kernels_finding(model: Any, deadline: Deadline) -> TimedRuns | None:
+    """The verdict on the kernels the traced runs launched: None when none of them was torch's own compute."""
+    reply = model.request("traced_kernels", {}, timeout=deadline.left())
+    if not reply.get("ok"):
+        return TimedRuns(error_kind=reply.get("error_kind") or "runtime", message=reply.get("message", ""))
+    finding = find_torch_kernels([str(name) for name in reply.get("kernels", [])], during="a timed call")
+    if finding is None:
+        return None
+    return TimedRuns(error_kind="guard", message=f"guard {finding.guard} failed: {finding.message}", findings=[finding])
 
 
 def find_unaccounted_time(candidate: Timing, clean_unaccounted_ms: float, *, device_type: str = "cuda") -> GuardFinding | None:

@@ -384,7 +384,8 @@ class _Verification:
             self._record(guards.find_no_custom_kernel(names, None))
         else:  # the libraries the extension really calls, from its symbols: a comment naming a call does not count
             self._record(find_no_own_kernel(names, source, self.libraries_called))
-        self._record(guards.find_torch_kernels(names))
+        # With the kernels the earlier checked calls launched, collected by the sandbox's trace while they ran.
+        self._record(guards.find_torch_kernels(names + [str(name) for name in reply.get("traced_kernels", [])]))
         self._record(guards.find_unsynced_side_stream(profiled))
         return self._failed_guards()
 

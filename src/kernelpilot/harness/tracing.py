@@ -1,0 +1,87 @@
+"""UNTRUSTED side: the kernels a candidate's forward launches, traced for the candidate sandbox's whole life.
+
+A profiler started only for one "profiled" call can be seen by the candidate (`torch.autograd.profiler` says when
+one is on), so a candidate could compute honestly in that call and with torch's kernels everywhere else (with the
+dispatch modes popped, the op recorder sees nothing either). Here one profiler session is on from before the
+candidate is imported until the sandbox ends: every forward runs with a profiler on, checked, timed or profiled.
+Kernel collection is switched on only around the forwards the judge asks to trace (every checked call, the
+profiled call, a sample of the timed runs the trusted side picks), so the sandbox's own work (input draws, slot
+copies, L2 flushes) is never mistaken for the candidate's and untraced timed runs pay no tracing cost.
+
+Reading the collected kernels ends the session and starts the next one at once, between requests, when no candidate
+code runs. What this reports is advice like the rest of the sandbox's reports: a candidate can reach this process's
+objects and silence it; the judge's verdict on correctness and time does not rest on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+class KernelTrace:
+    """A profiler session that stays on, collecting GPU kernels only inside `collecting()`."""
+
+    def __init__(self, device: torch.device):
+        from torch.profiler import ProfilerActivity
+
+        self.device = device
+        self._activities = [ProfilerActivity.CUDA]
+        self._session: Any = None
+        self._names: list[str] = []  # kernels collected so far and not yet taken
+        self._start()
+
+    def _start(self) -> None:
+        from torch.profiler import profile
+
+        self._session = profile(activities=self._activities)
+        self._session.__enter__()
+        self._session.toggle_collection_dynamic(False, self._activities)
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Collect the kernels launched inside the block (on every stream; the device is synchronised at its end)."""
+        self._session.toggle_collection_dynamic(True, self._activities)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize(self.device)
+            self._session.toggle_collection_dynamic(False, self._activities)
+
+    def take_names(self, *, read: bool = True) -> list[str]:
+        """Every kernel name collected and not yet taken, in start order. `read=False` takes only what an earlier
+        stop read (right after `paused`), sparing the session's restart."""
+        if read:
+            self._stop()
+            self._start()
+        names, self._names = self._names, []
+        return names
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No session of this trace inside the block, so a profiler of its own can run there (the profiled call,
+        the bench's kernel breakdown); what was collected before is kept for the next `take_names`."""
+        self._stop()
+        try:
+            yield
+        finally:
+            self._start()
+
+    def _stop(self) -> None:
+        session, self._session = self._session, None
+        # Collection back on before the session ends: kineto reads the kernels collected earlier only from a session
+        # that stops collecting (seen on torch 2.11: a session stopped while toggled off reported none).
+        # Nothing is launched in between: this runs in the sandbox's request handling, the device synchronised.
+        session.toggle_collection_dynamic(True, self._activities)
+        session.__exit__(None, None, None)
+        on_gpu = torch.autograd.DeviceType.CUDA
+        kernels = [e for e in session.profiler.kineto_results.events() if e.device_type() == on_gpu and is_kernel_event(e)]
+        self._names.extend(e.name() for e in sorted(kernels, key=lambda e: e.start_ns()))
+
+
+def is_kernel_event(event: Any) -> bool:
+    """A GPU kernel, not a copy, a memset or the GPU side of a `record_function` range."""
+    return not event.name().startswith(("Memcpy", "Memset", "[memory]", "kernelpilot::"))
