@@ -70,6 +70,10 @@ class KernelTrace:
         finally:
             self._start()
 
+    def close(self) -> None:
+        """End the session (a sandbox never does: its session ends with it)."""
+        self._stop()
+
     def _stop(self) -> None:
         session, self._session = self._session, None
         # Collection back on before the session ends: kineto reads the kernels collected earlier only from a session
