@@ -39,6 +39,7 @@ GUARD = "guard"  # error_kind of a failed guard
 UNACCOUNTED_TIME = "unaccounted-time"  # guard: GPU work the timed window did not hold (side streams, work outside it)
 TORCH_SYMBOLS = "torch-symbols"  # guard: the workspace's own objects call torch compute (undefined at::_ops symbols)
 TORCH_COMPUTE = "torch-compute"  # guard: torch's kernels computed (part of) the answer
+NO_CUSTOM_KERNEL = "no-custom-kernel"  # guard: no kernel of the workspace ran (or the traced runs showed none)
 TIMED_CALL = "timed call"  # in the message of a mismatch found on a sampled timed call
 SCALE = "scale"  # in the message of a mismatch hidden under atol (outputs far smaller than the tolerance)
 
@@ -100,6 +101,9 @@ TIMING_CASES = [
     case("torch_after_verify", "big_relu", GUARD, {TORCH_COMPUTE}, message="a timed call",
          why="the kernels of the checked timed runs are collected: torch's relu among them fails, though the op "
          "recorder was popped and the answers are right"),
+    case("silences_the_trace", "big_relu", GUARD, {NO_CUSTOM_KERNEL}, message="traced timed runs launched 0 kernels",
+         why="a process that hides its kernels from the trace hides all of them: traced runs that show no kernel "
+         "fail (not yet run on a GPU when written)"),
 ]  # fmt: skip
 
 # Judged with Judge.verify: the cheat shows in the trials.

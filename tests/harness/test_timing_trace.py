@@ -36,15 +36,19 @@ TRACING_MS = 1000.0  # what a traced run adds to its reported time here: far mor
 
 
 class OnAGpu:
-    """The candidate's process as the judge sees it on a GPU: its traced runs slower, their kernels reported."""
+    """The candidate's process as the judge sees it on a GPU: its traced runs slower, their kernels reported
+    (`per_run` for each traced run, or `reported` whatever runs were traced)."""
 
-    def __init__(self, inner, kernels: list[str]):
-        self.inner, self.kernels, self.requests = inner, kernels, []
+    def __init__(self, inner, per_run: list[str], reported: list[str] | None = None):
+        self.inner, self.per_run, self.reported, self.requests, self.traced = inner, per_run, reported, [], 0
 
     def request(self, op: str, args: dict, *, timeout: float) -> dict:
         self.requests.append((op, dict(args)))
         if op == "traced_kernels":
-            return {"ok": True, "kernels": list(self.kernels), "traced": True}
+            kernels = self.per_run * self.traced if self.reported is None else self.reported
+            self.traced = 0
+            return {"ok": True, "kernels": kernels, "traced": True}
+        self.traced += op == "run" and bool(args.get("trace"))
         reply = self.inner.request(op, args, timeout=timeout)
         if op == "run" and args.get("trace") and reply.get("ok"):
             reply = dict(reply, ms=float(reply["ms"]) + TRACING_MS)
@@ -58,11 +62,12 @@ def problem(tmp_path):
     return load_problem(path)
 
 
-def bench_on_a_gpu(problem, tmp_path, kernels: list[str]):
+def bench_on_a_gpu(problem, tmp_path, per_run: list[str], reported: list[str] | None = None):
     import torch
 
     torch.manual_seed(0)
-    candidate = OnAGpu(InProcessModel(LocalModel(problem, problem.make_model("cpu"), torch.device("cpu"))), kernels)
+    served = InProcessModel(LocalModel(problem, problem.make_model("cpu"), torch.device("cpu")))
+    candidate = OnAGpu(served, per_run, reported)
     result = bench_candidate(problem, candidate, InProcessClean(problem, "cpu"), device="cpu", seed=0,
                              cache_dir=tmp_path / "cache", min_runs=20)  # fmt: skip
     return result, candidate.requests
@@ -83,7 +88,7 @@ def test_a_sample_of_the_runs_is_traced_and_their_times_stay_out(problem, tmp_pa
 
 
 def test_torch_kernels_in_traced_timed_runs_fail_as_torch_compute(problem, tmp_path):
-    result, _ = bench_on_a_gpu(problem, tmp_path, [OWN_RELU, TORCH_RELU, TORCH_RELU])
+    result, _ = bench_on_a_gpu(problem, tmp_path, [OWN_RELU], reported=[OWN_RELU, TORCH_RELU, OWN_RELU, TORCH_RELU, OWN_RELU])
     assert not result.ok and result.error_kind == "guard"
     assert [finding.guard for finding in result.guards] == ["torch-compute"]
     assert "a timed call ran torch's kernels (vectorized_elementwise_kernel x2)" in result.message
@@ -103,3 +108,19 @@ def test_a_cpu_sandbox_traces_nothing_and_says_so(problem):
     served = InProcessModel(local)
     assert served.request("run", {"seed": 1, "trace": True}, timeout=30)["ok"] is True
     assert served.request("traced_kernels", {}, timeout=30) == {"ok": True, "kernels": [], "traced": False}
+
+
+def test_traced_runs_that_show_no_kernel_fail(problem, tmp_path):
+    # A process whose trace reports nothing (the candidate silenced it, or computed nothing): each traced timed run
+    # must show at least one kernel.
+    result, requests = bench_on_a_gpu(problem, tmp_path, [OWN_RELU], reported=[])
+    traced = sum(1 for op, args in requests if op == "run" and args.get("trace"))
+    assert not result.ok and result.error_kind == "guard", result.message
+    assert [finding.guard for finding in result.guards] == ["no-custom-kernel"]
+    assert f"{traced} traced timed runs launched 0 kernels" in result.message
+
+
+def test_fewer_kernels_than_traced_runs_fail(problem, tmp_path):
+    result, _ = bench_on_a_gpu(problem, tmp_path, [OWN_RELU], reported=[OWN_RELU])
+    assert not result.ok and result.error_kind == "guard", result.message
+    assert "launched 1 kernels" in result.message

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kernelpilot.harness.guards import find_torch_kernels, tensor_leaves
+from kernelpilot.harness.guards import NO_CUSTOM_KERNEL, find_torch_kernels, tensor_leaves
 from kernelpilot.harness.sandbox_client import Deadline
 from kernelpilot.harness.shared import SharedArena
 from kernelpilot.results import GuardFinding, Timing
@@ -199,7 +199,7 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
                 message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
                 return TimedRuns(error_kind="mismatch", message=message, checked=checked)
     if checker is not None:
-        stopped = _traced_kernels_finding(model, deadline)
+        stopped = _traced_kernels_finding(model, deadline, traced=len(traced_runs))
         if stopped is not None:
             return TimedRuns(error_kind=stopped.error_kind, message=stopped.message, checked=checked, findings=stopped.findings)
     timing = summarize(samples, note=note)
@@ -238,12 +238,18 @@ def _run(model: Any, seed: int, deadline: Deadline, *, trace: bool = False) -> t
     return reply, (_clock() - start) * 1e3
 
 
-def _traced_kernels_finding(model: Any, deadline: Deadline) -> TimedRuns | None:
-    """The verdict on the kernels the traced runs launched: None when none of them was torch's own compute."""
+def _traced_kernels_finding(model: Any, deadline: Deadline, *, traced: int) -> TimedRuns | None:
+    """The verdict on the kernels the `traced` runs launched: None when each launched at least one (a run that
+    launches none computed nothing, or its process hid its kernels) and none of them was torch's own compute."""
     reply = model.request("traced_kernels", {}, timeout=deadline.left())
     if not reply.get("ok"):
         return TimedRuns(error_kind=reply.get("error_kind") or "runtime", message=reply.get("message", ""))
-    finding = find_torch_kernels([str(name) for name in reply.get("kernels", [])], during="a timed call")
+    names = [str(name) for name in reply.get("kernels", [])]
+    finding = find_torch_kernels(names, during="a timed call")
+    if finding is None and reply.get("traced") and len(names) < traced:
+        finding = GuardFinding(NO_CUSTOM_KERNEL, "fail",
+                               f"{traced} traced timed runs launched {len(names)} kernels: a timed run that launches no "
+                               "kernel computed nothing, or its process hid its kernels from the trace.")  # fmt: skip
     if finding is None:
         return None
     return TimedRuns(error_kind="guard", message=f"guard {finding.guard} failed: {finding.message}", findings=[finding])
