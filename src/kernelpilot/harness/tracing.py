@@ -15,6 +15,8 @@ objects and silence it; the judge's verdict on correctness and time does not res
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +32,10 @@ class KernelTrace:
 
         self.device = device
         self._activities = [ProfilerActivity.CUDA]
+        try:  # where torch's warning on every switch of collection goes (the sandbox's log would fill with it)
+            self._null = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            self._null = None
         self._session: Any = None
         self._names: list[str] = []  # kernels collected so far and not yet taken
         self._start()
@@ -39,17 +45,17 @@ class KernelTrace:
 
         self._session = profile(activities=self._activities)
         self._session.__enter__()
-        self._session.toggle_collection_dynamic(False, self._activities)
+        self._switch(False)
 
     @contextmanager
     def collecting(self) -> Iterator[None]:
         """Collect the kernels launched inside the block (on every stream; the device is synchronised at its end)."""
-        self._session.toggle_collection_dynamic(True, self._activities)
+        self._switch(True)
         try:
             yield
         finally:
             torch.cuda.synchronize(self.device)
-            self._session.toggle_collection_dynamic(False, self._activities)
+            self._switch(False)
 
     def take_names(self, *, read: bool = True) -> list[str]:
         """Every kernel name collected and not yet taken, in start order. `read=False` takes only what an earlier
@@ -75,15 +81,30 @@ class KernelTrace:
         self._stop()
 
     def _stop(self) -> None:
-        session, self._session = self._session, None
         # Collection back on before the session ends: kineto reads the kernels collected earlier only from a session
         # that stops collecting (seen on torch 2.11: a session stopped while toggled off reported none).
         # Nothing is launched in between: this runs in the sandbox's request handling, the device synchronised.
-        session.toggle_collection_dynamic(True, self._activities)
+        self._switch(True)
+        session, self._session = self._session, None
         session.__exit__(None, None, None)
         on_gpu = torch.autograd.DeviceType.CUDA
         kernels = [e for e in session.profiler.kineto_results.events() if e.device_type() == on_gpu and is_kernel_event(e)]
         self._names.extend(e.name() for e in sorted(kernels, key=lambda e: e.start_ns()))
+
+    def _switch(self, on: bool) -> None:
+        """Collection on or off, without torch's warning that toggling GPU activity alone may mis-correlate CPU and
+        GPU events (this trace reads no CPU events)."""
+        if self._null is None:
+            self._session.toggle_collection_dynamic(on, self._activities)
+            return
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(self._null, 2)
+            self._session.toggle_collection_dynamic(on, self._activities)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def is_kernel_event(event: Any) -> bool:
