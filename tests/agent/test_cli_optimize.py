@@ -16,9 +16,9 @@ import torch
 from openai_server import ScriptedOpenAIServer
 from typer.testing import CliRunner
 
-from kernelpilot.agent.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.cli import app
 from kernelpilot.lockfile import LOCK_NAME, read_lock
+from kernelpilot.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.workspace import EXAMPLE_KERNELS
 from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, UNSUPPORTED_PROBLEM, write_problem
 

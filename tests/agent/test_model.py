@@ -8,13 +8,16 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import kernelpilot.agent
 from kernelpilot.agent import ModelReply, RecoverableError, RunEnded, ToolCall
 from kernelpilot.agent.context import count_tokens, fit_context, truncate_output
-from kernelpilot.agent.model import LiteLLMModel, MalformedReply, ModelError, ScriptedModel, resolve_model
+from kernelpilot.agent.model import LiteLLMModel, MalformedReply, ModelError, ScriptedModel
 from kernelpilot.agent.text_actions import as_text_conversation, parse_text_actions, split_text_reply, text_tool_instructions
+from kernelpilot.models import resolve_model
 
 TOOLS = [
     {
@@ -408,6 +411,14 @@ def test_resolve_model_with_an_api_base_but_no_model():
     with pytest.raises(ModelError, match="without --model") as caught:
         resolve_model(None, "http://localhost:8000/v1", None)
     assert "http://localhost:8000/v1/models" in caught.value.hint
+
+
+def test_the_agent_package_never_names_the_policy_package():
+    # The policy is a Model built on the agent's types, so the agent importing it back, even lazily, makes a circle;
+    # `kernelpilot.models` is where the two meet.
+    agent = Path(kernelpilot.agent.__file__).parent
+    naming = [path.relative_to(agent) for path in sorted(agent.rglob("*.py")) if "kernelpilot.policy" in path.read_text()]
+    assert naming == []
 
 
 def test_importing_the_model_layer_does_not_import_litellm():

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelpilot.agent.suite import RESULTS_DIR, ProblemOutcome, find_problems, run_suite
 from kernelpilot.config import Settings
 from kernelpilot.errors import NoGPUError
+from kernelpilot.suite import RESULTS_DIR, ProblemOutcome, find_problems, run_suite
 
 
 def write_problems(folder: Path, *names: str) -> None:

@@ -109,11 +109,11 @@ def test_the_old_workspace_option_still_works_as_a_hidden_alias_of_dir(folder):
 async def test_the_tui_runs_what_was_checked_before_it_opened_and_makes_the_workspace_only_then(folder):
     from kernelpilot.agent import ModelReply, ToolCall
     from kernelpilot.agent.model import ScriptedModel
-    from kernelpilot.agent.optimize import CheckedRun, prepared_run
     from kernelpilot.agent.session import read_records
     from kernelpilot.agent.tool_results import TodoItem
     from kernelpilot.config import Settings
     from kernelpilot.harness.judge import Judge
+    from kernelpilot.optimize import CheckedRun, prepared_run
     from kernelpilot.problem import load_problem
     from kernelpilot.tui.app import KernelpilotApp
     from kernelpilot.tui.todos import TodoPanel

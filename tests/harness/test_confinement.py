@@ -131,7 +131,7 @@ def _stub_check(monkeypatch, tmp_path: Path, result: EvalResult) -> list[str]:
 
 
 def _stub_optimize(monkeypatch, tmp_path: Path, result: EvalResult) -> list[str]:
-    from kernelpilot.agent import optimize
+    from kernelpilot import optimize
     from kernelpilot.agent.loop import RunSummary
 
     @contextmanager
@@ -147,7 +147,7 @@ def _stub_optimize(monkeypatch, tmp_path: Path, result: EvalResult) -> list[str]
 
 
 def _stub_suite(monkeypatch, tmp_path: Path, result: EvalResult) -> list[str]:
-    from kernelpilot.agent import suite
+    from kernelpilot import suite
 
     outcome = suite.ProblemOutcome("double.py", "finished", correct=True, reward=1, confinement=result.confinement)
     monkeypatch.setattr(suite, "run_suite", lambda *args, **kwargs: suite.summarize([outcome]))

@@ -297,7 +297,8 @@ def test_policy_works_on_the_problem_it_is_given_whatever_the_task_says():
 
 
 def test_the_built_in_policy_is_resolved_only_with_its_problem():
-    from kernelpilot.agent.model import ModelError, resolve_model
+    from kernelpilot.agent.model import ModelError
+    from kernelpilot.models import resolve_model
 
     results = {}
     policy = resolve_model(None, None, None, problem_path=EXAMPLES / "layernorm.py", judge_results=results)

@@ -22,12 +22,12 @@ from textual.widgets import Collapsible, DataTable, Sparkline, Static
 
 from kernelpilot.agent import ModelReply, RunEnded, ToolCall, ToolContext
 from kernelpilot.agent.model import ScriptedModel
-from kernelpilot.agent.optimize import AgentRun
 from kernelpilot.agent.session import Session, read_records
 from kernelpilot.agent.tool_results import TodoItem
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
 from kernelpilot.lockfile import LOCK_NAME, read_lock
+from kernelpilot.optimize import AgentRun
 from kernelpilot.results import (
     UNCONFINED,
     UNCONFINED_NOTE,

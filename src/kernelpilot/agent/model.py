@@ -4,7 +4,10 @@
   base), with retries on rate limits, 5xx, timeouts and dropped connections, token and cost accounting, and a
   plain-text action format for models without native tool calling.
 - The plain-text action format lives in `text_actions.py`; fitting a conversation to the window in `context.py`.
-- `ScriptedModel`: replays fixed replies (tests, demos, RL data). `resolve_model`: picks a model from the settings.
+- `ScriptedModel`: replays fixed replies (tests, demos, RL data).
+
+The model a run uses (a LiteLLMModel, or the built-in policy when none is named) is picked by
+`kernelpilot.models.resolve_model`, outside this package: the agent never imports the policy.
 
 litellm is imported only when a LiteLLMModel first needs it: `kernelpilot --help`, scripted runs and the built-in
 policy never pay its import time, and the GPU machine's image does not have it.
@@ -18,13 +21,12 @@ import os
 import random
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kernelpilot.agent import Model, ModelReply, RecoverableError, RunEnded, ToolCall, Usage
+from kernelpilot.agent import ModelReply, RecoverableError, RunEnded, ToolCall, Usage
 from kernelpilot.agent.context import fit_context
 from kernelpilot.agent.text_actions import (
     LENIENT_JSON,
@@ -34,9 +36,6 @@ from kernelpilot.agent.text_actions import (
     text_tool_instructions,
 )
 from kernelpilot.errors import KernelpilotError
-
-if TYPE_CHECKING:
-    from kernelpilot.agent import JudgeResult
 
 Message = dict[str, Any]
 
@@ -438,43 +437,3 @@ class ScriptedModel:
         if isinstance(reply, BaseException):
             raise reply
         return reply
-
-
-_NO_MODEL_HINT = (
-    "Pass --model (e.g. --model openai/gpt-4o, or --model openai/<name> --api-base http://localhost:8000/v1 for a "
-    "local server), or set KERNELPILOT_MODEL and KERNELPILOT_API_BASE, with the key in OPENAI_API_KEY."
-)
-
-
-def resolve_model(
-    model: str | None,
-    api_base: str | None,
-    api_key: str | None,
-    *,
-    problem_path: Path | None = None,
-    judge_results: Mapping[str, JudgeResult] | None = None,
-) -> Model:
-    """The model the settings name, else the built-in policy, else ModelError saying how to configure one.
-
-    The built-in policy is given the problem (`problem_path`) and the judge tools' typed results by call id
-    (`judge_results`, which the loop fills as the run goes); a language model reads only the conversation.
-    """
-    if model:
-        return LiteLLMModel(model, api_base=api_base, api_key=api_key)
-    if api_base:
-        raise ModelError(
-            f"--api-base {api_base} was given without --model.",
-            hint=f"Name the served model: --model openai/<name> (GET {api_base.rstrip('/')}/models lists them).",
-        )
-    try:
-        from kernelpilot.policy import BuiltinPolicy
-    except ImportError as err:
-        if err.name != "kernelpilot.policy":
-            raise  # the policy exists but is broken: show the real failure
-        raise ModelError(
-            "No model is configured and the built-in policy is not installed.", hint=_NO_MODEL_HINT
-        ) from None
-    if problem_path is None:
-        raise ModelError("No model is configured, and the built-in policy needs the problem to work on.",
-                         hint=_NO_MODEL_HINT)  # fmt: skip
-    return BuiltinPolicy(problem_path, judge_results if judge_results is not None else {})

@@ -161,9 +161,9 @@ def tui_(args: RunArgs) -> None:
 
 
 def _optimize(args: RunArgs, *, as_json: bool, tui: bool, commit: bool) -> None:
-    from kernelpilot.agent.optimize import EXIT_INTERRUPTED, checked_run, optimize as run_optimize
     from kernelpilot.cli.render_agent import live_progress, render_result
     from kernelpilot.config import load_settings
+    from kernelpilot.optimize import EXIT_INTERRUPTED, checked_run, optimize as run_optimize
 
     if tui and commit:
         raise KernelpilotError("--commit does not apply to --tui, which commits with its own accept key.",
@@ -217,9 +217,9 @@ def suite(
     """Optimize every problem in FOLDER: pass rate, fast_p vs eager and torch.compile, geomean speedup, reward, cost."""
     import dataclasses
 
-    from kernelpilot.agent.suite import run_suite
     from kernelpilot.cli.render_agent import render_report
     from kernelpilot.config import load_settings
+    from kernelpilot.suite import run_suite
 
     out = one_of(dir, out, "--dir", "--out") or Path("kp-suite")
     settings = load_settings(dict(model=model, api_base=api_base, api_key=api_key, max_turns=max_turns,

@@ -14,11 +14,11 @@ from rich.panel import Panel
 from rich.table import Table
 
 from kernelpilot.agent.loop import RunSummary
-from kernelpilot.agent.optimize import OptimizeResult
 from kernelpilot.agent.session import RunState, SessionInfo, describe_eval, read_records
-from kernelpilot.agent.suite import SuiteReport
 from kernelpilot.cli.render_git import render_commit
+from kernelpilot.optimize import OptimizeResult
 from kernelpilot.results import EvalResult, from_dict
+from kernelpilot.suite import SuiteReport
 
 
 def render_session_list(console: Console, infos: list[SessionInfo]) -> None:

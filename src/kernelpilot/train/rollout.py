@@ -1,9 +1,9 @@
 """`train rollout`: the agent over a synth dataset's tasks against a policy endpoint, one judge per device at once.
 
-Each task becomes a problem file and a workspace under the output folder and runs through `agent.optimize` exactly
-as `kernelpilot optimize` would (a vLLM server of the checkpoint is `--model openai/<name> --api-base URL`). The
-transcript in each workspace holds every turn with its judge results and rewards; `rollouts.jsonl` lists one line
-per task. A task whose workspace already holds a finished session is skipped, so a rerun resumes.
+Each task becomes a problem file and a workspace under the output folder and runs through `kernelpilot.optimize`
+exactly as `kernelpilot optimize` would (a vLLM server of the checkpoint is `--model openai/<name> --api-base URL`).
+The transcript in each workspace holds every turn with its judge results and rewards; `rollouts.jsonl` lists one
+line per task. A task whose workspace already holds a finished session is skipped, so a rerun resumes.
 
 The judges must be confined by Landlock, since these rewards train a policy: without Landlock nothing starts, and
 a sandbox that says it is not confined ends the rollouts (UnconfinedJudgeError), unless `allow_unconfined`.
@@ -101,8 +101,8 @@ def rollout_task(task_id: str, problem: Path, workspace: Path, settings: Setting
                  allow_unconfined: bool = False) -> Rollout:  # fmt: skip
     """One episode of the agent on one task, or the record of the finished one already in `workspace`; its judge
     must be confined unless `allow_unconfined`."""
-    from kernelpilot.agent.optimize import optimize
     from kernelpilot.agent.session import SESSIONS_DIR
+    from kernelpilot.optimize import optimize
 
     finished = finished_session(workspace)
     if finished is not None:

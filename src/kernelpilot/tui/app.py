@@ -44,9 +44,9 @@ from kernelpilot.tui.watching import WatchBridge, WatchUpdate, diagnostics_text,
 from kernelpilot.watch import DEBOUNCE_SECONDS, Evaluate, WatchEvent
 
 if TYPE_CHECKING:
-    from kernelpilot.agent.optimize import AgentRun, CheckedRun, OptimizeResult
     from kernelpilot.config import Settings
     from kernelpilot.harness.judge import Judge
+    from kernelpilot.optimize import AgentRun, CheckedRun, OptimizeResult
     from kernelpilot.vcs import CommitInfo
     from kernelpilot.workspace import Workspace
 
@@ -190,7 +190,7 @@ class KernelpilotApp(App[None]):
 
     def _run_loop(self, run: AgentRun) -> OptimizeResult:
         from kernelpilot.agent.loop import run_agent
-        from kernelpilot.agent.optimize import finish_run
+        from kernelpilot.optimize import finish_run
 
         session = ReportingSession(run.session, lambda record: self.post_message(RecordWritten(record)))
         summary = run_agent(run.messages, run.model, run.tools, run.ctx, run.settings, session,
@@ -425,7 +425,7 @@ def run_tui(
     The CLI passes `checked` (from `checked_run`), so a bad problem file or no GPU is reported before the app
     opens; a KernelpilotError that stopped the run later is raised once the app has closed.
     """
-    from kernelpilot.agent.optimize import prepared_run
+    from kernelpilot.optimize import prepared_run
 
     app = KernelpilotApp(
         partial(prepared_run, problem_path, settings, resume=resume, session_id=session_id, checked=checked)

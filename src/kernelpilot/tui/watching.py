@@ -17,7 +17,7 @@ from kernelpilot.watch import DEBOUNCE_SECONDS, Evaluate, WatchEvent, WorkspaceW
 if TYPE_CHECKING:
     from textual.app import App
 
-    from kernelpilot.agent.optimize import AgentRun
+    from kernelpilot.optimize import AgentRun
 
 # How long quitting waits for an evaluation under way; the judge closing right after stops its worker anyway.
 STOP_TIMEOUT_S = 1.0

@@ -4,7 +4,9 @@ It wires the pieces (workspace, judge, model, tools, session, prompts) around `r
 verified candidate back into the workspace and beside the problem (model_new.py and its kernels/). Everything a
 run can check (problem, model, git, GPU) is checked before the workspace is made (`checked_run`), so a run that
 cannot start leaves nothing behind. Nothing verified means nothing is written beside the problem, and the result
-says so; the CLI renders it (`cli/render_agent.py`).
+says so; the CLI renders it (`cli/render_agent.py`). The model is `models.resolve_model`'s choice (the built-in
+policy when none is named), which is why this module and `suite.py` sit above `agent`: the agent package never
+imports the policy.
 
 With `commit`, the best candidate is committed from the workspace, as `kernelpilot accept` would: verified again
 at the shape variants by the run's judge (`acceptance.accept_candidate`), so its lock file records the shapes;
@@ -144,9 +146,9 @@ def checked_run(
     git (for `commit`) and the device (no GPU is an error here; nor Landlock, unless `allow_unconfined`); the
     judge's worker closes on exit."""
     from kernelpilot.agent import JudgeRecord
-    from kernelpilot.agent.model import resolve_model
     from kernelpilot.agent.session import find_session
     from kernelpilot.harness.judge import Judge
+    from kernelpilot.models import resolve_model
     from kernelpilot.problem import load_problem
     from kernelpilot.problem_check import check_problem
     from kernelpilot.workspace import workspace_root

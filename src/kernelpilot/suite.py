@@ -137,7 +137,7 @@ def _unfinished_problems(folder: Path, out_dir: Path) -> list[Path]:
 
 
 def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path, name: str, on_turn: Any) -> ProblemOutcome:
-    from kernelpilot.agent.optimize import optimize
+    from kernelpilot.optimize import optimize
 
     relative, ws_dir = str(problem.relative_to(folder)), out_dir / WORKSPACES_DIR / name
     resume = any((ws_dir / SESSIONS_DIR).glob("*.jsonl"))
