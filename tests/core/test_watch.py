@@ -310,10 +310,17 @@ def test_saves_drive_a_real_cpu_judge_through_a_compile_error_and_its_fix(worksp
 # ------------------------------------------------------------------------------------------- the CLI
 
 
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_watch_cli_stops_cleanly_on_ctrl_c(workspace):
     process = subprocess.Popen(
         [sys.executable, "-m", "kernelpilot", "watch", str(workspace.root), "--device", "cpu", "--no-bench"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TORCH_CUDA_ARCH_LIST": "9.0"},
+        # Ctrl-C as at a terminal, however pytest was started: a shell's background job inherits SIGINT ignored, and
+        # Python then leaves it ignored in every process it starts.
+        preexec_fn=_sigint_as_at_a_terminal,
     )  # fmt: skip
     try:
         first_line = process.stdout.readline()
