@@ -15,12 +15,17 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("slow", "cuda_build", "gpu")
+
+# Every build of a test run, in any worker or subprocess, shares one precompiled torch header (kernelpilot/pch.py),
+# made by the first build that needs it, rather than one per test's own cache folder (about 20 s each).
+os.environ.setdefault("KERNELPILOT_PCH_DIR", str(Path(tempfile.gettempdir()) / f"kernelpilot-tests-pch-{os.getuid()}"))
 
 
 def _has_gpu() -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.compiler_output import EdgeLog, edge_logs, parse_diagnostics, parse_ptxas
+from kernelpilot.pch import include_flags
 from kernelpilot.results import BuildResult, Diagnostic, KernelResources, from_dict, to_dict
 from kernelpilot.workspace import EXTENSION_NAME, Workspace
 
@@ -407,12 +408,14 @@ def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: 
     callers = {library: [source for source in sources if library.included_by(source)] for library in LIBRARIES}
     found = {library: find_library(library, toolchain.cuda_home) for library in LIBRARIES if callers[library]}
     link_flags = _link_flags(toolchain, torch_flags) + [flag for lib in found.values() for flag in _library_link_flags(lib)]
+    # torch's headers precompiled once for every workspace (pch.py), with the flags minus this workspace's -I.
+    pch = include_flags(toolchain.cxx, [f for f in _cxx_flags(common) if f != f"-I{root / 'kernels'}"], sources)
     lines = [
         "# Written by kernelpilot's build.py; rewritten only when its content changes.",
         "ninja_required_version = 1.3",
         f"cxx = {_ninja_value([toolchain.cxx])}",
         f"nvcc = {_ninja_value([str(toolchain.nvcc)])}",
-        f"cxx_flags = {_ninja_value(_cxx_flags(common))}",
+        f"cxx_flags = {_ninja_value(_cxx_flags(common) + pch)}",
         f"cuda_flags = {_ninja_value(_cuda_flags(common, arch, toolchain, torch_flags))}",
         f"link_flags = {_ninja_value(link_flags)}",
         "",
@@ -444,7 +447,8 @@ def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: 
             # Only these edges see the libraries' headers (after the toolkit's, so its CUDA headers win): the
             # commands of all other edges stay as they were, and so do their objects.
             with_library = [*common, *(flag for folder in includes for flag in ("-isystem", folder))]
-            flags = _cuda_flags(with_library, arch, toolchain, torch_flags) if source.suffix == ".cu" else _cxx_flags(with_library)
+            cxx = _cxx_flags(with_library) + pch
+            flags = _cuda_flags(with_library, arch, toolchain, torch_flags) if source.suffix == ".cu" else cxx
             lines.append(f"  {'cuda' if source.suffix == '.cu' else 'cxx'}_flags = {_ninja_value(flags)}")
     library = f"{EXTENSION_NAME}.so"
     # The linked libraries are implicit inputs: a different library file relinks.
