@@ -240,6 +240,27 @@ def test_close_stops_the_worker(tmp_path):
     assert (tmp_path / "worker.log").exists(), "a log the caller named is kept"
 
 
+@pytest.mark.slow
+def test_a_sandbox_is_killed_at_close_while_a_worker_exits_in_order(tmp_path):
+    import signal
+
+    from kernelpilot.harness.sandbox_client import Sandbox
+
+    # An orderly exit of a process with torch loaded took about a second of every turn (bench_turn's "sandbox:
+    # close"); a sandbox holds nothing to save, so it is killed.
+    sandbox = Sandbox("cpu", log_dir=tmp_path)
+    assert sandbox.start()["ok"]
+    process = sandbox._worker._proc
+    sandbox.close()
+    assert process.returncode == -signal.SIGKILL and sandbox.pid is None
+
+    worker = Worker("cpu", log_path=tmp_path / "worker.log")
+    worker.start()
+    process = worker._proc
+    worker.close()
+    assert process.returncode == 0, "the judge's worker ends in order (its own sandboxes and logs)"
+
+
 def test_error_kinds_and_exit_descriptions():
     assert classify(None, "RuntimeError: CUDA out of memory. Tried to allocate 80.00 GiB") == "oom"
     assert classify(None, "RuntimeError: CUDA error: an illegal memory access was encountered") == "cuda-error"

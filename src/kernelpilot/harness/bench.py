@@ -285,20 +285,21 @@ def bench_candidate(
 def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, ceilings, atol, rtol) -> BenchResult:
     import torch
 
-    torch.manual_seed(seed)
-    reference = problem.make_model("cpu").to(dev)
-    inputs = problem.make_inputs(dev, seed)
-    # The slots' layout is all the timing needs of one output: keep it as meta tensors, not device memory.
-    expected_like = _as_meta(reference(*inputs))
-    key = baseline_key(problem, device=str(dev), dtype=dominant_dtype(inputs), graph=False)
-    del inputs
+    phases = _Phases()
+    with phases("reference"):
+        torch.manual_seed(seed)
+        reference = problem.make_model("cpu").to(dev)
+        inputs = problem.make_inputs(dev, seed)
+        # The slots' layout is all the timing needs of one output: keep it as meta tensors, not device memory.
+        expected_like = _as_meta(reference(*inputs))
+        key = baseline_key(problem, device=str(dev), dtype=dominant_dtype(inputs), graph=False)
+        del inputs
     gpu = device_name(str(dev))
 
     def failed(kind: str, message: str, **extra: Any) -> BenchResult:
         return BenchResult(ok=False, gpu=gpu, error_kind=kind, message=message, seed=seed, **extra)
 
     timing = {"device": dev, "deadline": deadline, "min_runs": min_runs}
-    phases = _Phases()
     with phases("calibration"):
         calibration = time_model(clean.eager(), expected_like, seed=seed, checker=None, runs=CALIBRATION_RUNS, **timing)
     if calibration.timing is None:

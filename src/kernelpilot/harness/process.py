@@ -140,13 +140,14 @@ class Worker:
             self._reap()
         return reply
 
-    def close(self) -> None:
-        """Stop the worker (closing its request pipe lets it exit; the group is killed if it lingers)."""
-        if self._proc is not None:
+    def close(self, *, grace_s: float = 5.0) -> None:
+        """Stop the worker: closing its request pipe lets it exit, and its group is killed if it lingers past
+        `grace_s` (0: killed at once, for a process that holds nothing worth an orderly exit)."""
+        if self._proc is not None and grace_s > 0:
             _close_fd(self._requests_fd)
             self._requests_fd = -1
             try:
-                self._proc.wait(timeout=5)
+                self._proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
         self._kill()

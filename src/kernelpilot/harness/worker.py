@@ -242,16 +242,20 @@ def op_bench(state: WorkerState, args: dict) -> dict:
     problem = state.problem(ws.model_path)
     deadline = Deadline(args.get("timeout", 600.0))
     _release_cached_memory()  # what verification left cached: the sandboxes' outputs need the device's memory
+    started = time.perf_counter()
     try:
         sandbox = state.sandbox(ws, build, seed=None, timeout=deadline.left(), confined=bool(args.get("confined")))
+        ready = time.perf_counter()
         if not sandbox.hello.get("ok"):
             hello = sandbox.hello
             return to_dict(BenchResult(ok=False, error_kind=hello.get("error_kind") or "load", message=hello.get("message", ""),
                                        confinement=state.confinement))  # fmt: skip
+        clean = state.clean_models(Path(ws.model_path), problem)
+        clean_ready = time.perf_counter()
         result = bench_candidate(
             problem,
             sandbox,
-            state.clean_models(Path(ws.model_path), problem),
+            clean,
             device=state.device,
             seed=sandbox.seed,
             # (after the candidate's sandbox was taken: its confinement counts)
@@ -263,7 +267,12 @@ def op_bench(state: WorkerState, args: dict) -> dict:
         )
         result.confinement = state.confinement  # the clean sandboxes' word too, taken while timing
     finally:
+        closing = time.perf_counter()
         state.done_with_candidate()  # a candidate's sandbox lives for one evaluation
+    # The worker's own steps around the bench, for the turn's breakdown (`scripts/bench_turn.py`).
+    result.phases = {"sandbox: ready": round(ready - started, 4), "clean sandboxes": round(clean_ready - ready, 4),
+                     **result.phases,
+                     "sandbox: close": round(time.perf_counter() - closing, 4)}  # fmt: skip
     return to_dict(result)
 
 
