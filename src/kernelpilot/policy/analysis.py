@@ -48,7 +48,8 @@ from kernelpilot.policy.ir import (
     Source, Unsupported, Value, contiguous_strides, dtype_name, is_index, matrix_strides, rebuilt, walk,
     walk_reduces, windowed,
 )  # fmt: skip
-from kernelpilot.policy.lowering import KERNEL_DTYPES, OpLowering, fits_rows, fuses_elementwise, op_name
+from kernelpilot.policy.lowering import fuses_elementwise, lower
+from kernelpilot.policy.op_lowering import KERNEL_DTYPES, fits_rows, op_name
 from kernelpilot.policy.merge import merge_row_outputs
 from kernelpilot.policy.strides import broadcast_strides, resolve_accesses, splits
 from kernelpilot.policy.trace import MAX_FORWARD_OPS, ForwardTooLong, forward_names, meta_model_and_inputs, trace
@@ -146,7 +147,7 @@ class GroupBuilder:
                 return convolution(self, node, args)
             if name in LIBRARY_OPS:
                 return self._library(node, name, args)
-            built = OpLowering(self, node, args, kwargs).build(name)
+            built = lower(self, node, args, kwargs, name)
             if built is not None:
                 return built
             return self.unsupported(node, "no template for this op", args)

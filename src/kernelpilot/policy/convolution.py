@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, launcher_name
 from kernelpilot.policy.ir import (
-    MATMUL_DTYPES, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name,
+    MATMUL_DTYPES, Builder, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name,
 )  # fmt: skip
 
 if TYPE_CHECKING:
-    from kernelpilot.policy.analysis import GroupBuilder
     from kernelpilot.policy.ir import Group
 
 # Operand dtypes cuDNN convolves here, as cuBLASLt multiplies (float32 accumulation in every case).
@@ -84,7 +83,7 @@ class PendingConv:
 # ------------------------------------------------------------------------------------------ analysis
 
 
-def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv | Leaf | Value:
+def convolution(builder: Builder, node: Any, args: list) -> PendingConv | Leaf | Value:
     """aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)."""
     source, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
     value = node.meta["val"]
@@ -107,7 +106,7 @@ def convolution(builder: GroupBuilder, node: Any, args: list) -> PendingConv | L
     return PendingConv(conv, len(node.users))
 
 
-def _transposed(builder: GroupBuilder, node: Any, args: list) -> Leaf | Value:
+def _transposed(builder: Builder, node: Any, args: list) -> Leaf | Value:
     """A transposed convolution: cuDNN's backward data, written now (no epilogue), and its bias, one value per
     output channel, added by the elementwise kernel that reads it, as torch adds it after cuDNN's call."""
     source, weight, bias, stride, padding, dilation, _, output_padding, groups = args
@@ -127,7 +126,7 @@ def _transposed(builder: GroupBuilder, node: Any, args: list) -> Leaf | Value:
     return Value(Call("add", (Load(output, shape), Load(channel, shape))), shape, dtype, ("aten.convolution",))
 
 
-def _operand(builder: GroupBuilder, item: Any, dtype: str) -> Leaf:
+def _operand(builder: Builder, item: Any, dtype: str) -> Leaf:
     """An operand cuDNN can read in place (contiguous, aligned); a computed value or another view is copied."""
     if isinstance(item, Leaf) and item.source.dtype != dtype:
         raise NotFusible(f"convolves a {item.source.dtype} tensor into {dtype}; cuDNN takes one dtype for all")
@@ -154,7 +153,7 @@ def fold_into_conv(node: Any, name: str, args: list) -> PendingConv | None:
     return PendingConv(replace(conv, activation="relu", ops=conv.ops + ("aten.relu",)), len(node.users))
 
 
-def settle_conv(builder: GroupBuilder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
+def settle_conv(builder: Builder, pending: PendingConv, epilogue_follows: bool) -> Leaf | Value:
     """The convolution's output; a folded ReLU read by an op that is fused into an elementwise or row kernel
     anyway goes to that kernel (relu(Load(conv))), so cuDNN may run any algorithm (see the module docstring)."""
     conv = pending.conv

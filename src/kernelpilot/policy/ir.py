@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
     import torch
@@ -524,3 +524,20 @@ def matrix_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bo
     if (rows == 1 or strides[0] == 1) and (cols == 1 or strides[1] >= rows):
         return True, strides[1] if cols > 1 else rows
     return None
+
+
+class Builder(Protocol):
+    """What lowering and the library families ask of the group builder (`analysis.GroupBuilder`), so that no stage
+    below analysis imports it."""
+
+    def materialise(self, value: Value) -> Leaf:
+        """The group computing `value` into a new contiguous tensor."""
+        ...
+
+    def library_operand(self, item: Any, readable: Callable[[Leaf], bool], verb: str) -> Leaf:
+        """An operand a library call reads: in place when `readable`, else a copy written first."""
+        ...
+
+    def library_call(self, kind: str, call: Matmul | Conv, operands: list[Leaf | None], **what: Any) -> Leaf:
+        """The output of a matmul or conv group computing `call`."""
+        ...

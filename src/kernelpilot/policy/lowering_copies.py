@@ -5,12 +5,8 @@ first."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kernelpilot.policy.ir import Call, Leaf, Load, NotFusible, Value, Window, contiguous_strides
-
-if TYPE_CHECKING:
-    from kernelpilot.policy.lowering import OpLowering
+from kernelpilot.policy.op_lowering import OpLowering
 
 
 def repeat(o: OpLowering) -> Leaf:

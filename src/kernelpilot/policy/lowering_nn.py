@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernelpilot.policy.ir import Call, Const, Field, Leaf, Load, NotFusible, Reduce, Value, dtype_name, walk_reduces
+from kernelpilot.policy.op_lowering import OpLowering
 from kernelpilot.policy.strides import reindexed, unpermuted
-
-if TYPE_CHECKING:
-    from kernelpilot.policy.lowering import OpLowering
 
 
 def layer_norm(o: OpLowering) -> tuple:
