@@ -42,7 +42,9 @@ LONG_CALL_MIN_RUNS = 5
 CHECKED_SHARE = 0.1
 CHECKED_MIN = 3
 # Unaccounted time above the clean process's by more than this floor and share of the reported median fails.
-UNACCOUNTED_FLOOR_MS = {"cuda": 0.05, "cpu": 5.0}  # CPU timings serve tests, on machines that may be busy
+# CPU timings serve tests, on machines that may be busy: a fresh-clone test run on 2 busy cores saw 5.4 ms of
+# unaccounted time on an honest CPU candidate (its lower quartile, timed twice); the CPU cheats hold 30 ms.
+UNACCOUNTED_FLOOR_MS = {"cuda": 0.05, "cpu": 15.0}
 UNACCOUNTED_SHARE = 0.25
 COMPANION_RUNS = 12
 _clock = time.perf_counter
