@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 MODEL_ID = "test-model"
@@ -34,6 +35,7 @@ class ScriptedReply:
     error: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    before: Callable[[], None] | None = None  # run when the request arrives, before the answer (a user's action)
 
 
 class ScriptedOpenAIServer:
@@ -72,8 +74,10 @@ class ScriptedOpenAIServer:
                                   usage=_usage(prompt_tokens, completion_tokens)))
 
     def reply_tool_calls(self, calls: list[tuple[str, dict[str, Any] | str]], *, content: str | None = None,
-                         prompt_tokens: int = 10, completion_tokens: int = 5) -> None:
-        """Queue an assistant answer with tool calls; a str argument is sent verbatim (to script invalid JSON)."""
+                         prompt_tokens: int = 10, completion_tokens: int = 5,
+                         before: Callable[[], None] | None = None) -> None:
+        """Queue an assistant answer with tool calls; a str argument is sent verbatim (to script invalid JSON);
+        `before` runs when its request arrives (something the user does while the run goes on)."""
         tool_calls = [
             {
                 "id": f"call_{next(self._call_ids)}",
@@ -83,7 +87,7 @@ class ScriptedOpenAIServer:
             for name, args in calls
         ]
         message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
-        self._queue(ScriptedReply(message=message, usage=_usage(prompt_tokens, completion_tokens)))
+        self._queue(ScriptedReply(message=message, usage=_usage(prompt_tokens, completion_tokens), before=before))
 
     def fail(self, status: int, times: int = 1, *, message: str = "scripted failure", code: str | None = None,
              retry_after: str | None = None) -> None:
@@ -149,6 +153,8 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             reply = server._next_reply(body)
+            if reply.before is not None:
+                reply.before()
             time.sleep(reply.delay_s)
             if reply.error is not None:
                 self._send_json(reply.status, {"error": reply.error}, reply.headers)

@@ -141,8 +141,9 @@ def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_outp
         committed = invoke("optimize", problem, *model_flags(server), *common)
 
         # The user leaves the branch while a resumed run goes on: git refuses at the end, after the full report.
-        server.reply_tool_calls([("Bash", {"command": "git checkout -q --detach"})])
-        server.reply_tool_calls([("Finish", {"summary": "twice, again"})])
+        # (The user's own action, in the repository above the workspace, which the agent's Bash cannot write.)
+        server.reply_tool_calls([("Finish", {"summary": "twice, again"})],
+                                before=lambda: repo.git.checkout("--detach", "-q"))
         refused = invoke("optimize", problem, *model_flags(server), *common, "--resume")
 
     assert committed.exit_code == 0, committed.output

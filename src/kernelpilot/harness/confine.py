@@ -7,6 +7,9 @@ and /dev (the GPU's device files): not the baseline cache, not the workspace, no
 file there would run code in every later Python process, the judge's included), not another sandbox's caches.
 Landlock needs Linux 5.13; elsewhere the sandbox says it is unconfined and runs as before, and the judge, told so
 before any candidate code runs, no longer trusts its cache folder (`cache.py`).
+
+`python -m kernelpilot.harness.confine FOLDER... -- COMMAND...` runs a command under the same write confinement
+(the agent's Bash: its programs write only in the workspace and /dev).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 
 WRITABLE_ENV = "KERNELPILOT_SANDBOX_WRITABLE"  # os.pathsep-separated folders the sandbox may write under
 
@@ -74,3 +78,23 @@ def restrict_writes(libc: ctypes.CDLL, writable: list[str]) -> bool:
         return libc.syscall(_SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) == 0
     finally:
         os.close(ruleset)
+
+
+def run_confined(argv: list[str]) -> None:
+    """`FOLDER... -- COMMAND...`: exec COMMAND with no new privileges, able to write only under the FOLDERs and /dev;
+    where Landlock cannot confine it, it does not run (exit 126)."""
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        sys.stderr.write("usage: python -m kernelpilot.harness.confine FOLDER... -- COMMAND...\n")
+        os._exit(2)
+    split = argv.index("--")
+    writable, command = argv[:split], argv[split + 1 :]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if not restrict_writes(libc, [*writable, "/dev"]):
+        sys.stderr.write("kernelpilot: Landlock could not confine this command's writes, so it did not run.\n")
+        os._exit(126)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    run_confined(sys.argv[1:])

@@ -1,7 +1,9 @@
 """Bash and process handling: a command runs in the workspace in its own process group (killed whole on timeout),
 its output capped in the middle; writes and `cd` outside the workspace are refused before it runs
-(shell_guard.py) and protected files are restored after. Guard rails for an honest model that slips, not a
-security sandbox: a program can still write anywhere it likes."""
+(shell_guard.py) and protected files are restored after. Those are guard rails for an honest model that slips;
+the boundary is Landlock: where the kernel has it, the command's processes can write only inside the workspace
+and /dev (`harness/confine.py`), so a program it runs cannot change another trajectory's workspace, the judge's
+caches or kernelpilot's own files. Without Landlock a program can still write anywhere the user can."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +39,8 @@ class BashTool(CheckedTool):
         "Run a bash command in the workspace root (HOME and TMPDIR are a scratch folder inside it; no stdin). "
         f"Returns the combined stdout and stderr (long output keeps its head and tail) and the exit code. Timeout "
         f"{BASH_DEFAULT_TIMEOUT_S} s unless `timeout_s` says otherwise (at most {BASH_MAX_TIMEOUT_S}). Commands that "
-        "would write or cd outside the workspace are refused, and protected files (model.py, setup.py, kp_* files, "
+        "would write or cd outside the workspace are refused, programs they run can write only inside it, and "
+        "protected files (model.py, setup.py, kp_* files, "
         "...) are restored if a command changes them. Use it to inspect, grep, run quick Python checks; build and "
         "test with Compile, Verify and Profile."
     )
@@ -56,11 +60,20 @@ class BashTool(CheckedTool):
         keep_pristine_copies(ws)
         environment = dict(os.environ, HOME=str(scratch), TMPDIR=str(scratch), PWD=str(root))
         timeout = args.get("timeout_s", BASH_DEFAULT_TIMEOUT_S)
-        run = run_process(["bash", "-c", command], cwd=root, env=environment, timeout=timeout)
+        run = run_process(confined(["bash", "-c", command], writable=[root]), cwd=root, env=environment, timeout=timeout)
         restored, lost = restore_protected(ws)
         output, cut = cap_middle(run.output, BASH_OUTPUT_LIMIT)
         return CommandRun(command, run.returncode, run.timed_out, timeout, run.seconds, len(run.output), cut,
                           restored, lost, output)  # fmt: skip
+
+
+def confined(argv: list[str], *, writable: list[Path]) -> list[str]:
+    """`argv` run so that it writes only under `writable` (and /dev), where the kernel has Landlock; as it is elsewhere."""
+    from kernelpilot.harness.confine import landlock_available
+
+    if not landlock_available():
+        return argv
+    return [sys.executable, "-m", "kernelpilot.harness.confine", *map(str, writable), "--", *argv]
 
 
 @dataclass

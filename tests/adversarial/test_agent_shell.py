@@ -1,0 +1,71 @@
+"""The agent's Bash tool against a model that writes where it must not: the static write guard reads the command
+line, but a program run from it (python, a compiled binary) can write anywhere the user can. In training, many
+trajectories share one machine, the judge's caches (signed baselines, the precompiled torch header) and
+kernelpilot's own files: a model that writes there changes what the judge runs for every trajectory after it. Where
+the system has Landlock, a Bash command's processes may write only inside the workspace (and /dev)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kernelpilot.agent import ToolContext
+from kernelpilot.agent.tools import default_tools
+from kernelpilot.harness.confine import landlock_available
+from kernelpilot.workspace import init_workspace
+from kp_testing import scale_problem, write_problem
+
+BASH = next(tool for tool in default_tools() if tool.name == "Bash")
+
+pytestmark = pytest.mark.skipif(not landlock_available(), reason="this kernel has no Landlock to confine Bash with")
+
+
+def _context(folder: Path) -> ToolContext:
+    ws, _ = init_workspace(write_problem(folder, scale_problem(rows=8, features=16)), folder / "ws")
+    return ToolContext(workspace=ws, judge=None)
+
+
+# Each writes outside its workspace through a program, which the command-line guard cannot see.
+ESCAPES = {
+    "python_writes_a_sibling_workspace": "python3 -c \"open('{target}', 'w').write('poisoned')\"",
+    "python_appends_to_a_cache_file": "python3 -c \"open('{target}', 'a').write('forged')\"",
+    "a_script_file_it_wrote_first": "printf 'open(\"{target}\", \"w\").write(\"x\")' > w.py && python3 w.py",
+    "perl_writes": "perl -e 'open(F, \">{target}\") or die \"$!\"; print F \"x\"; close(F)'",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESCAPES))
+def test_a_program_run_by_bash_cannot_write_outside_its_workspace(tmp_path, name):
+    ctx = _context(tmp_path / "mine")
+    elsewhere = tmp_path / "elsewhere"  # another trajectory's workspace, the judge's cache folder, ...
+    elsewhere.mkdir()
+    target = elsewhere / "kernel.cu"
+    if name == "python_appends_to_a_cache_file":
+        target.write_text("signed entry\n")
+    output = BASH.run({"command": ESCAPES[name].format(target=target), "timeout_s": 60}, ctx)
+
+    assert output.data["exit_code"] != 0, output.text
+    assert not target.exists() or target.read_text() == "signed entry\n", f"{name} wrote {target}"
+    assert "Permission denied" in output.text or "PermissionError" in output.text, output.text
+
+
+def test_bash_still_writes_builds_and_runs_inside_its_workspace(tmp_path):
+    ctx = _context(tmp_path / "mine")
+    command = (
+        "python3 -c \"open('notes.txt', 'w').write('ok')\" && echo scratch > \"$TMPDIR/t\" && cat \"$TMPDIR/t\" "
+        "&& python3 -c 'import torch; print(torch.ones(2).sum().item())' && echo x > /dev/null"
+    )
+    output = BASH.run({"command": command, "timeout_s": 120}, ctx)
+    assert output.data["exit_code"] == 0, output.text
+    assert (ctx.workspace.root / "notes.txt").read_text() == "ok"
+    assert output.text.splitlines()[:2] == ["scratch", "2.0"], output.text
+
+
+def test_the_judges_process_is_not_confined_by_a_bash_command(tmp_path):
+    ctx = _context(tmp_path / "mine")
+    BASH.run({"command": "true", "timeout_s": 30}, ctx)
+    outside = tmp_path / "the-judge-writes-here.txt"
+    outside.write_text("still writable")  # the confinement is the command's alone
+    assert outside.read_text() == "still writable" and os.getpid() > 0
