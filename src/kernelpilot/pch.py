@@ -16,6 +16,7 @@ there would compile its code into every later build, so a build uses one only wh
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -98,19 +99,26 @@ def _compile(cxx: str, flags: list[str], folder: Path) -> None:
 
 def _key(cxx: str, flags: list[str]) -> str:
     """What a .gch depends on: the compiler (its path and version), the flags and the header's text."""
-    version = subprocess.run([cxx, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    resolved = shutil.which(cxx) or cxx
-    canonical = json.dumps([str(Path(resolved).resolve()), version, flags, HEADER_TEXT])
+    canonical = json.dumps([*_compiler(cxx), flags, HEADER_TEXT])
     return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
 
 def _is_gcc(cxx: str) -> bool:
     """g++ (its .gch and -include); clang's precompiled headers work differently and are not used."""
-    try:  # `-v` ends with "gcc version 12.2.0 (...)" for g++ under any name (c++, g++-12), "clang version" for clang
+    return _compiler(cxx)[1].startswith("gcc version ")
+
+
+@functools.lru_cache(maxsize=8)
+def _compiler(cxx: str) -> tuple[str, str]:
+    """The compiler's resolved path and its version line, asked once per process (every build renders its flags).
+    `-v` ends with "gcc version 12.2.0 (...)" for g++ under any name (c++, g++-12), "clang version ..." for clang."""
+    resolved = str(Path(shutil.which(cxx) or cxx).resolve())
+    try:
         done = subprocess.run([cxx, "-v"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0 and any(line.startswith("gcc version ") for line in done.stderr.splitlines())
+        return resolved, ""
+    lines = [line for line in done.stderr.splitlines() if " version " in line] if done.returncode == 0 else []
+    return resolved, lines[-1] if lines else ""
 
 
 def _sandboxes_confined() -> bool:
