@@ -17,6 +17,7 @@ import json
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,14 @@ class ProblemOutcome:
     failure: str = ""  # what kept it from a verified candidate: the judge's error kind, no-candidate, problem, ...
     message: str = ""  # that failure in one line: the failing check's first line, the model's, or the problem's
     confinement: str | None = None  # the least confined the run's sandboxes were ("none": unverified); None: no judge
+    seconds: float | None = None  # the problem's wall time to its result (None: written before this was recorded)
+
+    @property
+    def speedup_vs_both(self) -> float | None:
+        """The speedup over the faster of eager and torch.compile; None unless both were measured."""
+        if self.speedup_vs_eager is None or self.speedup_vs_compile is None:
+            return None
+        return min(self.speedup_vs_eager, self.speedup_vs_compile)
 
 
 @dataclass
@@ -58,6 +67,7 @@ class SuiteReport:
     pass_rate: float
     fast_p_vs_eager: dict[str, float]
     fast_p_vs_compile: dict[str, float]
+    fast_p_vs_both: dict[str, float]  # faster than the better of eager and torch.compile by more than p
     geomean_speedup_vs_eager: float | None
     geomean_speedup_vs_compile: float | None
     mean_reward: float
@@ -112,7 +122,9 @@ def run_suite(
         name = _result_name(folder, problem)
         progress = on_problem(problem) if on_problem is not None else None
         on_device = dataclasses.replace(settings, device=device)
+        started = time.monotonic()
         outcome = run_problem(problem, folder, on_device, out_dir, name, progress)
+        outcome.seconds = round(time.monotonic() - started, 1)
         if outcome.status == "interrupted":
             interrupted.set()
             return
@@ -189,6 +201,7 @@ def summarize(outcomes: list[ProblemOutcome]) -> SuiteReport:
         pass_rate=len(correct) / count,
         fast_p_vs_eager={f"{p:g}": fast_p(outcomes, p, "speedup_vs_eager") for p in FAST_P_THRESHOLDS},
         fast_p_vs_compile={f"{p:g}": fast_p(outcomes, p, "speedup_vs_compile") for p in FAST_P_THRESHOLDS},
+        fast_p_vs_both={f"{p:g}": fast_p(outcomes, p, "speedup_vs_both") for p in FAST_P_THRESHOLDS},
         geomean_speedup_vs_eager=geometric_mean([o.speedup_vs_eager for o in correct]),
         geomean_speedup_vs_compile=geometric_mean([o.speedup_vs_compile for o in correct]),
         mean_reward=sum(outcome.reward for outcome in outcomes) / count,

@@ -241,11 +241,12 @@ def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
         assert report["pass_rate"] == 0.0 and report["mean_reward"] == -1.0
         assert (report["outcomes"][0]["failure"], report["outcomes"][0]["message"]) == ("no-candidate", "gave up")
         assert report["outcomes"][1]["failure"] == "problem" and "Model" in report["outcomes"][1]["message"]
+        assert all(o["seconds"] >= 0 for o in report["outcomes"]) and report["fast_p_vs_both"] == {"1": 0.0, "1.05": 0.0}
 
         requests = len(server.requests)
         again = invoke("suite", tmp_path, *model_flags(server), "--device", "cpu", "--out", out)
     assert again.exit_code == 0 and len(server.requests) == requests, "finished problems are not run again"
-    assert "pass rate" in again.stdout
+    assert "pass rate" in again.stdout and "seconds per problem (median / max)" in again.stdout
 
 
 def suite_with_the_built_in_policy(folder: Path, out: Path) -> subprocess.CompletedProcess:
@@ -306,6 +307,7 @@ def test_suite_metrics_follow_kernelbench():
     assert report.pass_rate == 0.75
     assert report.fast_p_vs_eager == {"1": 0.5, "1.05": 0.25}
     assert report.fast_p_vs_compile == {"1": 0.25, "1.05": 0.25}
+    assert report.fast_p_vs_both == {"1": 0.25, "1.05": 0.25}  # b is faster than eager only
     assert report.geomean_speedup_vs_eager == pytest.approx((2.0 * 1.04) ** 0.5)
     assert report.mean_reward == pytest.approx(5 / 4)
     assert report.cost_usd == pytest.approx(1.0)

@@ -168,9 +168,13 @@ def render_report(console: Console, report: SuiteReport) -> None:
     metrics.add_column()
     metrics.add_row("pass rate", f"{report.pass_rate:.1%}")
     for p in report.fast_p_vs_eager:
-        metrics.add_row(f"fast_{p} vs eager / compile", f"{report.fast_p_vs_eager[p]:.1%} / {report.fast_p_vs_compile[p]:.1%}")
+        metrics.add_row(f"fast_{p} vs eager / compile / both",
+                        f"{report.fast_p_vs_eager[p]:.1%} / {report.fast_p_vs_compile[p]:.1%} / {report.fast_p_vs_both[p]:.1%}")
     geomeans = ratio_text(report.geomean_speedup_vs_eager), ratio_text(report.geomean_speedup_vs_compile)
     metrics.add_row("geomean speedup vs eager / compile", " / ".join(geomeans))
     metrics.add_row("mean reward", f"{report.mean_reward:.2f}")
+    seconds = sorted(o.seconds for o in report.outcomes if o.seconds is not None)
+    if seconds:
+        metrics.add_row("seconds per problem (median / max)", f"{seconds[len(seconds) // 2]:.0f} / {seconds[-1]:.0f}")
     metrics.add_row("cost", f"${report.cost_usd:.4f}" if report.cost_usd is not None else "unknown")
     console.print(metrics)
