@@ -194,6 +194,22 @@ def test_library_kernels_count_only_when_the_extension_calls_the_library():
     assert find_no_own_kernel(["void kp::scale_kernel<float>(float*)"], source, set()) is None
 
 
+# What an H200 profiled for the built-in policy's bias-free transposed convolutions (KernelBench L1 68, 73, 75):
+# cudnnConvolutionBackwardData launches cuDNN's legacy data-gradient kernels, whose names carry no library prefix.
+TRANSPOSED_CONV_KERNELS = [["convolveNd_dgrad_float_engine", "setTensor5d_kernel"], ["dgrad_engine", "scaleTensor_kernel"]]
+
+
+@pytest.mark.parametrize("kernels", TRANSPOSED_CONV_KERNELS, ids=["3d", "2d"])
+def test_a_transposed_convolution_through_cudnn_is_the_workspaces_own_work(kernels):
+    symbols = ["cudnnCreate", "cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnConvolutionBackwardData"]
+    assert calls_library(symbols) == {"cuDNN"}
+    assert library_kernels_called(kernels, {"cuDNN"}) == kernels
+    assert find_no_own_kernel(kernels, "", {"cuDNN"}) is None
+    # Without the call in the extension they are someone else's (torch's own conv_transpose launches them too).
+    assert find_no_own_kernel(kernels, "", set()) is not None
+    assert calls_library(["cudnnGetConvolutionBackwardDataWorkspaceSize"]) == set()
+
+
 @pytest.mark.parametrize("content", [b"not a library", b"\x7fELF\x02\x01\x01" + bytes(20)], ids=["text", "truncated"])
 def test_a_file_that_is_no_readable_elf_is_refused(tmp_path, content):
     path = tmp_path / "kp_kernels.so"

@@ -398,6 +398,10 @@ def test_a_fused_cudnn_call_counts_as_the_candidates_own_work():
     source = "cudnnConvolutionBiasActivationForward(handle, &one, x_desc, x, ...);"
     assert guards.find_no_custom_kernel(["sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nchwkcrs_nchw"], source) is None
     assert guards.find_no_custom_kernel(["sm90_xmma_fprop_implicit_gemm"], "int main() {}") is not None
+    # A transposed convolution is cuDNN's backward data; its legacy kernels carry no library prefix.
+    source = "KP_CUDNN_CHECK(cudnnConvolutionBackwardData(plan.handle, &one, plan.w, w, plan.x, x, ...));"
+    assert guards.find_no_custom_kernel(["convolveNd_dgrad_float_engine", "setTensor5d_kernel"], source) is None
+    assert guards.find_no_custom_kernel(["convolveNd_dgrad_float_engine"], "int main() {}") is not None
 
 
 @needs_nvcc

@@ -381,9 +381,13 @@ def find_unsynced_side_stream(profiled: ProfiledForward) -> GuardFinding | None:
 _TORCH_KERNEL_MARKERS = ("at::", "at_cuda_detail", "c10::", "pytorch_flash", "fmha", "triton_")
 # Kernels of the libraries a binding may call itself for GEMM and convolution (SKILL.md allows it): not torch
 # compute, but not the workspace's own kernel either.
-_LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::")
+_LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::",
+                           # cuDNN's legacy convolution kernels, which carry no library prefix (a transposed
+                           # convolution's data gradient: convolveNd_dgrad_float_engine, dgrad_engine, and the
+                           # setTensor5d/scaleTensor kernels around them)
+                           "convolve", "dgrad", "wgrad", "fft2d", "winograd", "settensor", "scaletensor")
 # Calls by which workspace code runs a library's GEMM or convolution itself: their kernels are its work.
-_LIBRARY_CALLS = re.compile(r"\b(?:cublasLtMatmul|cublas\w*[Gg]emm\w*|cudnnConvolution(?:BiasActivation)?Forward)\s*\(")
+_LIBRARY_CALLS = re.compile(r"\b(?:cublasLtMatmul|cublas\w*[Gg]emm\w*|cudnnConvolution(?:BiasActivation)?Forward|cudnnConvolutionBackwardData)\s*\(")
 # Torch kernels that compute nothing: memory initialisation (torch.zeros / fill_), which forward may use, and the
 # sleep (torch.cuda._sleep) a sandbox puts before a timed call to cover its dispatch.
 _INITIALISING_KERNEL_MARKERS = ("FillFunctor", "spin_kernel")

@@ -319,7 +319,8 @@ def find_torch_compute_symbols(symbols: Iterable[str]) -> GuardFinding | None:
 LIBRARY_ENTRY_POINTS: dict[str, re.Pattern[str]] = {
     "cuBLASLt": re.compile(r"cublasLtMatmul"),
     "cuBLAS": re.compile(r"cublas(?!Lt)\w*[Gg]em[mv]\w*"),
-    "cuDNN": re.compile(r"cudnn(?:Convolution\w*Forward|ConvolutionBiasActivationForward|BackendExecute)"),
+    # a transposed convolution is the data gradient of the convolution with its settings
+    "cuDNN": re.compile(r"cudnn(?:Convolution\w*Forward|ConvolutionBiasActivationForward|ConvolutionBackwardData|BackendExecute)"),
 }
 
 
@@ -363,7 +364,11 @@ def find_no_own_kernel(kernel_names: list[str], workspace_source: str, libraries
 # Kernel names of torch itself and of the GEMM/convolution libraries, kept in step with guards.py's markers
 # (which this torch-free module cannot import: guards.py belongs to the worker).
 _TORCH_KERNEL_MARKERS = ("at::", "at_cuda_detail", "c10::", "pytorch_flash", "fmha", "triton_")
-_LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::")
+_LIBRARY_KERNEL_MARKERS = ("cublas", "cudnn", "cutlass", "xmma", "gemm", "gemv", "nvjet", "sm80_", "sm90_", "cub::",
+                           # cuDNN's legacy convolution kernels, which carry no library prefix (a transposed
+                           # convolution's data gradient: convolveNd_dgrad_float_engine, dgrad_engine, and the
+                           # setTensor5d/scaleTensor kernels around them)
+                           "convolve", "dgrad", "wgrad", "fft2d", "winograd", "settensor", "scaletensor")
 
 
 def _is_torch_kernel(name: str) -> bool:
