@@ -103,7 +103,7 @@ def search_row(judge: Judge, row: dict, problem_path: Path) -> None:
     analysis = analyze(load_problem(problem_path), faithful=row.get("fallback") == "faithful")
     groups = analysis.generated_groups
     candidates = {group.name: launch_candidates(group) for group in groups}
-    search = LaunchSearch({name: len(configs) for name, configs in candidates.items()}, row.get("ours_ms"))
+    search = LaunchSearch({name: len(configs) for name, configs in candidates.items()}, row.get("ours_ms"), row.get("sol"))
     row["tries"] = [{"choice": dict(search.best), "ms": row.get("ours_ms")}]
     while (next_try := search.next_try()) is not None:
         choice = search.choice(*next_try)
@@ -112,7 +112,7 @@ def search_row(judge: Judge, row: dict, problem_path: Path) -> None:
         judge_row(judge, trial, trials=2)
         ms = trial.get("ours_ms") if trial.get("correct") else None
         row["tries"].append({"choice": choice, "ms": ms, "error_kind": trial.get("error_kind")})
-        if search.record(ms):
+        if search.record(ms, trial.get("sol") if ms is not None else None):
             row.update({key: value for key, value in trial.items() if key != "tries"})
     write_kernels(row, groups, candidates, search.best)
     row["configs"] = {name: candidates[name][index].label for name, index in search.best.items()}

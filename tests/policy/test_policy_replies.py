@@ -51,9 +51,9 @@ def verified(error_kind: str | None = None, message: str = "") -> VerifyResult:
     return VerifyResult(ok=error_kind is None, trials=trials, error_kind=error_kind, message=message)
 
 
-def profiled(ms: float) -> EvalResult:
+def profiled(ms: float, sol: float | None = None) -> EvalResult:
     bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(ms), eager=timing(9.0),
-                        speedup_vs_eager=9 / ms, speedup_vs_compile=1.10)  # fmt: skip
+                        speedup_vs_eager=9 / ms, speedup_vs_compile=1.10, sol_candidate=sol)  # fmt: skip
     return EvalResult("problem", "/w", build=built(), verify=verified(), bench=bench, reward=3)
 
 
@@ -61,8 +61,9 @@ class ScriptedTools:
     """Answers tool calls with the judge's typed results, chosen outcomes; the text is what the real tools render."""
 
     def __init__(self, build_ok: bool = True, verify_ok: bool = True, times_ms: tuple[float, ...] = (3.0,),
-                 verify_failures: tuple[VerifyResult, ...] = ()):  # fmt: skip
+                 verify_failures: tuple[VerifyResult, ...] = (), sols: tuple[float | None, ...] = ()):  # fmt: skip
         self.build_ok, self.verify_ok, self.times = build_ok, verify_ok, list(times_ms)
+        self.sols = list(sols)  # each Profile's fraction of speed-of-light, one each (then None: no roofline)
         self.verify_failures = list(verify_failures)  # what the first Verify calls answer, one each
         self.calls: list = []
         self.results: dict = {}  # call id -> typed result, as the loop keeps them in ctx.judged.by_call
@@ -83,7 +84,8 @@ class ScriptedTools:
                 return VerifyOutcome(built(), self.verify_failures.pop(0))
             return VerifyOutcome(built(), verified(None if self.verify_ok else "mismatch"))
         if name == "Profile":
-            return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
+            return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0],
+                            self.sols.pop(0) if self.sols else None)
         return None
 
 
@@ -139,6 +141,23 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     assert kernels[-1] == render_kernel(group, candidates[1]).content  # the fastest is written back
     summary = tools.calls[-1].arguments["summary"]
     assert "Verified correct" in summary and "2 ms" in summary and candidates[1].label in summary
+
+
+def test_policy_stops_the_search_near_speed_of_light_and_says_so(layernorm_workspace):
+    problem = load_problem(layernorm_workspace / "model.py")
+    (group,) = analyze(problem).groups
+    left = len(launch_candidates(group)) - 3
+    assert left > 0, "the example needs more candidates than this test times"
+    # The first configuration runs at 80% of speed-of-light, the second at 93%: the search stops there.
+    tools = ScriptedTools(times_ms=(3.0, 2.6, 2.5), sols=(0.8, 0.93, 0.95))
+    messages = converse(policy_for(layernorm_workspace, tools), tools)
+    assert actions(messages) == [
+        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"], ["Profile"], ["Write", "Profile"],
+        ["Write", "Verify"], ["Finish"],
+    ]  # fmt: skip
+    summary = tools.calls[-1].arguments["summary"]
+    assert "Timed 2 launch configuration(s)" in summary
+    assert f"Stopped the search at 93% of speed-of-light: the {left + 1} configuration(s) left could win little." in summary
 
 
 def test_policy_resumes_from_the_conversation_and_the_judges_results(layernorm_workspace):
@@ -318,6 +337,17 @@ def test_launch_search_tries_one_group_at_a_time_with_the_others_at_their_best()
     assert search.next_try() is None and (search.best, search.best_ms) == ({"g0": 1, "g1": 0}, 2.0)
     untimed = LaunchSearch({"g0": 2}, first_ms=None)  # the first configuration got no time: any time is kept
     assert untimed.record(9.0) and untimed.best == {"g0": 1}
+
+
+def test_launch_search_ends_when_the_best_is_near_speed_of_light():
+    assert LaunchSearch({"g0": 3}, first_ms=1.0, first_sol=0.95).next_try() is None
+    assert LaunchSearch({"g0": 3}, first_ms=None, first_sol=0.95).next_try() == ("g0", 1)  # untimed: no claim
+    search = LaunchSearch({"g0": 4}, first_ms=3.0, first_sol=0.5)
+    assert not search.record(3.5, 0.95)  # slower: its fraction is not the best's
+    assert search.next_try() == ("g0", 2)
+    assert search.record(2.0, 0.91) and search.near_sol and search.next_try() is None
+    no_roofline = LaunchSearch({"g0": 2}, first_ms=3.0, first_sol=None)
+    assert no_roofline.next_try() == ("g0", 1)
 
 
 def test_candidate_time_counts_only_when_verified():

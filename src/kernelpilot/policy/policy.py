@@ -62,9 +62,10 @@ class _Plan:
     def groups(self) -> list[Group]:
         return self.analysis.generated_groups
 
-    def search(self, first_ms: float | None) -> LaunchSearch:
-        """A launch search over this plan's candidates, its first configuration timed at `first_ms`."""
-        return LaunchSearch({g.name: len(self.candidates[g.name]) for g in self.groups}, first_ms)
+    def search(self, first_ms: float | None, first_sol: float | None = None) -> LaunchSearch:
+        """A launch search over this plan's candidates, its first configuration timed at `first_ms` (`first_sol` of
+        speed-of-light)."""
+        return LaunchSearch({g.name: len(self.candidates[g.name]) for g in self.groups}, first_ms, first_sol)
 
 
 class BuiltinPolicy:
@@ -140,6 +141,13 @@ def candidate_ms(result: JudgeResult | None) -> float | None:
         return None
     bench = result.bench
     return bench.candidate.median_ms if bench is not None and bench.ok and bench.candidate is not None else None
+
+
+def candidate_sol(result: JudgeResult | None) -> float | None:
+    """The timed candidate's fraction of speed-of-light in a Profile result, or None (not timed, no roofline)."""
+    if candidate_ms(result) is None:
+        return None
+    return result.bench.sol_candidate  # type: ignore[union-attr]  # candidate_ms checked it is a timed EvalResult
 
 
 def problem_line(result: JudgeResult | None) -> str:
@@ -249,10 +257,12 @@ class _Run:
     def _search(self) -> tuple[LaunchSearch, str]:
         """The launch search replayed from the Profile results so far, and the stage of its fastest time."""
         profile = self.by_stage.get("profile")
-        search = self.plan.search(candidate_ms(profile.results.get("Profile")) if profile else None)
+        first = profile.results.get("Profile") if profile else None
+        search = self.plan.search(candidate_ms(first), candidate_sol(first))
         best_stage = "profile"
         while (next_try := search.next_try()) is not None and (step := self.by_stage.get(_try_stage(*next_try))):
-            if search.record(candidate_ms(step.results.get("Profile"))):
+            result = step.results.get("Profile")
+            if search.record(candidate_ms(result), candidate_sol(result)):
                 best_stage = step.stage
         return search, best_stage
 
@@ -327,6 +337,10 @@ class _Run:
             choice = self._final_choices()[final_index]
             configs = ", ".join(f"{name}: {self.plan.candidates[name][i].label}" for name, i in choice.items())
             parts.append(f"Timed {len(timed)} launch configuration(s); kept {configs}.")
+            search, _ = self._search()
+            if search.near_sol and search.recorded < len(search.tries):
+                parts.append(f"Stopped the search at {search.best_sol:.0%} of speed-of-light: the "
+                             f"{len(search.tries) - search.recorded} configuration(s) left could win little.")
             if choice == best:
                 parts.append(f"Candidate median {best_ms:.4g} ms{self._speedups(best_stage)}.")
             else:
