@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 EXIT_INTERRUPTED = 130
 
 
+# A verified candidate slower than torch.compile by more than this is named so at the end of the run.
+COMPILE_MARGIN = 0.03
+
+
 @dataclass
 class OptimizeResult:
     """A finished (or interrupted) run: its summary, the workspace, and the files written beside the problem."""
@@ -61,6 +65,19 @@ class OptimizeResult:
             return EXIT_INTERRUPTED
         return 0 if self.summary.best is not None else 1
 
+    @property
+    def compile_is_faster(self) -> str | None:
+        """One sentence when the best verified candidate is slower than torch.compile by more than COMPILE_MARGIN
+        (it is still written: it may compose, or be the start of more work), else None."""
+        best = self.summary.best
+        bench = best.bench if best is not None and best.bench is not None and best.bench.ok else None
+        if bench is None or bench.compiled is None or bench.candidate is None or bench.speedup_vs_compile is None:
+            return None
+        if bench.speedup_vs_compile >= 1 - COMPILE_MARGIN:
+            return None
+        return (f"torch.compile is faster here: {bench.compiled.median_ms:.4g} ms vs {bench.candidate.median_ms:.4g} ms "
+                f"for the best candidate ({bench.speedup_vs_compile:.2f}x).")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "problem": str(self.problem),
@@ -71,6 +88,7 @@ class OptimizeResult:
             "commit_refused": self.commit_refusal.message if self.commit_refusal is not None else None,
             "failure": to_dict(self.failure),
             "confinement": self.confinement,
+            "compile_is_faster": self.compile_is_faster,
             **to_dict(self.summary),
         }
 

@@ -357,3 +357,39 @@ def test_optimize_with_no_model_writes_a_verified_kernel_faster_than_torch_compi
     assert summary["model"] == "builtin" and summary["best"]["verify"]["ok"]
     assert summary["best"]["reward"] == 3, summary["best"]["bench"]
     assert output.is_file() and "kp_ops.policy_g0(x)" in output.read_text()
+
+
+def _finished_run(candidate_ms: float, compile_ms: float):
+    from kernelpilot.agent.loop import RunSummary
+    from kernelpilot.optimize import OptimizeResult
+    from kernelpilot.results import BenchResult, EvalResult, Timing
+
+    def timing(ms: float) -> Timing:
+        return Timing(median_ms=ms, p10_ms=ms, p90_ms=ms, mean_ms=ms, runs=20)
+
+    bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(candidate_ms), eager=timing(1.0),
+                        compiled=timing(compile_ms), speedup_vs_eager=1.0 / candidate_ms,
+                        speedup_vs_compile=compile_ms / candidate_ms)  # fmt: skip
+    best = EvalResult("problem", "/w", bench=bench, reward=2)
+    summary = RunSummary(status="finished", session_id="s", turns=9, prompt_tokens=0, completion_tokens=0,
+                         cost_usd=0.0, best=best)  # fmt: skip
+    return OptimizeResult(problem=Path("model.py"), workspace=Path("ws"), model="builtin", summary=summary,
+                          written=[Path("model_new.py")])  # fmt: skip
+
+
+def test_a_run_whose_best_is_slower_than_torch_compile_says_so_plainly_at_the_end():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from kernelpilot.cli.render_agent import render_result
+
+    slower = _finished_run(candidate_ms=0.50, compile_ms=0.40)
+    out = StringIO()
+    render_result(Console(file=out, width=200), slower)
+    sentence = "torch.compile is faster here: 0.4 ms vs 0.5 ms for the best candidate (0.80x)."
+    assert out.getvalue().rstrip().splitlines()[-1] == sentence
+    assert slower.to_json()["compile_is_faster"] == sentence
+    # Within 3% of torch.compile, or faster, nothing is said.
+    assert _finished_run(candidate_ms=0.41, compile_ms=0.40).compile_is_faster is None
+    assert _finished_run(candidate_ms=0.30, compile_ms=0.40).compile_is_faster is None

@@ -117,6 +117,8 @@ def render_result(console: Console, result: OptimizeResult) -> None:
                       soft_wrap=True)  # fmt: skip
     if result.commit is not None:
         render_commit(console, result.commit)
+    if result.compile_is_faster is not None:
+        console.print(f"[bold]{escape(result.compile_is_faster)}[/]", highlight=False, soft_wrap=True)
 
 
 def summary_rows(summary: RunSummary) -> Iterator[tuple[str, str]]:
