@@ -21,7 +21,7 @@ import math
 from kernelpilot.policy.codegen import elementwise_layout
 from kernelpilot.policy.ir import Access, Const, Group, Leaf, Stack, contiguous_strides, walk
 
-FAMILIES_WITH_RUNTIME_LEADING = ("elementwise",)
+FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row")
 
 
 def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
