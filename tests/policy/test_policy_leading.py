@@ -14,7 +14,15 @@ from kernelpilot.policy.families import launch_candidates, render_all, render_bi
 from kernelpilot.problem import load_problem
 
 from kp_testing import EXAMPLES, nonempty
-from policy_testing import analysed, built_workspace, compile_cu, forward_problem, needs_nvcc, write_problem
+from policy_testing import (
+    RUNTIME_BATCH_EXAMPLES,
+    SUPPORTED_EXAMPLES,
+    analysed,
+    built_workspace,
+    compile_cu,
+    needs_nvcc,
+    write_problem,
+)
 
 # (arguments, returned, inputs with the batch as {b}, __init__ lines): problems whose every group takes the batch
 # at run time.
@@ -100,6 +108,12 @@ def test_row_launcher_takes_the_batch_and_rows_follow_it(tmp_path):
         assert "constexpr int64_t kBatchRows = 3;" in kernel and not re.search(r"\bkRows\b", kernel)
         assert "const int64_t rows = leading * kBatchRows;" in kernel
     assert 'check_batched(x, "x", torch::kFloat32, {3, 64}, device);' in render_binding(group).content
+
+
+def test_the_runtime_batch_examples_are_those_whose_every_kernel_takes_it():
+    every = {name for name in SUPPORTED_EXAMPLES
+             if all(group.leading_free for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
+    assert every == set(RUNTIME_BATCH_EXAMPLES)
 
 
 def test_stacked_per_row_values_keep_the_batch_fixed():
