@@ -186,3 +186,12 @@ def test_built_model_traces_with_a_symbolic_batch(runtime_batch_workspace):
         for batch in (3, 7):
             outputs = compiled(torch.empty(batch, 6, 32, device="meta"), torch.empty(batch, 6, 32, device="meta"))
             assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2
+
+
+def test_a_forward_argument_named_batch_does_not_shadow_the_bindings_batch(tmp_path):
+    path = write_problem(tmp_path, "argument_named_batch", "def forward(self, batch):\n    return batch * 3",
+                         "torch.randn(4, 8)")  # fmt: skip
+    (group,) = analysed(path).generated_groups
+    binding = render_binding(group).content
+    assert 'check_batched(t0_batch, "t0_batch", torch::kFloat32, {8}, device);' in binding
+    assert "const c10::SymInt batch = t0_batch.sym_size(0);" in binding

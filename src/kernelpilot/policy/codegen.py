@@ -73,8 +73,9 @@ STAT_WORDS = {"sum": "sum", "max": "max", "min": "min", "online_softmax": "onlin
               "welford": "Welford mean and variance",
               "softmax_weighted": "online softmax and a softmax-weighted sum",
               "argmax": "max and its first column", "argmin": "min and its first column"}  # fmt: skip
-_CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", "char", "new", "delete", "this",
-                 "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
+# "batch": the binding's name for the runtime batch (leading.py).
+_CPP_RESERVED = {"out", "device", "batch", "m", "t", "stream", "int", "float", "double", "char", "new", "delete",
+                 "this", "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
 
 
 @dataclass(frozen=True)
