@@ -236,6 +236,14 @@ MATMUL_EXAMPLES = [
 ]  # fmt: skip
 CONV_EXAMPLES = ["conv2d_relu_bias"]
 SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
+# The examples whose every kernel takes the batch at run time (policy/leading.py): they should verify at the judge's
+# half and double variants too. The others have a kernel that keeps it fixed (a matmul, a reduced batch, stacked
+# per-row values), whose binding refuses another batch.
+RUNTIME_BATCH_EXAMPLES = [
+    "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
+    "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
+    "token_logprobs_bf16", "logits_entropy_bf16",
+]  # fmt: skip
 
 
 # Every example is supported now: a running sum along the rows is a pattern the policy does not generate.

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import pytest
 
+from kernelpilot.results import NOT_APPLICABLE
+
 from kp_testing import EXAMPLES
 from policy_testing import (
     CANCELLING_OPERANDS,
     CANCELLING_PRODUCTS,
+    RUNTIME_BATCH_EXAMPLES,
     SUPPORTED_EXAMPLES,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
     forward_problem,
     matmul_zoo_problem,
+    policy_workspace,
     weighted_softmax_sum_problem,
     zoo_problem,
 )
@@ -86,3 +90,20 @@ def test_a_row_only_a_later_level_reads_passes_verification(tmp_path, judge):
 def test_online_softmax_over_rows_starting_with_minus_infinity_passes_verification(tmp_path, judge, name):
     returned, inputs = MASKED_SOFTMAX_PROBLEMS[name]
     assert_every_launch_candidate_verifies(judge, forward_problem(tmp_path, name, "x", returned, inputs), tmp_path)
+
+
+# The batch as a runtime size (policy/leading.py): the kernels generated at the example's batch also verify at half
+# and double it (the judge's leading-dim variants). A variant the inputs cannot make (softmax_then_mask's mask does
+# not share the scores' dim 0) is not applicable, which says nothing about the kernels.
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", RUNTIME_BATCH_EXAMPLES)
+def test_runtime_batch_kernels_verify_at_half_and_double_the_batch(tmp_path, judge, name):
+    ws = policy_workspace(EXAMPLES / f"{name}.py", tmp_path)
+    build = judge.build(ws.root)
+    assert build.ok, build.log[-3000:]
+    verify = judge.verify(ws.root, build, trials=2, variants=("half", "double"))
+    assert verify.ok, (verify.error_kind, verify.message)
+    checks = [(check.variant, check.status, check.message) for check in verify.variants]
+    assert [variant for variant, _, _ in checks] == ["half", "double"]
+    assert all(status == "verified" or (status == NOT_APPLICABLE and "disagree" in message)
+               for _, status, message in checks), checks  # fmt: skip

@@ -48,6 +48,7 @@ from kernelpilot.policy.ir import (
     Source, Unsupported, Value, contiguous_strides, dtype_name, is_index, matrix_strides, rebuilt, walk,
     walk_reduces, windowed,
 )  # fmt: skip
+from kernelpilot.policy.leading import mark_runtime_leading
 from kernelpilot.policy.lowering import fuses_elementwise, lower
 from kernelpilot.policy.op_lowering import KERNEL_DTYPES, fits_rows, op_name
 from kernelpilot.policy.merge import merge_row_outputs
@@ -108,6 +109,7 @@ def analyze(problem: Problem, faithful: bool = False) -> Analysis:
     # softmax folds into the merged kernel's single pass (token log-probs plus entropy read each row once).
     groups, outputs = merge_row_outputs(builder.groups, outputs)
     groups = fold_expectations(groups)
+    mark_runtime_leading(groups, outputs)
     return Analysis(problem.name, groups, outputs, container, builder.unsupported_ops, ignored)
 
 

@@ -4,7 +4,8 @@ them.
 
 Python decides the layout (dims merged where every access allows, 16-byte vectors where alignment allows, which
 row data stays in registers) and emits the expressions as C statements; the templates hold every loop,
-reduction, load and store. Shapes are known at generation time and become constants in the kernels.
+reduction, load and store. Shapes are known at generation time and become constants in the kernels, except a
+batch that leading.py shows may vary: the elementwise and row kernels then take it at run time.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ STAT_WORDS = {"sum": "sum", "max": "max", "min": "min", "online_softmax": "onlin
               "welford": "Welford mean and variance",
               "softmax_weighted": "online softmax and a softmax-weighted sum",
               "argmax": "max and its first column", "argmin": "min and its first column"}  # fmt: skip
-_CPP_RESERVED = {"out", "device", "m", "t", "stream", "int", "float", "double", "char", "new", "delete", "this",
-                 "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
+# "batch": the binding's name for the runtime batch (leading.py).
+_CPP_RESERVED = {"out", "device", "batch", "m", "t", "stream", "int", "float", "double", "char", "new", "delete",
+                 "this", "auto", "register", "default", "switch", "case", "template", "class", "struct", "const"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,8 @@ def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
         {"result": _result_name(group), "function": function_name(group), "arguments": [_python_source(t) for t in group.tensors]}
         for group in groups
     ]
-    returned = [_returned_source(leaf) for leaf in analysis.outputs]
+    runtime_leading = {group.output for group in groups if group.leading_free}
+    returned = [_returned_source(leaf, leaf.source in runtime_leading) for leaf in analysis.outputs]
     if analysis.output_container == "tensor":
         returned_text = returned[0]
     elif analysis.output_container == "list":
@@ -419,10 +422,14 @@ def _python_source(source: Source) -> str:
     return f"getattr(self.get_submodule({module!r}), {attribute!r})"
 
 
-def _returned_source(leaf: Leaf) -> str:
+def _returned_source(leaf: Leaf, runtime_leading: bool = False) -> str:
+    """How forward returns a view of a result; `runtime_leading`: the result's dim 0 is a runtime batch, which the
+    view keeps (leading.py allows only such views then)."""
     name = f"out_{leaf.source.name}"
     if leaf.shape == leaf.source.shape:
         return name
+    if runtime_leading:
+        return f"{name}.view({', '.join([f'{name}.shape[0]', *map(str, leaf.shape[1:])])})"
     count = math.prod(leaf.shape)
     if leaf.offset or count != math.prod(leaf.source.shape):  # one value per row of a stacked output (merge.py)
         name = f"{name}.view(-1)[{leaf.offset}:{leaf.offset + count}]"

@@ -22,6 +22,7 @@ from kernelpilot.policy.codegen import (
     tensor_context,
 )
 from kernelpilot.policy.ir import Access, Group
+from kernelpilot.policy.leading import describe_leading
 
 
 def elementwise_candidates(group: Group) -> list[LaunchConfig]:
@@ -58,6 +59,9 @@ def elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "shape_text": "x".join(map(str, group.shape)) or "a scalar",
         "config": config,
         "numel": math.prod(layout.shape),
+        "leading": group.leading_free,
+        "batch_numel": math.prod(layout.shape) // group.shape[0] if group.leading_free else None,
+        "shapes": describe_leading(group),
         "vec": layout.vec,
         "accesses": accesses,
         "code": emitter.lines,

@@ -27,6 +27,7 @@ from kernelpilot.policy.columns import ColumnConfig, column_candidates, column_c
 from kernelpilot.policy.convolution import ConvConfig, conv_binding_context, conv_candidates, conv_context
 from kernelpilot.policy.elementwise import elementwise_candidates, elementwise_context
 from kernelpilot.policy.ir import Analysis, Group
+from kernelpilot.policy.leading import describe_leading, leading_carriers
 from kernelpilot.policy.matmul import MatmulConfig, matmul_candidates, matmul_context
 from kernelpilot.policy.row import row_candidates, row_context
 from kernelpilot.resources import template_environment
@@ -85,15 +86,20 @@ def render_kernel(group: Group, config: KernelConfig) -> GeneratedFile:
 def render_binding(group: Group) -> GeneratedFile:
     """kernels/policy_<group>_binding.cpp: checks, allocation, launcher call, registration."""
     kernel = family(group)
+    names = argument_names(group.tensors)
+    batched = leading_carriers(group)
     content = template_environment("templates").get_template("policy/binding.cpp.j2").render(
         stem=kernel_stem(group),
         description=group.describe(),
+        shapes=describe_leading(group),
         function=function_name(group),
         launcher=launcher_name(group),
         tensors=[
-            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape)}
-            for arg, t in zip(argument_names(group.tensors), group.tensors)
+            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape), "batched": carries}
+            for arg, t, carries in zip(names, group.tensors, batched)
         ],
+        # The first tensor carrying the runtime batch, which the others must agree with (None: all fixed).
+        leading=next((arg for arg, carries in zip(names, batched) if carries), None),
         out_shape=list(group.output.shape),
         out_scalar_type=SCALAR_TYPES[group.output.dtype],
         workspace_bytes=kernel.workspace_bytes,

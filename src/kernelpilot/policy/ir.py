@@ -325,6 +325,7 @@ class Group:
     matmul: Matmul | None = None  # what a matmul group computes
     inner_dims: int = 0  # column groups: how many trailing dims of `shape` follow the reduced ones
     conv: Conv | None = None  # what a conv group computes
+    leading_free: bool = False  # dim 0 of `shape` is a runtime size (leading.py)
 
     @property
     def generated(self) -> bool:

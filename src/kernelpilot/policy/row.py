@@ -33,6 +33,7 @@ from kernelpilot.policy.codegen import (
     row_layout,
     tensor_context,
 )
+from kernelpilot.policy.leading import describe_leading
 from kernelpilot.policy.ir import STAT_FIELDS, Call, Const, Expr, Field, Gather, Group, Load, Reduce, Stack, walk
 
 # Data that many rows of a row kernel read (a broadcast mask, a norm's weight) is loaded with L2's evict-last
@@ -187,6 +188,9 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "description": group.describe(),
         "config": config,
         "rows": group.rows,
+        "leading": group.leading_free,
+        "batch_rows": group.rows // group.shape[0] if group.leading_free else None,
+        "shapes": describe_leading(group),
         "row_length": group.row_length,
         "threads_per_row": config.threads,
         "rows_per_block": config.rows_per_block,

@@ -1,0 +1,110 @@
+"""Which generated groups take their leading dim (dim 0 of the iteration shape: the batch) as a runtime size.
+
+A kernel generated at batch B is right at any batch B' when the leading dim only repeats the same work: every
+tensor that moves along it (a carrier) is read slab by slab, slab b of the output from slab b of each carrier (a
+slab: everything behind one index of dim 0), and nothing else in the kernel depends on B. Then the launcher takes
+B' at run time, the binding checks that the carriers agree on it (their other dims, and every other tensor, stay
+fixed), and the output is allocated with it. Everything that is not proved so keeps B fixed, which the binding
+then checks as before: a fixed kernel fails loudly at another batch, a wrong one would not.
+
+What keeps it fixed: a family other than elementwise and row (column reductions, cuBLASLt, cuDNN); a leading dim
+that a row kernel reduces; a carrier read at a fixed position along it (x[0] broadcast over the batch) or reaching
+outside its slab; a cat, pad or triangle whose window cuts the leading dim; stacked per-row values (merge.py),
+whose layout is [values, rows]; a returned view that reshapes dim 0; an elementwise vector width that a runtime
+numel could break; and a constant equal to B or 1/B in the expression (`x / x.shape[0]` is traced to a number).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kernelpilot.policy.codegen import elementwise_layout
+from kernelpilot.policy.ir import Access, Const, Group, Leaf, Stack, contiguous_strides, walk
+
+FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row")
+
+
+def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
+    """Set `leading_free` on each group whose leading dim may be a runtime size (see the module docstring)."""
+    for group in groups:
+        group.leading_free = group.kind in FAMILIES_WITH_RUNTIME_LEADING and _leading_may_vary(group, returned)
+
+
+def leading_carriers(group: Group) -> list[bool]:
+    """For each tensor of the group: whether it moves along the leading dim (its dim 0 is the runtime size)."""
+    carriers = [False] * len(group.tensors)
+    if group.leading_free:
+        for access in group.accesses:
+            carriers[access.tensor] |= access.strides[0] != 0
+    return carriers
+
+
+def describe_leading(group: Group) -> str:
+    """One sentence for the generated files' comments: which dims are free and which are fixed."""
+    shape = group.output.shape
+    if not group.leading_free:
+        return f"Every dim is fixed at generation time ({'x'.join(map(str, shape)) or 'a scalar'})."
+    rest = "x".join(map(str, shape[1:])) or "nothing else"
+    return f"Dim 0 (the batch, {shape[0]} when generated) is a runtime size; the others are fixed at {rest}."
+
+
+def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
+    if not group.shape or group.shape[0] < 2 or isinstance(group.expr, Stack):
+        return False
+    batch = group.shape[0]
+    if not _output_in_slabs(group, batch) or _mentions_batch(group, batch):
+        return False
+    if group.kind == "row" and len(group.shape) - group.row_dims < 1:
+        return False  # the leading dim is part of the row: reduced over
+    if group.kind == "elementwise":
+        layout = elementwise_layout(group)
+        if (math.prod(group.shape) // batch) % layout.vec:
+            return False
+    moving = [a for a in group.accesses if a.strides[0] != 0]
+    carriers = {a.tensor for a in moving}
+    if not moving or any(a.tensor in carriers and a.strides[0] == 0 for a in group.accesses):
+        return False
+    if not all(_reads_its_slab(group, access, batch) for access in moving):
+        return False
+    return all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
+
+
+def _output_in_slabs(group: Group, batch: int) -> bool:
+    """The output is written contiguously over the rows (or elements) of the iteration shape, dim 0 first."""
+    shape = group.output.shape
+    written = math.prod(group.shape[: len(group.shape) - group.row_dims]) if group.per_row else math.prod(group.shape)
+    return bool(shape) and shape[0] == batch and math.prod(shape) == written
+
+
+def _mentions_batch(group: Group, batch: int) -> bool:
+    constants = {node.value for node in walk(group.expr) if isinstance(node, Const)}
+    return any(math.isclose(value, batch) or math.isclose(value, 1 / batch) for value in constants)
+
+
+def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
+    """Index b of the leading dim reads exactly slab b of the tensor (its dim 0 is the batch, walked in order),
+    and every element it reads there lies inside that slab (inside the window, for a windowed access)."""
+    tensor = group.tensors[access.tensor]
+    slab = math.prod(tensor.shape[1:])
+    if not tensor.shape or tensor.shape[0] != batch or access.strides[0] != slab:
+        return False
+    bounds = access.bounds or tuple((0, size) for size in group.shape)
+    if bounds[0] != (0, batch) or (access.diagonal is not None and len(group.shape) == 2):
+        return False  # a window (or a triangle's rows) that tells batch indices apart
+    if any(stride < 0 for stride in access.strides):
+        return False
+    low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[1:], bounds[1:]))
+    high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[1:], bounds[1:]))
+    return 0 <= low and high < slab
+
+
+def _keeps_dim_0(leaf: Leaf) -> bool:
+    """A returned view forward can write with a runtime dim 0: the whole output, or a reshape of its other dims."""
+    source = leaf.source
+    return (
+        leaf.offset == 0
+        and bool(leaf.shape)
+        and leaf.shape[0] == source.shape[0]
+        and math.prod(leaf.shape) == math.prod(source.shape)
+        and all(a == b for size, a, b in zip(leaf.shape, leaf.strides, contiguous_strides(leaf.shape)) if size > 1)
+    )

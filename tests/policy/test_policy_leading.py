@@ -1,0 +1,197 @@
+"""The batch as a runtime size (policy/leading.py): which groups take dim 0 at run time, that their kernels and
+bindings are the same code whatever batch they were generated at, that a reduced or otherwise entangled batch stays
+fixed, and (compile-only builds) that the bindings compile and their meta path follows the batch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelpilot.policy.families import launch_candidates, render_all, render_binding, render_kernel
+from kernelpilot.problem import load_problem
+
+from kp_testing import EXAMPLES, nonempty
+from policy_testing import (
+    RUNTIME_BATCH_EXAMPLES,
+    SUPPORTED_EXAMPLES,
+    analysed,
+    built_workspace,
+    compile_cu,
+    needs_nvcc,
+    write_problem,
+)
+
+# (arguments, returned, inputs with the batch as {b}, __init__ lines): problems whose every group takes the batch
+# at run time.
+RUNTIME_BATCH = {
+    "scaled_residual_relu": ("x, r", "torch.relu(x * self.scale + r)", "torch.randn({b}, 6, 32), torch.randn({b}, 6, 32)",
+                             "self.scale = nn.Parameter(torch.rand(6, 1) + 0.5)"),
+    "softmax": ("x", "torch.softmax(x, dim=-1)", "torch.randn({b}, 6, 32)", ""),
+    "layernorm": ("x", "self.norm(x)", "torch.randn({b}, 3, 64)", "self.norm = nn.LayerNorm(64)"),
+    "row_sums_unsqueezed": ("x", "x.sum(-1).unsqueeze(1)", "torch.randn({b}, 5, 24)", ""),
+    "cat_along_features": ("x, y", "torch.cat([x, y * 2], dim=1)", "torch.randn({b}, 16), torch.randn({b}, 8)", ""),
+    "logsumexp_plus_row_bias": ("x, b", "torch.logsumexp(x, dim=-1) + b", "torch.randn({b}, 50), torch.randn({b})", ""),
+}  # fmt: skip
+# Problems where the batch must stay fixed, and why.
+FIXED_BATCH = {
+    "sum_over_batch": ("x", "x.sum(0)", "torch.randn({b}, 64)"),  # reduced by a column kernel
+    "softmax_over_batch": ("x", "torch.softmax(x, dim=0)", "torch.randn({b}, 64)"),  # reduced by a row kernel
+    "sum_of_a_vector": ("x", "x.sum()", "torch.randn({b})"),  # the whole batch is one row
+    "divided_by_the_batch": ("x", "x / x.shape[0]", "torch.randn({b}, 64)"),  # the batch, traced to a number
+    "first_row_broadcast": ("x", "x - x[0]", "torch.randn({b}, 64)"),  # a fixed row of a batched tensor
+    "cat_along_batch": ("x, y", "torch.cat([x, y])", "torch.randn({b}, 16), torch.randn({b}, 16)"),
+    "view_reshaping_the_batch": ("x", "x.sum(-1).view(2, -1)", "torch.randn({b}, 4)"),
+    "triangle_of_a_matrix": ("x", "torch.triu(x) * 2", "torch.randn({b}, {b})"),
+}  # fmt: skip
+
+
+def _problem(folder: Path, name: str, batch: int, table: dict) -> Path:
+    arguments, returned, inputs, *init = table[name]
+    forward = f"def forward(self, {arguments}):\n    return {returned}"
+    return write_problem(folder, f"{name}_{batch}", forward, inputs.format(b=batch), init[0] if init else "")
+
+
+def _code(text: str) -> str:
+    """Generated C++ without its comments, which name the shapes it was generated at."""
+    return "\n".join(line for line in (re.sub(r"\s*//.*$", "", raw) for raw in text.splitlines()) if line.strip())
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME_BATCH))
+def test_runtime_batch_kernels_and_bindings_are_the_same_code_at_any_batch(tmp_path, name):
+    # The strongest CPU check there is: the kernel and binding generated at batch 4 are, comments aside, those
+    # generated at 3 and 8, so at any batch they compute what the policy generates for that batch. (Not at 2: the
+    # constant 2 of `y * 2` could be the batch traced to a number, so there the batch stays fixed.)
+    at = {b: analysed(_problem(tmp_path, name, b, RUNTIME_BATCH)).generated_groups for b in (3, 4, 8)}
+    assert len({len(groups) for groups in at.values()}) == 1
+    for index, group in enumerate(at[4]):
+        assert group.leading_free, (group.name, group.kind)
+        for config in launch_candidates(group):
+            sources = {_code(render_kernel(at[b][index], config).content) for b in at}
+            assert len(sources) == 1, (group.name, config.label)
+        assert len({_code(render_binding(at[b][index]).content) for b in at}) == 1
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_BATCH))
+def test_an_entangled_batch_stays_fixed_and_the_binding_pins_it(tmp_path, name):
+    for group in nonempty(analysed(_problem(tmp_path, name, 4, FIXED_BATCH)).generated_groups, "generated groups"):
+        assert not group.leading_free, group.name
+        binding = render_binding(group).content
+        assert "check_batched" not in binding and "int64_t leading" not in binding
+        assert "Every dim is fixed at generation time" in binding
+        first = re.search(r"check_tensor\((\w+), \"\w+\", [\w:]+, \{([\d, ]*)\}", binding)
+        assert first and first.group(2).split(", ")[0] == str(group.tensors[0].shape[0])
+
+
+def test_elementwise_launcher_takes_the_batch_and_the_binding_checks_only_agreement(tmp_path):
+    group, = analysed(_problem(tmp_path, "scaled_residual_relu", 4, RUNTIME_BATCH)).generated_groups
+    kernel = render_kernel(group, launch_candidates(group)[0]).content
+    assert "void*out,int64_tleading,cudaStream_tstream)" in kernel.replace(" ", "")
+    assert "constexpr int64_t kBatchNumel = 192;" in kernel  # 6 x 32 elements per batch index
+    assert "kNumel" not in kernel and "Dim 0 (the batch, 4 when generated) is a runtime size" in kernel
+    binding = render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {6, 32}, device);' in binding
+    assert 'check_batched(r, "r", torch::kFloat32, {6, 32}, device);' in binding
+    assert 'check_tensor(scale, "scale", torch::kFloat32, {6, 1}, device);' in binding
+    assert "TORCH_CHECK(r.sym_size(0) == batch" in binding and "const c10::SymInt batch = x.sym_size(0);" in binding
+    assert "std::vector<c10::SymInt>{batch, c10::SymInt(6), c10::SymInt(32)}" in binding
+    assert re.search(r"out\.data_ptr\(\),\s+x\.size\(0\),", binding)
+
+
+def test_row_launcher_takes_the_batch_and_rows_follow_it(tmp_path):
+    group, = analysed(_problem(tmp_path, "layernorm", 4, RUNTIME_BATCH)).generated_groups
+    assert group.kind == "row"
+    for config in launch_candidates(group):
+        kernel = render_kernel(group, config).content
+        assert "constexpr int64_t kBatchRows = 3;" in kernel and not re.search(r"\bkRows\b", kernel)
+        assert "const int64_t rows = leading * kBatchRows;" in kernel
+    assert 'check_batched(x, "x", torch::kFloat32, {3, 64}, device);' in render_binding(group).content
+
+
+def test_the_runtime_batch_examples_are_those_whose_every_kernel_takes_it():
+    every = {name for name in SUPPORTED_EXAMPLES
+             if all(group.leading_free for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
+    assert every == set(RUNTIME_BATCH_EXAMPLES)
+
+
+def test_stacked_per_row_values_keep_the_batch_fixed():
+    # Cross-entropy plus z-loss: two values per row, stacked as [values, rows], read back at fixed offsets.
+    groups = analysed(EXAMPLES / "cross_entropy_z_loss_bf16.py").generated_groups
+    assert groups and not any(group.leading_free for group in groups)
+
+
+def test_forward_views_a_runtime_batch_result_by_its_own_dim_0(tmp_path):
+    path = _problem(tmp_path, "row_sums_unsqueezed", 4, RUNTIME_BATCH)
+    model_new = next(f for f in render_all(load_problem(path), analysed(path)) if f.path == "model_new.py").content
+    assert "return out_g0.view(out_g0.shape[0], 1, 5)" in model_new
+
+
+@needs_nvcc
+def test_runtime_batch_kernels_compile(tmp_path):
+    for name in sorted(RUNTIME_BATCH):
+        for group in analysed(_problem(tmp_path, name, 4, RUNTIME_BATCH)).generated_groups:
+            for config in launch_candidates(group)[:2]:
+                compile_cu(render_kernel(group, config).content, tmp_path)
+
+
+# ------------------------------------------------------------------ a built workspace, loaded on meta tensors
+
+
+@pytest.fixture(scope="module")
+def runtime_batch_workspace(tmp_path_factory):
+    """A compile-only build of a problem with an elementwise and a row kernel that take the batch at run time."""
+    folder = tmp_path_factory.mktemp("runtime_batch")
+    path = write_problem(folder, "two_kernels", "def forward(self, x, r):\n    return torch.relu(x * self.scale + r), "
+                         "torch.softmax(x, dim=-1)", "torch.randn(4, 6, 32), torch.randn(4, 6, 32)",
+                         "self.scale = nn.Parameter(torch.rand(6, 1) + 0.5)")  # fmt: skip
+    return built_workspace(path, folder)
+
+
+def _meta_model(workspace):
+    from kernelpilot.harness.candidate import load_candidate, make_candidate_model
+
+    ws, result = workspace
+    return ws, make_candidate_model(ws.problem(), load_candidate(ws, result), "meta")
+
+
+@pytest.mark.cuda_build
+def test_built_bindings_give_the_output_shape_at_another_batch(runtime_batch_workspace):
+    ws, model = _meta_model(runtime_batch_workspace)
+    for batch in (2, 9):
+        inputs = [torch.empty(batch, 6, 32, device="meta") for _ in range(2)]
+        with torch.no_grad():
+            outputs = model(*inputs)
+        assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2
+    # The other dims stay fixed: a wrong feature size is refused, in one sentence.
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[6, 32\] after its batch"):
+        model(torch.empty(4, 6, 31, device="meta"), torch.empty(4, 6, 31, device="meta"))
+
+
+@pytest.mark.cuda_build
+def test_built_binding_refuses_tensors_that_disagree_on_the_batch(runtime_batch_workspace):
+    ws, model = _meta_model(runtime_batch_workspace)
+    operator = getattr(torch.ops, ws.namespace).policy_g0
+    scale = torch.empty(6, 1, device="meta")
+    with pytest.raises(RuntimeError, match=r"policy_g0: r and x must agree on dim 0 \(the batch\), got 5 and 4"):
+        operator(torch.empty(4, 6, 32, device="meta"), scale, torch.empty(5, 6, 32, device="meta"))
+
+
+@pytest.mark.cuda_build
+def test_built_model_traces_with_a_symbolic_batch(runtime_batch_workspace):
+    ws, model = _meta_model(runtime_batch_workspace)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    with torch.no_grad():
+        for batch in (3, 7):
+            outputs = compiled(torch.empty(batch, 6, 32, device="meta"), torch.empty(batch, 6, 32, device="meta"))
+            assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2
+
+
+def test_a_forward_argument_named_batch_does_not_shadow_the_bindings_batch(tmp_path):
+    path = write_problem(tmp_path, "argument_named_batch", "def forward(self, batch):\n    return batch * 3",
+                         "torch.randn(4, 8)")  # fmt: skip
+    (group,) = analysed(path).generated_groups
+    binding = render_binding(group).content
+    assert 'check_batched(t0_batch, "t0_batch", torch::kFloat32, {8}, device);' in binding
+    assert "const c10::SymInt batch = t0_batch.sym_size(0);" in binding
