@@ -287,3 +287,11 @@ def test_a_write_through_a_view_is_seen_by_every_later_reader_or_refused(tmp_pat
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_generated_kernels_verify_on_the_gpu(judge, tmp_path, name):
     assert_generated_kernels_verify(judge, problem(tmp_path, name), tmp_path)
+
+
+@pytest.mark.parametrize("made", ["torch.zeros_like(x)", "torch.full_like(x, 2.5)", "torch.ones(4, 8, device=x.device)",
+                                  "torch.full((4, 8), -1.0, device=x.device)"])  # fmt: skip
+def test_tensors_of_one_value_made_in_forward_are_numbers_in_the_kernel(tmp_path, made):
+    path = write_problem(tmp_path, "made", f"def forward(self, x):\n    return x * 3 + {made}\n", "torch.randn(4, 8)")
+    analysis = check_against_model(path)
+    assert analysis.supported and len(analysis.generated_groups) == 1, analysis.blockers()

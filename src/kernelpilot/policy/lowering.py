@@ -342,7 +342,7 @@ def lower(builder: Builder, node: Any, args: list, kwargs: dict, name: str) -> V
     if name in _COPIES:
         return _COPIES[name](o)
     if name in ("full_like", "ones_like", "zeros_like", "full", "ones", "zeros", "scalar_tensor"):
-        return o._constant(name)
+        return o.constant(name)
     if name == "_to_copy":
         return o.elementwise(_cast_op(o.kwargs.get("dtype")), o.args[:1])
     special = _SPECIAL_ELEMENTWISE.get(name)
