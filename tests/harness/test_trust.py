@@ -3,10 +3,12 @@ the trusted clock's guard. The processes themselves are exercised in test_worker
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import stat
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +82,112 @@ def test_the_scale_check_leaves_outputs_the_tolerance_resolves_and_low_precision
 
 
 # ------------------------------------------------------------------------------------------ fingerprints
+
+
+# A group norm's output has mean 0 per group, so the mean over everything is 0 up to rounding: the reference's
+# outputs are noise (KernelBench L2 23 has this shape), and no answer can be far below their spread.
+GROUP_NORM_MEAN = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.GroupNorm(4, 64)
+
+    def forward(self, x):
+        return self.norm(x).mean(dim=[1, 2, 3])
+
+
+def get_inputs():
+    return [torch.randn(32, 64, 8, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _elements(t: torch.Tensor) -> np.ndarray:
+    """A contiguous float32 tensor's memory as a numpy array: computing there runs no torch op, as a kernel would."""
+    return np.ctypeslib.as_array((ctypes.c_float * t.numel()).from_address(t.data_ptr()))
+
+
+class GroupNormMeanOtherOrder(torch.nn.Module):
+    """The same computation with its sums in another order: an honest candidate's rounding."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(4, 64)
+
+    def forward(self, x):
+        out = torch.empty(x.shape[0])
+        groups = _elements(x).reshape(x.shape[0], 4, -1)
+        centred = groups - groups.mean(axis=-1, keepdims=True, dtype=np.float32)
+        normed = centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True, dtype=np.float32) + 1e-5)
+        weight, bias = _elements(self.norm.weight.data), _elements(self.norm.bias.data)
+        normed = normed.reshape(x.shape) * weight[:, None, None] + bias[:, None, None]
+        _elements(out)[:] = normed.reshape(x.shape[0], -1).sum(axis=1, dtype=np.float32) / normed[0].size
+        return out
+
+
+class GroupNormMeanZeros(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(4, 64)
+
+    def forward(self, x):
+        out = torch.empty(x.shape[0])
+        _elements(out)[:] = 0.0
+        return out
+
+
+class SoftmaxNoise(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        _elements(out)[:] = np.random.default_rng(0).random(x.numel(), dtype=np.float32) * 1e-3
+        return out
+
+
+SOFTMAX_LONG_ROWS = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(8, 32768)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_outputs_that_are_rounding_noise_pass_an_answer_as_accurate_as_the_reference(tmp_path):
+    (tmp_path / "group_norm_mean.py").write_text(GROUP_NORM_MEAN)
+    problem = load_problem(tmp_path / "group_norm_mean.py")
+    model = InProcessModel.from_class(problem, GroupNormMeanOtherOrder, device="cpu", seed=0)
+    result = verify_candidate(problem, model, device="cpu", trials=3)
+    assert result.ok, result.message
+    assert result.message.count("the outputs are rounding noise") == 1, result.message
+    # 0 is the exact answer, but a constant is what a precomputed result looks like: the reference's noise moves.
+    model = InProcessModel.from_class(problem, GroupNormMeanZeros, device="cpu", seed=0)
+    result = verify_candidate(problem, model, device="cpu", trials=3)
+    assert not result.ok and result.message.startswith("guard cached-output failed"), result.message
+
+
+def test_noise_under_atol_still_fails_where_the_reference_resolves_its_outputs(tmp_path):
+    (tmp_path / "softmax.py").write_text(SOFTMAX_LONG_ROWS)
+    problem = load_problem(tmp_path / "softmax.py")
+    model = InProcessModel.from_class(problem, SoftmaxNoise, device="cpu", seed=0)
+    result = verify_candidate(problem, model, device="cpu", trials=2)
+    assert not result.ok and "no better than a constant answer" in result.message
 
 
 def test_fingerprints_tell_equal_values_from_different_ones():
