@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kernelpilot.harness import guards
-from kernelpilot.harness.compare import COMPARE_CHUNK, compare_outputs, forgive_rounding_noise, trial_from
+from kernelpilot.harness.compare import COMPARE_CHUNK, compare_outputs, rounding_noise_reason, trial_from
 from kernelpilot.harness.failures import describe_exception, failure_kind, is_device_failure
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.harness.sandbox_client import Deadline
@@ -293,7 +293,7 @@ class _Verification:
             leaves = compare_outputs(actual, reference.output, atol=self.atol, rtol=self.rtol)
         if any(leaf.scale_only for leaf in leaves):
             with phase("reference noise"):
-                self._forgive_rounding_noise(inputs_before, leaves, reference.output)
+                self._explain_rounding_noise(inputs_before, leaves, reference.output)
         trial = trial_from(seed, leaves)
         with phase("trusted guards"):
             self._check_trusted(shared_inputs, inputs_before, reference, slots, expected)
@@ -393,17 +393,15 @@ class _Verification:
         self._record(guards.find_unsynced_side_stream(profiled))
         return self._failed_guards()
 
-    def _forgive_rounding_noise(self, inputs: list, leaves: list, expected: Any) -> None:
-        """Hold outputs that failed only the scale check to the reference's own error against float64."""
+    def _explain_rounding_noise(self, inputs: list, leaves: list, expected: Any) -> None:
+        """Outputs that failed only the scale check: say so plainly where the reference's own outputs are noise."""
         exact = self._float64_reference(inputs, expected, "the rounding-noise check")
         if exact is None:
             return
         expected_leaves, exact_leaves = dict(tensor_leaves(expected, "out")), dict(tensor_leaves(exact, "out"))
         for leaf in leaves:
             if leaf.scale_only and leaf.name in expected_leaves and leaf.name in exact_leaves:
-                note = forgive_rounding_noise(leaf, expected_leaves[leaf.name], exact_leaves[leaf.name])
-                if note and not any(known.startswith(f"{leaf.name}: the outputs are rounding noise") for known in self.notes):
-                    self.notes.append(note)  # the first trial's figures: one note per output
+                rounding_noise_reason(leaf, expected_leaves[leaf.name], exact_leaves[leaf.name])
 
     def _float64_reference(self, inputs: list, expected: Any, purpose: str) -> Any:
         """The reference's outputs computed in float64 on `inputs`, or None (with a note) when they are too large
