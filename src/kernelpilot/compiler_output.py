@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kernelpilot.errors import BuildError
 from kernelpilot.results import Diagnostic, KernelResources
+from kernelpilot.toolkit import resolve_cuda_home
 
 
 # ------------------------------------------------------------------------------------------ ninja's log
@@ -163,8 +164,6 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 @functools.cache
 def _demangler() -> str | None:
-    from kernelpilot.build import resolve_cuda_home
-
     with contextlib.suppress(BuildError):
         toolkit_filter = resolve_cuda_home() / "bin" / "cu++filt"
         if toolkit_filter.is_file():

@@ -16,18 +16,17 @@ from typer.testing import CliRunner
 
 from kernelpilot import build
 from kernelpilot.build import (
-    _toolkit_of,
     build_lock,
     build_workspace,
     find_cublaslt,
     load_extension,
     prune_versions,
     resolve_arch,
-    resolve_cuda_home,
 )
 from kernelpilot.cli import app
 from kernelpilot.cli.render_build import render_build
 from kernelpilot.compiler_output import parse_diagnostics, parse_ptxas
+from kernelpilot.toolkit import _toolkit_of, resolve_cuda_home
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.results import BuildResult, from_dict
 

@@ -119,7 +119,8 @@ def compile_cu(source: str, folder: Path, *, host_object: bool = False) -> str:
     the host compiler does not run, which halves the time; workspace builds (`built_workspace`) compile the host
     side for real; `host_object` compiles both sides into kernel.o, for a test that links a host program. A source
     calling cuBLASLt or cuDNN gets its headers from where the project's build finds them."""
-    from kernelpilot.build import LIBRARIES, find_library, resolve_cuda_home
+    from kernelpilot.build import LIBRARIES, find_library
+    from kernelpilot.toolkit import resolve_cuda_home
 
     shutil.copy(REPO_ROOT / "templates" / "kernels" / "kp_cuda.h", folder / "kp_cuda.h")
     (folder / "kernel.cu").write_text(source)

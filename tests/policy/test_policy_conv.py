@@ -559,7 +559,8 @@ int main() {
 
 def _host_binary(source: str, folder) -> str:
     """Compile a candidate's source with a host main() appended and link it against cuDNN: the binary's path."""
-    from kernelpilot.build import find_cudnn, resolve_cuda_home
+    from kernelpilot.build import find_cudnn
+    from kernelpilot.toolkit import resolve_cuda_home
 
     compile_cu(source, folder, host_object=True)
     cudnn = find_cudnn(resolve_cuda_home()).library
