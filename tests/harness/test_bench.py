@@ -9,19 +9,12 @@ import weakref
 
 import pytest
 
-from kernelpilot.harness import bench
 from kernelpilot.harness import bench as bench_module
 from kernelpilot.harness import timing
 from kernelpilot.harness.timing import time_model as real_time_model
-from kernelpilot.harness.bench import (
-    Baselines,
-    baseline_key,
-    bench_candidate,
-    load_baselines,
-    profile_kernels,
-    store_baselines,
-    time_callable,
-)
+from kernelpilot.harness.bench import Baselines, baseline_key, bench_candidate, load_baselines, store_baselines
+from kernelpilot.harness.clock import time_callable
+from kernelpilot.harness.tracing import TOP_KERNELS, profile_kernels
 from kernelpilot.harness.sandbox import LocalModel
 from kernelpilot.harness.sandbox_client import InProcessClean, InProcessModel
 from kernelpilot.harness.timing import LONG_CALL_MIN_RUNS, plan_runs, summarize
@@ -187,7 +180,7 @@ def test_baselines_of_another_torch_version_miss(problem, tmp_path, monkeypatch)
 def test_profile_on_cpu_names_the_operators_of_one_call(problem):
     model = problem.make_model("cpu")
     kernels = profile_kernels(model, problem.make_inputs("cpu", seed=0), device="cpu")
-    assert kernels and len(kernels) <= bench.TOP_KERNELS
+    assert kernels and len(kernels) <= TOP_KERNELS
     assert any(k.name in ("aten::mm", "aten::matmul") for k in kernels)
     assert all(k.total_ms >= 0 and k.calls >= 1 for k in kernels)
     assert [k.total_ms for k in kernels] == sorted((k.total_ms for k in kernels), reverse=True)
@@ -427,7 +420,8 @@ def test_timing_hands_the_slots_back_and_the_companion_writes_the_candidates_slo
     judge); while timing, the clean companion writes the same slots as the candidate, not a second set."""
     import torch
 
-    from kernelpilot.harness.sandbox_client import Deadline, InProcessModel
+    from kernelpilot.harness.process import Deadline
+    from kernelpilot.harness.sandbox_client import InProcessModel
     from kernelpilot.harness.timing import time_model
 
     torch.manual_seed(0)

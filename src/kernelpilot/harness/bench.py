@@ -1,166 +1,36 @@
-"""TRUSTED side: the bench of a candidate against eager and torch.compile, and the timer for trusted code.
+"""TRUSTED side: the bench of a candidate against eager and torch.compile.
 
 `bench_candidate` times the candidate's sandbox process with `timing.time_model` (fresh inputs per run, unannounced
 checked runs, the judge's own clock), and the baselines in clean processes where no candidate code ever ran; the
 baselines are cached on disk, signed (`cache.py`), and used only when a fresh eager measurement confirms them (kept
 in the judge's memory instead where its sandboxes are not confined: `worker.WorkerState.cache_for`).
-`time_callable` times a callable of the judge's own in this process (the roofline's ceilings; CUDA events with the
-L2 flushed, perf_counter on the CPU for tests).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelpilot.harness.cache import MemoryCache, device_name, environment_key, load_entry, store_entry
 from kernelpilot.harness.failures import is_device_failure
 from kernelpilot.harness.roofline import dominant_dtype, problem_roofline
-from kernelpilot.harness.timing import Checker, TimedRuns, find_unaccounted_time, plan_runs, summarize, time_model
+from kernelpilot.harness.process import Deadline
+from kernelpilot.harness.timing import Checker, TimedRuns, find_unaccounted_time, time_model
+from kernelpilot.harness.tracing import TOP_KERNELS
 from kernelpilot.results import BenchResult, GuardFinding, KernelTime, Roofline, Timing, from_dict, to_dict
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
 
-TOP_KERNELS = 10
 BASELINES_KIND = "baselines"
 # Bump when the timing method changes, so baselines measured the old way are measured again.
 TIMING_METHOD = 2  # 2: fresh inputs per run, device-wide sync, timed in a sandbox process
 # A cached eager time must agree with a fresh measurement within this share to be used.
 BASELINE_AGREEMENT = 0.25
 CALIBRATION_RUNS = 12
-
-
-# ------------------------------------------------------------------------------------------- timing
-
-
-def time_callable(
-    fn: Callable[..., Any],
-    input_sets: list[list],
-    *,
-    device: str,
-    warmup: int = 3,
-    min_runs: int = 20,
-    max_seconds: float = 10.0,
-    flush_l2: bool = True,
-    max_runs: int = 200,
-    graph: bool = False,
-) -> Timing:
-    """Time `fn(*inputs)` with the input sets rotated call by call.
-
-    On CUDA each call sits between two events and the L2 is flushed before it, outside the timed region;
-    with `graph=True` one CUDA graph per input set is captured and its replays are timed (launch-bound problems).
-    The number of runs adapts to the call's length: see `plan_runs`.
-    """
-    import torch
-
-    if not input_sets:
-        raise ValueError("time_callable needs at least one input set")
-    if warmup < 1:
-        raise ValueError(f"warmup must be at least 1, got {warmup}")
-    dev = torch.device(device)
-    with _on_device(dev):
-        if graph:
-            calls = _graph_replays(fn, input_sets, dev)
-        else:
-            calls = [functools.partial(fn, *inputs) for inputs in input_sets]
-        clock = _CudaClock(flush_l2) if dev.type == "cuda" else _CpuClock()
-        per_call_seconds = _warm_up(clock, calls, warmup)
-        runs, note = plan_runs(per_call_seconds, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds)
-        return summarize(clock.measure(calls, runs), note=note)
-
-
-def _warm_up(clock, calls: list[Callable[[], Any]], warmup: int) -> float:
-    """Run the warm-up calls; return the wall time of one call, flush included, for planning the runs."""
-    clock.measure(calls, 1)  # the first call pays lazy initialisation and autotuning: keep it out of the estimate
-    probes = max(warmup - 1, 1)
-    start = time.perf_counter()
-    clock.measure(calls, probes)
-    return (time.perf_counter() - start) / probes
-
-
-class _CudaClock:
-    """CUDA events around each call, the L2 flushed before each, one synchronisation at the end.
-
-    The loop never drains the GPU between calls, so the CPU runs ahead and a GPU-bound call is timed by its GPU
-    work alone. Draining before each call was tried on an H100 and rejected: it added the CPU's dispatch time,
-    +7% on a 0.5 ms LayerNorm and +25% on torch.compile's calls (their guards run on the CPU). A launch-bound
-    call (its launches take longer than its GPU work) is timed with its launch cost, which varies with the CPU:
-    `graph=True` removes it.
-    """
-
-    def __init__(self, flush_l2: bool):
-        import torch
-
-        self.flush_buffer = _l2_flush_buffer(torch.cuda.current_device()) if flush_l2 else None
-
-    def measure(self, calls: list[Callable[[], Any]], runs: int) -> list[float]:
-        import torch
-
-        pairs = []
-        for i in range(runs):
-            if self.flush_buffer is not None:
-                self.flush_buffer.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            calls[i % len(calls)]()
-            end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in pairs]
-
-
-class _CpuClock:
-    """perf_counter around each call: the same API on the CPU, for tests."""
-
-    def measure(self, calls: list[Callable[[], Any]], runs: int) -> list[float]:
-        samples = []
-        for i in range(runs):
-            start = time.perf_counter()
-            calls[i % len(calls)]()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return samples
-
-
-@functools.cache
-def _l2_flush_buffer(device_index: int):
-    """A buffer twice the GPU's L2: writing it evicts whatever the previous call left in the cache."""
-    import torch
-
-    l2_bytes = torch.cuda.get_device_properties(device_index).L2_cache_size
-    return torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=f"cuda:{device_index}")
-
-
-def _on_device(dev):
-    import torch
-
-    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-
-
-def _graph_replays(fn: Callable[..., Any], input_sets: list[list], dev) -> list[Callable[[], Any]]:
-    """Capture one CUDA graph of `fn` per input set; their replays are what gets timed."""
-    import torch
-
-    if dev.type != "cuda":
-        raise ValueError(f"CUDA-graph timing needs a CUDA device, not {str(dev)!r}")
-    # Capture requires the callable to have run once, on a side stream, before.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for inputs in input_sets:
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    replays = []
-    for inputs in input_sets:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn(*inputs)
-        replays.append(graph.replay)
-    return replays
 
 
 # ---------------------------------------------------------------------------------------- baselines
@@ -204,31 +74,6 @@ def agrees(cached: Timing, fresh: Timing) -> bool:
     return abs(cached.median_ms - fresh.median_ms) <= BASELINE_AGREEMENT * fresh.median_ms + 0.01
 
 
-# -------------------------------------------------------------------------------------- the profile
-
-
-def profile_kernels(model: Callable[..., Any], inputs: list, *, device: str, top: int = TOP_KERNELS) -> list[KernelTime]:
-    """The kernels of one call, longest first: GPU kernels on CUDA, operators by self time on the CPU."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    on_cuda = torch.device(device).type == "cuda"
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        model(*inputs)
-        if on_cuda:
-            torch.cuda.synchronize()
-    wanted = DeviceType.CUDA if on_cuda else DeviceType.CPU
-    rows = [row for row in prof.key_averages() if row.device_type == wanted]
-
-    def micros(row) -> float:
-        return row.device_time_total if on_cuda else row.self_cpu_time_total
-
-    rows.sort(key=micros, reverse=True)
-    return [KernelTime(name=row.key, total_ms=micros(row) / 1e3, calls=row.count) for row in rows[:top]]
-
-
 # ---------------------------------------------------------------------------------------- the bench
 
 
@@ -266,7 +111,6 @@ def bench_candidate(
     """
     import torch
 
-    from kernelpilot.harness.sandbox_client import Deadline
 
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -435,7 +279,6 @@ def measure_baselines(problem: Problem, clean: CleanModels, *, device: str, seed
     """The baselines of `problem` measured now in its clean processes (scripts; the bench caches its own)."""
     import torch
 
-    from kernelpilot.harness.sandbox_client import Deadline
 
     dev = torch.device(device)
     torch.manual_seed(seed)

@@ -349,3 +349,13 @@ def describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
+
+
+class Deadline:
+    """The time left for a step that makes several requests."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self, minimum: float = 1.0) -> float:
+        return max(self.end - time.monotonic(), minimum)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelpilot.harness.cache import MemoryCache, device_name, load_entry, store_entry
+from kernelpilot.harness.clock import time_callable
 from kernelpilot.results import Roofline
 
 if TYPE_CHECKING:
@@ -182,9 +183,6 @@ def _matmul_tflops(device, name: str) -> float:
 
 
 def _time(call, device):
-    # Imported here: bench imports this module for the floor, so a top-level import would be circular.
-    from kernelpilot.harness.bench import time_callable
-
     # The operands dwarf the L2, so a flush would only add noise.
     return time_callable(call, [[]], device=str(device), min_runs=10, max_runs=30, max_seconds=3.0, flush_l2=False)
 

@@ -194,7 +194,7 @@ class LocalModel:
 
     def kernels(self, seed: int) -> dict:
         """The kernels of one call on inputs from `seed`, longest first (the bench's breakdown)."""
-        from kernelpilot.harness.bench import profile_kernels
+        from kernelpilot.harness.tracing import profile_kernels
         from kernelpilot.results import to_dict
 
         inputs = self.problem.make_inputs(self.device, seed)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,16 +29,6 @@ class ModelProcess(Protocol):
     def request(self, op: str, args: dict, *, timeout: float) -> dict: ...
 
     def close(self) -> None: ...
-
-
-class Deadline:
-    """The time left for a step that makes several requests."""
-
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self, minimum: float = 1.0) -> float:
-        return max(self.end - time.monotonic(), minimum)
 
 
 class Sandbox:

@@ -9,6 +9,9 @@ JSON alone, never a pickle, so nothing it sends can run code on the trusted side
   the default pool, out of the sandbox's reach. The reference is torch's own IPC reduction of the tensor, pickled
   by the trusted side and unpickled by the sandbox (that direction is safe).
 - On the CPU (tests, `--device cpu`) a tensor is a file in a folder of the trusted side's, mapped shared by both.
+
+`actual_from` reads the sandbox's JSON description of its outputs back on the trusted side, over the slots it
+wrote: the values compared are only ever the slots'.
 """
 
 from __future__ import annotations
@@ -212,3 +215,45 @@ def _is_non_overlapping(tensor: torch.Tensor) -> bool:
             return False
         reach = step * size
     return True
+
+
+def actual_from(structure: Any, slots: list[torch.Tensor]) -> Any:
+    """The model's outputs as the trusted side sees them: the slots it wrote, in the structure it reported.
+
+    A tensor leaf the sandbox could not copy (another shape, dtype or device) becomes a meta tensor of what was
+    reported, so the comparison names the difference; the values compared are only ever the slots'.
+    """
+    kind = structure.get("t") if isinstance(structure, dict) else None
+    if kind == "tensor":
+        index = structure.get("i")
+        if structure.get("copied") and isinstance(index, int) and 0 <= index < len(slots):
+            return slots[index]
+        dtype = DTYPES.get(str(structure.get("dtype")), torch.uint8)
+        shape = [int(size) for size in structure.get("shape", [])]
+        return _Reported(torch.empty(shape, dtype=dtype, device="meta"), str(structure.get("device")))
+    if kind in ("tuple", "list"):
+        items = [actual_from(item, slots) for item in structure.get("items", [])]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {key: actual_from(item, slots) for key, item in dict(structure.get("items", {})).items()}
+    if kind == "value":
+        return structure.get("v")
+    return _Other(str(structure.get("type", "unknown")) if isinstance(structure, dict) else "unknown")
+
+
+class _Reported(torch.Tensor):
+    """A reported output the sandbox did not copy: shape and dtype only (and the device it was on)."""
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, device: str):
+        tensor = meta.as_subclass(cls)
+        tensor.reported_device = device
+        return tensor
+
+
+class _Other:
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from kernelpilot.harness.guards import NO_CUSTOM_KERNEL, find_torch_kernels, tensor_leaves
-from kernelpilot.harness.sandbox_client import Deadline
+from kernelpilot.harness.process import Deadline
 from kernelpilot.harness.shared import SharedArena
 from kernelpilot.results import GuardFinding, Timing
 
@@ -103,7 +103,7 @@ class Checker:
     def mismatch(self, seed: int, structure: Any, slots: list[torch.Tensor]) -> str:
         """"" when the slots hold the reference's answer for inputs drawn from `seed`, else why not."""
         from kernelpilot.harness.compare import compare_outputs, trial_from
-        from kernelpilot.harness.verify import actual_from
+        from kernelpilot.harness.shared import actual_from
 
         inputs = self.problem.make_inputs(self.device, seed)
         torch.manual_seed(seed)

@@ -19,9 +19,11 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from kernelpilot.results import KernelTime
 
 
 class KernelTrace:
@@ -110,3 +112,29 @@ class KernelTrace:
 def is_kernel_event(event: Any) -> bool:
     """A GPU kernel, not a copy, a memset or the GPU side of a `record_function` range."""
     return not event.name().startswith(("Memcpy", "Memset", "[memory]", "kernelpilot::"))
+
+
+# The most kernels a profile reports, longest first.
+TOP_KERNELS = 10
+
+
+def profile_kernels(model: Callable[..., Any], inputs: list, *, device: str, top: int = TOP_KERNELS) -> list[KernelTime]:
+    """The kernels of one call, longest first: GPU kernels on CUDA, operators by self time on the CPU."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        model(*inputs)
+        if on_cuda:
+            torch.cuda.synchronize()
+    wanted = DeviceType.CUDA if on_cuda else DeviceType.CPU
+    rows = [row for row in prof.key_averages() if row.device_type == wanted]
+
+    def micros(row) -> float:
+        return row.device_time_total if on_cuda else row.self_cpu_time_total
+
+    rows.sort(key=micros, reverse=True)
+    return [KernelTime(name=row.key, total_ms=micros(row) / 1e3, calls=row.count) for row in rows[:top]]

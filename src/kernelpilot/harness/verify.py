@@ -31,8 +31,8 @@ from kernelpilot.harness import guards
 from kernelpilot.harness.compare import COMPARE_CHUNK, compare_outputs, rounding_noise_reason, trial_from
 from kernelpilot.harness.failures import describe_exception, failure_kind, is_device_failure
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
-from kernelpilot.harness.sandbox_client import Deadline
-from kernelpilot.harness.shared import SharedArena, share_tree
+from kernelpilot.harness.process import Deadline
+from kernelpilot.harness.shared import SharedArena, actual_from, share_tree
 from kernelpilot.harness.symbols import calls_library, find_no_own_kernel, find_torch_compute_symbols, undefined_symbols
 from kernelpilot.results import HARNESS_ERROR, NOT_APPLICABLE, GuardFinding, TrialResult, VerifyResult
 
@@ -126,50 +126,6 @@ def fill_poison(tensor: torch.Tensor) -> None:
         tensor.fill_(True)
     else:
         tensor.fill_(-1)
-
-
-def actual_from(structure: Any, slots: list[torch.Tensor]) -> Any:
-    """The model's outputs as the trusted side sees them: the slots it wrote, in the structure it reported.
-
-    A tensor leaf the sandbox could not copy (another shape, dtype or device) becomes a meta tensor of what was
-    reported, so the comparison names the difference; the values compared are only ever the slots'.
-    """
-    from kernelpilot.harness.shared import DTYPES
-
-    kind = structure.get("t") if isinstance(structure, dict) else None
-    if kind == "tensor":
-        index = structure.get("i")
-        if structure.get("copied") and isinstance(index, int) and 0 <= index < len(slots):
-            return slots[index]
-        dtype = DTYPES.get(str(structure.get("dtype")), torch.uint8)
-        shape = [int(size) for size in structure.get("shape", [])]
-        return _Reported(torch.empty(shape, dtype=dtype, device="meta"), str(structure.get("device")))
-    if kind in ("tuple", "list"):
-        items = [actual_from(item, slots) for item in structure.get("items", [])]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "dict":
-        return {key: actual_from(item, slots) for key, item in dict(structure.get("items", {})).items()}
-    if kind == "value":
-        return structure.get("v")
-    return _Other(str(structure.get("type", "unknown")) if isinstance(structure, dict) else "unknown")
-
-
-class _Reported(torch.Tensor):
-    """A reported output the sandbox did not copy: shape and dtype only (and the device it was on)."""
-
-    @staticmethod
-    def __new__(cls, meta: torch.Tensor, device: str):
-        tensor = meta.as_subclass(cls)
-        tensor.reported_device = device
-        return tensor
-
-
-class _Other:
-    def __init__(self, type_name: str):
-        self.type_name = type_name
-
-    def __repr__(self) -> str:
-        return f"<{self.type_name}>"
 
 
 # ------------------------------------------------------------------------------------------ the run

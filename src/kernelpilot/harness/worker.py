@@ -202,7 +202,7 @@ def op_load(state: WorkerState, args: dict) -> dict:
 
 def op_verify(state: WorkerState, args: dict) -> dict:
     """Correctness trials and guards of the workspace's candidate (in its sandbox) against its model.py."""
-    from kernelpilot.harness.sandbox_client import Deadline
+    from kernelpilot.harness.process import Deadline
     from kernelpilot.harness.verify import random_seed, verify_candidate
     from kernelpilot.results import to_dict
 
@@ -235,7 +235,7 @@ def op_verify(state: WorkerState, args: dict) -> dict:
 def op_bench(state: WorkerState, args: dict) -> dict:
     """Times of the candidate (in its sandbox), eager and torch.compile, speedups and % of speed-of-light."""
     from kernelpilot.harness.bench import bench_candidate
-    from kernelpilot.harness.sandbox_client import Deadline
+    from kernelpilot.harness.process import Deadline
     from kernelpilot.results import BenchResult, to_dict
 
     ws, build = _workspace_and_build(args)

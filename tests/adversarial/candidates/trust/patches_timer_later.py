@@ -1,5 +1,5 @@
 """Cheat: honest for the six verified calls; on the first call after them (inside the bench's warm-up, after the
-baselines were timed) it rebinds kernelpilot's timer (bench.time_callable and _CudaClock.measure) to report one
+baselines were timed) it rebinds kernelpilot's timer (clock.time_callable and _CudaClock.measure) to report one
 microsecond, and from then on returns an unwritten buffer."""
 
 import torch
@@ -20,11 +20,11 @@ def _fake_measure(self, calls, runs):
 
 def _patch_the_timer() -> None:
     try:
-        from kernelpilot.harness import bench
+        from kernelpilot.harness import clock
     except ImportError:  # a process without the judge's modules: nothing to patch
         return
-    bench._CudaClock.measure = _fake_measure
-    bench.time_callable = lambda fn, input_sets, **timing: bench.summarize([FAKE_MS, FAKE_MS])
+    clock._CudaClock.measure = _fake_measure
+    clock.time_callable = lambda fn, input_sets, **timing: clock.summarize([FAKE_MS, FAKE_MS])
 
 
 class ModelNew(nn.Module):
