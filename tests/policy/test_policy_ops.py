@@ -295,3 +295,15 @@ def test_tensors_of_one_value_made_in_forward_are_numbers_in_the_kernel(tmp_path
     path = write_problem(tmp_path, "made", f"def forward(self, x):\n    return x * 3 + {made}\n", "torch.randn(4, 8)")
     analysis = check_against_model(path)
     assert analysis.supported and len(analysis.generated_groups) == 1, analysis.blockers()
+
+
+@needs_nvcc
+def test_short_rows_such_as_pooling_windows_also_get_a_one_thread_team_that_compiles(tmp_path):
+    analysis = analysed(problem(tmp_path, "pooling_3d_1d"))
+    short = [g for g in analysis.generated_groups if g.kind == "row" and g.row_length <= 16]
+    assert short, [g.describe() for g in analysis.generated_groups]
+    for group in short:
+        ones = [config for config in launch_candidates(group) if config.threads == 1]
+        assert len(ones) == 1 and ones[0].rows_per_block == 256
+        assert launch_candidates(group)[0].threads > 1  # the expected best stays first
+        compile_cu(render_kernel(group, ones[0]).content, tmp_path)
