@@ -114,12 +114,16 @@ def _elements(t: torch.Tensor) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_float * t.numel()).from_address(t.data_ptr()))
 
 
-class GroupNormMeanOtherOrder(torch.nn.Module):
-    """The same computation with its sums in another order: an honest candidate's rounding."""
+class _HoldsGroupNorm(torch.nn.Module):
+    """The reference's parameters, which a candidate holds under the same names."""
 
     def __init__(self):
         super().__init__()
         self.norm = torch.nn.GroupNorm(4, 64)
+
+
+class GroupNormMeanOtherOrder(_HoldsGroupNorm):
+    """The same computation with its sums in another order: an honest candidate's rounding."""
 
     def forward(self, x):
         out = torch.empty(x.shape[0])
@@ -132,23 +136,15 @@ class GroupNormMeanOtherOrder(torch.nn.Module):
         return out
 
 
-class GroupNormMeanZeros(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.GroupNorm(4, 64)
-
+class GroupNormMeanZeros(_HoldsGroupNorm):
     def forward(self, x):
         out = torch.empty(x.shape[0])
         _elements(out)[:] = 0.0
         return out
 
 
-class GroupNormMeanNoise(torch.nn.Module):
+class GroupNormMeanNoise(_HoldsGroupNorm):
     """Reads nothing: noise as small as the reference's own, different on every call."""
-
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.GroupNorm(4, 64)
 
     def forward(self, x):
         out = torch.empty(x.shape[0])
