@@ -22,8 +22,9 @@ from kernelpilot.harness import confine
 from kernelpilot.results import EvalResult
 from kernelpilot.train import rl, rollout
 from kernelpilot.train.pipeline import STAGE_DONE
-from kernelpilot.train.synth import SynthReport, Task
+from kernelpilot.train.synth import SynthReport
 from kernelpilot.train.synth_dataset import write_dataset
+from kernelpilot.train.tasks import Task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REFUSAL = "This system offers no Landlock, so the judge's sandboxes cannot be confined"

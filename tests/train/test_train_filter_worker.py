@@ -1,7 +1,7 @@
 """Synthesis filters in worker processes: verdicts as in-process; a hang or a crash drops only its own task."""
 
 from kernelpilot.train.filter_worker import check_tasks
-from kernelpilot.train.synth import check_task
+from kernelpilot.train.filters import check_task
 
 OPTIONS = {"compile_backend": "aot_eager"}
 

@@ -14,13 +14,14 @@ from typer.testing import CliRunner
 from kernelpilot.agent import ModelReply
 from kernelpilot.agent.model import LiteLLMModel, MalformedReply, ScriptedModel
 from kernelpilot.cli import app
+from kernelpilot.train.compose import compose_tasks, sample_chains
 from kernelpilot.train.llm_composer import (
     compose_messages,
     compose_with_model,
     problem_in,
 )
 from kernelpilot.train.pipeline import STAGES, load_config, run_pipeline
-from kernelpilot.train.synth import compose_tasks, crawl_operators, sample_chains, synthesize
+from kernelpilot.train.synth import crawl_operators, synthesize
 from kernelpilot.train.synth_dataset import read_tasks, write_dataset
 from kp_testing import nonempty
 

@@ -14,8 +14,9 @@ from kernelpilot.train.rl import (
     parse_completion,
     run_grpo,
 )
-from kernelpilot.train.synth import SynthReport, Task
+from kernelpilot.train.synth import SynthReport
 from kernelpilot.train.synth_dataset import write_dataset
+from kernelpilot.train.tasks import Task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK = (EXAMPLES / "silu_scale_shift.py").read_text()

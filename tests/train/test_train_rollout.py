@@ -7,8 +7,9 @@ from openai_server import MODEL_ID, ScriptedOpenAIServer
 from kernelpilot.config import Settings
 from kernelpilot.train.rft import build_sft_dataset, find_transcripts
 from kernelpilot.train.rollout import ROLLOUTS_FILE, run_rollouts
-from kernelpilot.train.synth import SynthReport, Task
+from kernelpilot.train.synth import SynthReport
 from kernelpilot.train.synth_dataset import write_dataset
+from kernelpilot.train.tasks import Task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from kernelpilot.problem import load_problem
+from kernelpilot.train.compose import compose_tasks
 from kernelpilot.train.decontaminate import decontaminate, op_sequence
-from kernelpilot.train.synth import Task, check_task, compose_tasks, crawl_operators, synthesize
+from kernelpilot.train.filters import check_task
+from kernelpilot.train.synth import crawl_operators, synthesize
 from kernelpilot.train.synth_dataset import read_tasks, write_dataset
+from kernelpilot.train.tasks import Task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BACKEND = "aot_eager"

@@ -10,8 +10,9 @@ import yaml
 from kernelpilot.agent.tool_results import ToolError
 from kernelpilot.train.agent_env import TrajectoryWorkspaces
 from kernelpilot.train.rl import compute_score
-from kernelpilot.train.synth import SynthReport, Task
+from kernelpilot.train.synth import SynthReport
 from kernelpilot.train.synth_dataset import write_dataset
+from kernelpilot.train.tasks import Task
 from kernelpilot.train.verl_config import (
     TOOL_CLASS,
     VerlSettings,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kernelpilot.train.synth import Task
+    from kernelpilot.train.tasks import Task
 
 
 @dataclass

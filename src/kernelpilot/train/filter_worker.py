@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
-from kernelpilot.train.synth import Verdict, check_task
+from kernelpilot.train.filters import Verdict, check_task
 
 
 def _serve(connection: Any, device: str, options: dict[str, Any]) -> None:

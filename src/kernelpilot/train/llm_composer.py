@@ -18,16 +18,8 @@ from kernelpilot.agent.model import LiteLLMModel, ModelError
 from kernelpilot.agent.prompts import render_prompt
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.problem import problem_id_of
-from kernelpilot.train.synth import (
-    DETERMINISTIC_COMPOSER,
-    FEATURE_DIM,
-    INPUT_DIMS,
-    Chain,
-    Composition,
-    Operator,
-    Task,
-    sample_chains,
-)
+from kernelpilot.train.compose import FEATURE_DIM, INPUT_DIMS, Chain, Composition, sample_chains
+from kernelpilot.train.tasks import DETERMINISTIC_COMPOSER, Operator, Task
 
 LLM_COMPOSER = "llm"
 COMPOSERS = (DETERMINISTIC_COMPOSER, LLM_COMPOSER)

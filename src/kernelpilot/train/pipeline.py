@@ -119,7 +119,8 @@ def run_pipeline(
 def synth_stage(ctx: StageContext) -> str:
     """Synthesise and filter tasks into `out_dir`; the model is unchanged."""
     from kernelpilot.train.llm_composer import composer_model
-    from kernelpilot.train.synth import DETERMINISTIC_COMPOSER, crawl_operators, synthesize
+    from kernelpilot.train.synth import crawl_operators, synthesize
+    from kernelpilot.train.tasks import DETERMINISTIC_COMPOSER
     from kernelpilot.train.synth_dataset import write_dataset
 
     settings = ctx.settings

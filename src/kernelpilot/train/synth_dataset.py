@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelpilot.errors import KernelpilotError
-from kernelpilot.train.synth import SynthReport, Task
+from kernelpilot.train.synth import SynthReport
+from kernelpilot.train.tasks import Task
 
 DATASET_FILE = "tasks.jsonl"
 CARD_TEMPLATE = """\
