@@ -39,8 +39,10 @@ from kernelpilot.policy.ir import STAT_FIELDS, Call, Const, Expr, Field, Gather,
 # Data that many rows of a row kernel read (a broadcast mask, a norm's weight) is loaded with L2's evict-last
 # policy when it is at most this large: a sixth of an H100's 50 MB L2, so the rows streaming through still have room.
 L2_KEPT_BYTES = 8 * 1024 * 1024
-# Rows of at most this many vectors also get a one-thread team (after the expected best).
+# Rows of at most this many vectors also get a one-thread team (after the expected best), when there are at least
+# MANY_ROWS of them: about one resident thread each on an H100's 132 SMs x 2048 threads.
 SHORT_ROW_VECTORS = 16
+MANY_ROWS = 1 << 18
 
 
 def row_candidates(group: Group) -> list[LaunchConfig]:
@@ -53,8 +55,9 @@ def row_candidates(group: Group) -> list[LaunchConfig]:
         preferred = 32  # no statistics: a row is read at its gathered column only, by one thread
 
     teams = dict.fromkeys(t for t in (preferred, preferred // 2, preferred * 2) if 4 <= t <= 1024)
-    if group.reduces() and vectors <= SHORT_ROW_VECTORS:
-        # A row this short (a pooling window) may cost its team more in shuffles than in loads: one thread walks it.
+    if group.reduces() and vectors <= SHORT_ROW_VECTORS and group.rows >= MANY_ROWS:
+        # A row this short (a pooling window) may cost its team more in shuffles than in loads: one thread walks it,
+        # where there are rows enough for one thread each to fill the GPU.
         teams[1] = None
     # One block per group of rows (as for elementwise kernels, it beat the one-wave loop on most row examples timed,
     # not on long rows with a gathered target); the one-wave loop stays as the last try.
