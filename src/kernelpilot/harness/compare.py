@@ -155,10 +155,13 @@ class _ElementErrors:
         scale_failure = self.scale_failure(name, expected.dtype, atol=self._atol, rtol=self._rtol)
         if scale_failure:
             comparison.ok, comparison.worst_ratio, comparison.message = False, float("inf"), scale_failure
-            mean = self.sum_expected / self.finite
-            comparison.spread = max(self.sum_expected_squared / self.finite - mean * mean, 0.0) ** 0.5
-            comparison.scale_only = True
+            comparison.spread, comparison.scale_only = self.spread(), True
         return comparison
+
+    def spread(self) -> float:
+        """The standard deviation of the reference's finite elements."""
+        mean = self.sum_expected / self.finite
+        return max(self.sum_expected_squared / self.finite - mean * mean, 0.0) ** 0.5
 
     def scale_failure(self, name: str, dtype: torch.dtype, *, atol: float, rtol: float) -> str:
         """Why the outputs are no better than a constant answer, when the tolerance is too wide to tell.
@@ -170,9 +173,7 @@ class _ElementErrors:
         """
         if self.finite < SCALE_CHECK_MIN_ELEMENTS or not dtype.is_floating_point:
             return ""
-        mean = self.sum_expected / self.finite
-        variance = max(self.sum_expected_squared / self.finite - mean * mean, 0.0)
-        spread, typical = variance**0.5, (self.sum_expected_squared / self.finite) ** 0.5
+        spread, typical = self.spread(), (self.sum_expected_squared / self.finite) ** 0.5
         if spread == 0.0 or atol + rtol * typical < SCALE_CHECK_BAND * spread:
             return ""
         rms_error = (self.squared_error / self.finite) ** 0.5
