@@ -125,14 +125,20 @@ def run_suite(
         started = time.monotonic()
         outcome = run_problem(problem, folder, on_device, out_dir, name, progress)
         outcome.seconds = round(time.monotonic() - started, 1)
-        if outcome.status == "interrupted":
+        # A run that ends after Ctrl-C may have failed because of it (the main thread's unwinding kills the judge
+        # workers), so it is no result either.
+        if outcome.status == "interrupted" or interrupted.is_set():
             interrupted.set()
             return
         result_path = out_dir / RESULTS_DIR / f"{name}.json"
         result_path.parent.mkdir(parents=True, exist_ok=True)
         result_path.write_text(json.dumps(dataclasses.asdict(outcome), indent=2) + "\n")
 
-    spread(_unfinished_problems(folder, out_dir), lane_devices(settings.device, jobs), run_one)
+    try:
+        spread(_unfinished_problems(folder, out_dir), lane_devices(settings.device, jobs), run_one)
+    except KeyboardInterrupt:  # reaches only this thread: the lanes still running must not write their results
+        interrupted.set()
+        raise
     return summarize(list(_read_outcomes(out_dir / RESULTS_DIR)))
 
 

@@ -69,6 +69,40 @@ def test_an_interruption_stops_new_problems_and_a_rerun_does_only_the_unfinished
     assert [outcome.problem for outcome in again.outcomes] == ["1_a.py", "2_b.py", "3_c.py"]
 
 
+def test_ctrl_c_with_parallel_workers_leaves_no_result_for_the_problems_it_cut_short(tmp_path):
+    """Found on a GPU: Ctrl-C (or `timeout -s INT`) reached the main thread, whose unwinding killed the judge
+    workers; another worker's problem then failed with "the worker died during build" and was written as a
+    finished result, so a rerun skipped it. A problem that ends after the interruption gets no result."""
+    import _thread
+
+    folder, out = tmp_path / "problems", tmp_path / "out"
+    write_problems(folder, "1_a.py", "2_b.py", "3_c.py")
+    both_running = threading.Barrier(2, timeout=10)
+    main_unwound = threading.Event()
+    ended: list[str] = []
+
+    def run_problem(problem, folder_, settings, out_dir, name, on_turn):
+        both_running.wait()
+        if name == "1_a":
+            _thread.interrupt_main()  # Ctrl-C reaches the main thread, as a signal does
+        assert main_unwound.wait(timeout=10)
+        ended.append(name)
+        # What a run whose judge worker was killed returns: a failure, not "interrupted".
+        return ProblemOutcome(problem=name, status="finished", correct=False, reward=-1, failure="build",
+                              message="the worker died during build (killed by SIGKILL); it will restart.")
+
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            run_suite(folder, Settings(device="cpu"), out, jobs=2, run_problem=run_problem)
+        finally:
+            main_unwound.set()
+    lanes = [thread for thread in threading.enumerate() if thread.name.startswith("lane-")]
+    for thread in lanes:
+        thread.join(timeout=10)
+    assert sorted(ended) == ["1_a", "2_b"]
+    assert not list((out / RESULTS_DIR).glob("*.json"))
+
+
 def test_a_failing_problem_runner_error_reaches_the_caller(tmp_path):
     folder = tmp_path / "problems"
     write_problems(folder, "1_a.py", "2_b.py")
