@@ -64,7 +64,7 @@ class ScriptedTools:
                  verify_failures: tuple[VerifyResult, ...] = (), sols: tuple[float | None, ...] = ()):  # fmt: skip
         self.build_ok, self.verify_ok, self.times = build_ok, verify_ok, list(times_ms)
         self.sols = list(sols)  # each Profile's fraction of speed-of-light, one each (then None: no roofline)
-        self.verify_failures = list(verify_failures)  # what the first Verify calls answer, one each
+        self.verify_failures = list(verify_failures)  # what the first verifying calls answer, one each
         self.calls: list = []
         self.results: dict = {}  # call id -> typed result, as the loop keeps them in ctx.judged.by_call
 
@@ -83,7 +83,10 @@ class ScriptedTools:
             if self.verify_failures:
                 return VerifyOutcome(built(), self.verify_failures.pop(0))
             return VerifyOutcome(built(), verified(None if self.verify_ok else "mismatch"))
-        if name == "Profile":
+        if name == "Profile":  # the judge verifies before it times: a failed verification is timed not at all
+            if self.verify_failures or not self.verify_ok:
+                failure = self.verify_failures.pop(0) if self.verify_failures else verified("mismatch")
+                return EvalResult("problem", "/w", build=built(), verify=failure, reward=-1)
             return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0],
                             self.sols.pop(0) if self.sols else None)
         return None
@@ -135,7 +138,7 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     messages = converse(policy_for(layernorm_workspace, tools), tools)
     tries = [["Write", "Profile"]] * (len(candidates) - 1)
     assert actions(messages) == [
-        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
+        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
     ]  # fmt: skip
     kernels = written(messages, "kernels/policy_g0.cu")
     assert kernels[-1] == render_kernel(group, candidates[1]).content  # the fastest is written back
@@ -152,7 +155,7 @@ def test_policy_stops_the_search_near_speed_of_light_and_says_so(layernorm_works
     tools = ScriptedTools(times_ms=(3.0, 2.6, 2.5), sols=(0.8, 0.93, 0.95))
     messages = converse(policy_for(layernorm_workspace, tools), tools)
     assert actions(messages) == [
-        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"], ["Profile"], ["Write", "Profile"],
+        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Profile"], ["Write", "Profile"],
         ["Write", "Verify"], ["Finish"],
     ]  # fmt: skip
     summary = tools.calls[-1].arguments["summary"]
@@ -163,10 +166,25 @@ def test_policy_stops_the_search_near_speed_of_light_and_says_so(layernorm_works
 def test_policy_resumes_from_the_conversation_and_the_judges_results(layernorm_workspace):
     tools = ScriptedTools()
     messages = converse(policy_for(layernorm_workspace, tools), tools, turns=30)
-    # A fresh policy handed the conversation up to the Verify result continues with Profile.
-    cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and "Verify PASSED" in m["content"])
+    # A fresh policy handed the conversation up to the Compile result continues with Profile.
+    cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and m["tool_call_id"].endswith(".compile.0"))
     reply = policy_for(layernorm_workspace, tools).query(messages[: cut + 1], SCHEMAS)
     assert [c.name for c in reply.tool_calls] == ["Profile"]
+
+
+def test_policy_verifies_with_verify_where_there_is_no_profile_and_a_session_that_did_goes_on_to_profile(layernorm_workspace):
+    no_profile = [schema for schema in SCHEMAS if schema["function"]["name"] != "Profile"]
+    tools = ScriptedTools()
+    policy, messages = policy_for(layernorm_workspace, tools), [{"role": "user", "content": "Optimise it."}]
+    while not messages[-1].get("content", "").startswith("Verify PASSED"):
+        reply = policy.query(messages, no_profile)
+        messages.append(assistant_message(reply))
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": tools(c)} for c in reply.tool_calls]
+    assert actions(messages) == [["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Verify"]]
+    # A session started before the first Profile verified by itself (or with Profile added) goes on to time it.
+    reply = policy_for(layernorm_workspace, tools).query(messages, SCHEMAS)
+    assert [c.name for c in reply.tool_calls] == ["Profile"]
+    assert policy.query(messages, no_profile).tool_calls[-1].name == "Finish"
 
 
 def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
@@ -181,7 +199,7 @@ def test_policy_ends_honestly_when_the_build_fails(layernorm_workspace):
 def test_policy_ends_honestly_when_verification_fails(layernorm_workspace):
     tools = ScriptedTools(verify_ok=False)
     messages = converse(policy_for(layernorm_workspace, tools), tools)
-    assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
+    assert actions(messages)[-2:] == [["Profile"], ["Finish"]]
     assert "failed verification" in tools.calls[-1].arguments["summary"]
 
 
@@ -209,7 +227,7 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
     files = len(render_all(problem, fused)), len(render_all(problem, faithful))
     assert files[1] == files[0] + 2  # one more kernel and its binding
     assert actions(messages) == [
-        ["TodoWrite"], ["Write"] * files[0], ["Compile"], ["Verify"], ["Write"] * files[1], ["Compile"], ["Verify"],
+        ["TodoWrite"], ["Write"] * files[0], ["Compile"], ["Profile"], ["Write"] * files[1], ["Compile"],
         ["Profile"], *[["Write"] * 3 + ["Profile"]] * tries, ["Write"] * 3 + ["Verify"], ["Finish"],
     ]  # fmt: skip
     fallback = next(m for m in messages if m["role"] == "assistant" and "faithful" in m["tool_calls"][0]["id"])
@@ -225,8 +243,9 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
 def test_policy_resumes_a_fallback_on_the_faithful_kernels(lora_workspace):
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
     messages = converse(policy_for(lora_workspace, tools), tools)
-    # A fresh policy handed the conversation up to the Profile result times the faithful plan's third group.
-    cut = next(i for i, m in enumerate(messages) if m["role"] == "tool" and m["content"].startswith("Profile:"))
+    # A fresh policy handed the conversation up to the faithful kernels' first Profile result times the faithful
+    # plan's third group (the first Profile result is the fused answer's mismatch).
+    cut = [i for i, m in enumerate(messages) if m["role"] == "tool" and m["content"].startswith("Profile:")][1]
     tool_calls = policy_for(lora_workspace, tools).query(messages[: cut + 1], SCHEMAS).tool_calls
     assert [c.name for c in tool_calls] == ["Write"] * 3 + ["Profile"]
     assert [c.arguments["path"] for c in tool_calls[:3]] == [f"kernels/policy_g{i}.cu" for i in range(3)]
@@ -236,7 +255,7 @@ def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lo
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH, LORA_MISMATCH))
     messages = converse(policy_for(lora_workspace, tools), tools)
     files = len(render_all(load_problem(lora_workspace / "model.py"), analysed(lora_workspace / "model.py", faithful=True)))
-    assert actions(messages)[-5:] == [["Verify"], ["Write"] * files, ["Compile"], ["Verify"], ["Finish"]]
+    assert actions(messages)[-5:] == [["Profile"], ["Write"] * files, ["Compile"], ["Profile"], ["Finish"]]
     summary = tools.calls[-1].arguments["summary"]
     assert "failed verification" in summary and "unfused form" in summary and "no verified candidate" in summary
 
@@ -250,7 +269,7 @@ def test_policy_ends_honestly_when_the_faithful_kernels_fail_verification_too(lo
 def test_policy_falls_back_only_after_a_mismatch(lora_workspace, failure):
     tools = ScriptedTools(verify_failures=(failure,))
     messages = converse(policy_for(lora_workspace, tools), tools)
-    assert actions(messages)[-2:] == [["Verify"], ["Finish"]]
+    assert actions(messages)[-2:] == [["Profile"], ["Finish"]]
     assert f"failed verification: {failure.error_kind}: {failure.message}" in tools.calls[-1].arguments["summary"]
 
 
@@ -303,7 +322,7 @@ def test_the_loop_hands_the_policy_the_judges_typed_results_and_a_resume_rebuild
     assert "Verified correct" in finish and "2 ms" in finish  # the second configuration was the fastest
     # A resumed session rebuilds every judge call's typed result from the transcript.
     rebuilt = Session.resume(ws.root).state.judged_calls
-    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 3 + count
+    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 2 + count  # Compile, Profiles, Verify
     assert all(type(rebuilt[key]) is type(result) for key, result in judged.by_call.items())
     assert [candidate_ms(r) for r in rebuilt.values()] == [candidate_ms(r) for r in judged.by_call.values()]
 

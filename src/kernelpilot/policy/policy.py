@@ -1,8 +1,9 @@
 """BuiltinPolicy: a `Model` that answers with tool calls from the analysis and generated kernels, no LLM needed.
 
-Over successive replies it plans (TodoWrite), writes the generated files, compiles, verifies and profiles them,
-then times each remaining launch configuration (Write of the re-rendered .cu, Compile, Profile), writes the
-fastest back, verifies it and finishes with an honest summary. When the first answer's outputs mismatch and the
+Over successive replies it plans (TodoWrite), writes the generated files, compiles them, verifies and times them
+in one Profile (which verifies before it times; Verify where there is no Profile tool), then times each remaining
+launch configuration (Write of the re-rendered .cu, Profile), writes the fastest back, verifies it and finishes
+with an honest summary. When the first answer's outputs mismatch and the
 rounding-faithful analysis (`analyze(faithful=True)`: a half-precision product written in its dtype before a
 scale or an add, as eager rounds it) differs, it writes that form once and goes on from its Compile. A forward it
 cannot generate entirely ends after the plan with a Finish naming what is unsupported: it never falls back to
@@ -185,17 +186,20 @@ class _Run:
         if last.stage == "compile":
             if not build_ok(last.results.get("Compile")):
                 return self._finish(self._failure("did not compile", last.results.get("Compile")))
+            if "Profile" in self.tools:  # Profile verifies before it times: one verification of the first answer
+                return self._reply("profile", "Verify and time the first launch configuration.", [("Profile", {})])
             return self._reply("verify", "Check the kernels against the reference.", [("Verify", {})])
-        if last.stage == "verify":
-            verified = last.results.get("Verify")
+        if last.stage in ("verify", "profile"):
+            verified = last.results.get("Verify" if last.stage == "verify" else "Profile")
             if not verify_ok(verified):
                 faithful = self._faithful_fallback(verified)
                 if faithful is not None:
                     return self._write_faithful(faithful)
                 return self._finish(self._failure("failed verification", verified))
-            if "Profile" not in self.tools:
-                return self._finish(self._success_summary(verified=True))
-            return self._reply("profile", "Time the first launch configuration.", [("Profile", {})])
+            if last.stage == "verify":  # no Profile tool (or a session from before Profile verified first)
+                if "Profile" not in self.tools:
+                    return self._finish(self._success_summary(verified=True))
+                return self._reply("profile", "Time the first launch configuration.", [("Profile", {})])
         if last.stage.startswith("final"):
             return self._after_final(last)
         if last.stage == "finish":
