@@ -419,11 +419,30 @@ def test_conv_example_sources_compile(tmp_path, name):
             assert "0 bytes spill stores" in report and not re.search(r"[1-9]\d* bytes spill stores", report)
 
 
+# A cuDNN candidate's rank: the comment naming it and the one constant that picks it from the ranked list.
+_RANK = re.compile(r"(algorithm|engine configuration) \d+ of (\d+)|(constexpr int kAlgorithm = )\d+;")
+
+
+def _rank_free(source: str) -> str:
+    """`source` with the cuDNN rank it picks taken out: candidates that differ only in their rank compile alike."""
+    return _RANK.sub(lambda m: f"{m[1]} K of {m[2]}" if m[1] else f"{m[3]}K;", source)
+
+
 @needs_nvcc
 def test_every_launch_candidate_of_the_conv_zoo_compiles(tmp_path):
+    """Every candidate's code is compiled once: one per form, since candidates of a form differ only in the rank
+    they pick at run time (checked here), and each compile of cuDNN's headers takes seconds."""
+    compiled: set[str] = set()
     for group in nonempty(analysed(conv_zoo_problem(tmp_path)).generated_groups, "generated groups"):
         for config in nonempty(launch_candidates(group), "launch candidates")[: None if group.kind == "conv" else 1]:
-            compile_cu(render_kernel(group, config).content, tmp_path)
+            source = render_kernel(group, config).content
+            form = _rank_free(source)
+            if form != source:
+                assert len(re.findall(r"constexpr int kAlgorithm = \d+;", source)) == 1, "one rank, in one constant"
+            if form not in compiled:
+                compile_cu(source, tmp_path)
+                compiled.add(form)
+    assert len(compiled) >= 8, "the zoo's forms: NCHW, NHWC and graph API kernels of several groups"
 
 
 @pytest.mark.cuda_build
@@ -435,11 +454,11 @@ def test_conv_zoo_workspace_builds_and_links_cudnn(tmp_path):
     assert build.build_workspace(ws.root, arch="9.0").compiled == []  # nothing changed, nothing rebuilt
     # The graph-API candidates call cudnn_graph.h's functions: every one the library needs, the linked libcudnn
     # exports (so the dynamic linker resolves them where the GPU runs them).
+    # (One group's kernel: every graph-API kernel calls the same functions, and each rebuild takes seconds.)
     analysis = analyze(ws.problem())
-    for group in analysis.generated_groups:
-        if group.kind == "conv" and channels_last_applies(group.conv):
-            kernel = render_kernel(group, ConvConfig(0, channels_last=True, graph=True))
-            (ws.root / kernel.path).write_text(kernel.content)
+    group = next(g for g in analysis.generated_groups if g.kind == "conv" and channels_last_applies(g.conv))
+    kernel = render_kernel(group, ConvConfig(0, channels_last=True, graph=True))
+    (ws.root / kernel.path).write_text(kernel.content)
     rebuilt = build.build_workspace(ws.root, arch="9.0")
     assert rebuilt.ok and rebuilt.compiled, rebuilt.log[-3000:]
     needed = _dynamic_symbols(rebuilt.library, "--undefined-only")
