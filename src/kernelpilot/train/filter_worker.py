@@ -17,7 +17,15 @@ from typing import Any
 from kernelpilot.train.filters import Verdict, check_task
 
 
+# Seconds a fresh worker may take to start (spawn, import torch) before its first task's own timeout begins.
+STARTUP_TIMEOUT_S = 180.0
+_READY = "ready"
+
+
 def _serve(connection: Any, device: str, options: dict[str, Any]) -> None:
+    import torch  # noqa: F401 - imported before the worker says it is ready: a task's timeout covers only the task
+
+    connection.send(_READY)
     while True:
         code = connection.recv()
         if code is None:
@@ -34,7 +42,11 @@ class FilterWorker:
         self._connection: Any = None
 
     def check(self, code: str) -> Verdict:
-        self._ensure_started()
+        try:
+            self._ensure_started()
+        except (EOFError, ConnectionError, OSError, TimeoutError) as err:
+            self._kill()
+            return Verdict(False, "crash", f"the filter process did not start ({err or type(err).__name__})")
         self._connection.send(code)
         try:
             if not self._connection.poll(self.timeout_s):
@@ -61,6 +73,10 @@ class FilterWorker:
         self._process = context.Process(target=_serve, args=(child, self.device, self.options), daemon=True)
         self._process.start()
         child.close()
+        if not self._connection.poll(STARTUP_TIMEOUT_S):
+            raise TimeoutError(f"no sign of life within {STARTUP_TIMEOUT_S:g} s")
+        if self._connection.recv() != _READY:
+            raise ConnectionError("its first message was not the ready signal")
 
     def _kill(self) -> None:
         if self._process is not None:
