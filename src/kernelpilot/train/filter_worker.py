@@ -8,6 +8,7 @@ task starts a fresh worker.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ _READY = "ready"
 
 
 def _serve(connection: Any, device: str, options: dict[str, Any]) -> None:
-    import torch  # noqa: F401 - imported before the worker says it is ready: a task's timeout covers only the task
+    importlib.import_module("torch")  # before the worker says it is ready: a task's timeout covers only the task
 
     connection.send(_READY)
     while True:
