@@ -165,6 +165,10 @@ class VariantCheck:
 # The error kind of a verification that kernelpilot's own checking code broke off: the candidate was not judged.
 HARNESS_ERROR = "harness"
 
+# The error kind of a verification stopped because its calls were far slower than a time the caller gave (a launch
+# search's best so far): the candidate was neither verified further nor timed. Never a verdict on correctness.
+SLOWER = "slower"
+
 
 @dataclass
 class VerifyResult:

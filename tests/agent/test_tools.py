@@ -25,7 +25,7 @@ SPEC = {  # tool -> (properties, required), as the agent's interface fixes them
     "TodoWrite": ({"todos"}, {"todos"}),
     "Compile": (set(), set()),
     "Verify": ({"trials"}, set()),
-    "Profile": (set(), set()),
+    "Profile": ({"slower_than_ms"}, set()),
     "Ncu": ({"kernel"}, set()),
     "Finish": ({"summary"}, {"summary"}),
 }
@@ -78,6 +78,8 @@ def test_find_tool_names_the_valid_tools_for_an_unknown_one():
         ("TodoWrite", {"todos": [{"content": "x", "status": "done"}]},
          '`todos[0].status` must be one of "pending", "in_progress", "completed", not "done"'),
         ("Verify", {"trials": 100}, "`trials` must be at most 20"),
+        ("Profile", {"slower_than_ms": 0}, "`slower_than_ms` must be more than 0, not 0"),
+        ("Profile", {"slower_than_ms": "3 ms"}, "`slower_than_ms` must be a number, not string"),
         ("Compile", {"clean": True}, "Compile: unknown argument `clean`; it takes: no arguments"),
         ("Finish", {}, "Finish: the argument `summary` is required"),
     ],

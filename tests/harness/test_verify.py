@@ -316,3 +316,38 @@ def test_the_candidates_code_raising_inside_a_check_is_the_candidates_runtime_er
     assert result.message == (
         "the candidate's process, handling call, raised RuntimeError: grumpy tensors refuse to be read"
     )
+
+
+class SlowRelu(nn.Module):
+    """Right, but each call takes 150 ms: a launch configuration that cannot beat one of a few ms."""
+
+    def forward(self, x):
+        import time
+
+        time.sleep(0.15)
+        return raw_relu(x, torch.empty_like(x))
+
+
+def test_a_candidate_far_slower_than_the_time_to_beat_is_stopped_after_two_trials_untimed(relu_problem):
+    stopped = verify(relu_problem, SlowRelu, trials=5, slower_than_ms=2.0)
+    assert not stopped.ok and stopped.error_kind == "slower"
+    assert [trial.ok for trial in stopped.trials] == [True, True]
+    assert "stopped after 2 trials" in stopped.message and "2 ms to beat" in stopped.message
+
+    # Without a time to beat, or with one it does not exceed several times over, it is verified as usual.
+    assert verify(relu_problem, SlowRelu, trials=3).ok
+    assert verify(relu_problem, SlowRelu, trials=3, slower_than_ms=100.0).ok
+    # A fast candidate is never stopped, whatever the time to beat.
+    assert verify(relu_problem, HonestRelu, trials=5, slower_than_ms=0.001).ok
+
+
+def test_a_guard_failure_outranks_stopping_as_slower(relu_problem):
+    class SlowTorch(nn.Module):
+        def forward(self, x):
+            import time
+
+            time.sleep(0.15)
+            return torch.relu(x)
+
+    result = verify(relu_problem, SlowTorch, trials=5, slower_than_ms=2.0)
+    assert result.error_kind == "guard" and "torch-compute" in result.message

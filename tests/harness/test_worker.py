@@ -389,3 +389,37 @@ def test_verify_reports_where_the_candidates_load_went(worker, tmp_path):
     for name in ("sandbox: spare ready", "sandbox: load candidate", "sandbox: load problem", "sandbox: load model"):
         assert phases[name] >= 0, name
     assert phases["sandbox: load model"] <= phases["sandbox: load candidate"]
+
+
+SLOW_RAW_CANDIDATE = """
+import ctypes
+import time
+
+import torch
+from model import Model
+
+
+def floats(t):
+    return (ctypes.c_float * t.numel()).from_address(t.data_ptr())
+
+
+class ModelNew(Model):
+    def forward(self, x):  # x * scale through the tensors' memory (no torch compute), 150 ms a call
+        time.sleep(0.15)
+        out, scale = torch.empty_like(x), self.scale.detach()
+        xs, ss, os_ = floats(x), floats(scale), floats(out)
+        for i in range(x.numel()):
+            os_[i] = xs[i] * ss[i % scale.numel()]
+        return out
+"""
+
+
+def test_verify_with_a_time_to_beat_stops_a_far_slower_candidate_after_two_trials(worker, tmp_path):
+    ws = write_workspace(tmp_path / "ws", SLOW_RAW_CANDIDATE)
+    stopped = worker.call("verify", {"workspace": str(ws.root), "trials": 5, "slower_than_ms": 1.0}, timeout=120)
+    assert stopped.ok, stopped.message
+    # (This folder is no real workspace, so the protected-files guard fails too, and a guard outranks "slower".)
+    assert [trial["ok"] for trial in stopped.result["trials"]] == [True, True]
+    assert "stopped after 2 trials: a call took" in stopped.result["message"]
+    unbounded = worker.call("verify", {"workspace": str(ws.root), "trials": 3}, timeout=120)
+    assert [trial["ok"] for trial in unbounded.result["trials"]] == [True, True, True]

@@ -140,6 +140,9 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     assert actions(messages) == [
         ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
     ]  # fmt: skip
+    # Each try carries the time to beat (the best so far): a configuration far slower is stopped early, untimed.
+    bounds = [c.arguments for c in tools.calls if c.name == "Profile"]
+    assert bounds == [{}, {"slower_than_ms": 3.0}] + [{"slower_than_ms": 2.0}] * (len(candidates) - 2)
     kernels = written(messages, "kernels/policy_g0.cu")
     assert kernels[-1] == render_kernel(group, candidates[1]).content  # the fastest is written back
     summary = tools.calls[-1].arguments["summary"]
@@ -299,7 +302,7 @@ class TypedJudge:
     def verify(self, root, build, trials=5, atol=1e-2, rtol=1e-2):
         return verified()
 
-    def evaluate(self, root, trials=5, atol=1e-2, rtol=1e-2):
+    def evaluate(self, root, trials=5, atol=1e-2, rtol=1e-2, slower_than_ms=None):
         return profiled(self.times.pop(0) if len(self.times) > 1 else self.times[0])
 
 

@@ -109,18 +109,21 @@ class Judge:
         rtol: float = 1e-2,
         base_seed: int | None = None,
         variants: Sequence[str] = (),
+        slower_than_ms: float | None = None,
     ) -> VerifyResult:
         """Load the candidate (with `build`'s extension) in a fresh sandbox and run the trials and guards.
 
         `base_seed` None draws an unpredictable one (the result records it, so a run can be reproduced).
         `variants` ("half", "double": `harness/variants.py`) are verified after the trials pass, each recorded in
         the result's `variants` whatever its outcome: the verdict is the trials'.
+        `slower_than_ms` (a time to beat) stops a candidate whose warm calls are far slower, as error kind SLOWER.
         """
         ws = _open(ws_root)
         # The variants' trials take about as long as the problem's own: the step gets twice the time.
         timeout = self.timeouts.verify * (2 if variants else 1)
         args = self._candidate_args(ws.root, build) | {"trials": trials, "atol": atol, "rtol": rtol,
                                                        "base_seed": base_seed, "variants": list(variants),
+                                                       "slower_than_ms": slower_than_ms,
                                                        "timeout": _inner(timeout)}  # fmt: skip
         reply = self._call("verify", args, timeout)
         if reply.ok:
@@ -149,17 +152,20 @@ class Judge:
 
     def evaluate(
         self, ws_root: Path | str, *, trials: int = 5, atol: float = 1e-2, rtol: float = 1e-2, bench: bool = True,
-        variants: Sequence[str] = (),
+        variants: Sequence[str] = (), slower_than_ms: float | None = None,
     ) -> EvalResult:
         """Build, verify (and verify at the shape `variants`) and, when it is correct and `bench`, time the
-        candidate; the reward sums it up (the variants do not count in it), `confinement` the steps' sandboxes."""
-        result = self._evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants)
+        candidate; the reward sums it up (the variants do not count in it), `confinement` the steps' sandboxes.
+        `slower_than_ms`: a time to beat; a candidate far slower is stopped early (error kind SLOWER), untimed."""
+        result = self._evaluate(ws_root, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants,
+                                slower_than_ms=slower_than_ms)
         steps = [step.confinement for step in (result.verify, result.bench) if step is not None]
         result.confinement = least_confined(*steps)
         return result
 
     def _evaluate(
-        self, ws_root: Path | str, *, trials: int, atol: float, rtol: float, bench: bool, variants: Sequence[str]
+        self, ws_root: Path | str, *, trials: int, atol: float, rtol: float, bench: bool, variants: Sequence[str],
+        slower_than_ms: float | None = None,
     ) -> EvalResult:
         from kernelpilot.harness.reward import milestone_reward
         from kernelpilot.workspace import tampered_files
@@ -173,7 +179,8 @@ class Judge:
             result.build = self.build(ws.root)
             if not result.build.ok:
                 return _failed(result, "build", result.build.error or "the build failed.")
-        result.verify = self.verify(ws.root, result.build, trials=trials, atol=atol, rtol=rtol, variants=variants)
+        result.verify = self.verify(ws.root, result.build, trials=trials, atol=atol, rtol=rtol, variants=variants,
+                                    slower_than_ms=slower_than_ms)
         if not result.verify.ok:
             return _failed(result, result.verify.error_kind or "mismatch", result.verify.message)
         if bench:

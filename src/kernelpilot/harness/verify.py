@@ -34,7 +34,7 @@ from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.harness.process import Deadline
 from kernelpilot.harness.shared import SharedArena, actual_from, share_tree
 from kernelpilot.harness.symbols import calls_library, find_no_own_kernel, find_torch_compute_symbols, undefined_symbols
-from kernelpilot.results import HARNESS_ERROR, NOT_APPLICABLE, GuardFinding, TrialResult, VerifyResult
+from kernelpilot.results import HARNESS_ERROR, NOT_APPLICABLE, SLOWER, GuardFinding, TrialResult, VerifyResult
 
 # Far apart, so that consecutive trials never draw overlapping random streams by accident.
 SEED_STRIDE = 7919
@@ -42,6 +42,10 @@ SEED_STRIDE = 7919
 PRECISION_CHECK_MAX_BYTES = 2 * 1024**3
 # Above this many bytes of outputs a trial hands its cached blocks back to the device before the next one.
 LARGE_OUTPUT_BYTES = 1 << 30
+# A verification given a time to beat stops once a warm call takes longer than this many times it, plus the slack
+# (a call's own overhead: copies into the judge's slots, the op recorder): only configurations that cannot win.
+SLOWER_FACTOR = 3.0
+SLOWER_SLACK_MS = 20.0
 _KERNELPILOT_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -63,12 +67,15 @@ def verify_candidate(
     library: str | None = None,
     timeout: float = 600.0,
     make_inputs: Callable[[torch.device, int], list] | None = None,
+    slower_than_ms: float | None = None,
 ) -> VerifyResult:
     """Run `trials` correctness trials of the model a `sandbox_client.ModelProcess` serves against `problem`.
 
     `base_seed` None draws one at random; the model process must hold weights drawn under the same seed.
     `make_inputs` (device, seed) -> inputs replaces the problem's own draws (`variants.py`'s shape variants); an
     InputsNotApplicable it raises ends the run as NOT_APPLICABLE.
+    `slower_than_ms` (a launch search's best time so far) stops the run after its second trial, as SLOWER, when
+    that trial's call took more than SLOWER_FACTOR times as long plus SLOWER_SLACK_MS: the candidate cannot win.
     `library` is the candidate's built extension: its undefined symbols are checked for torch compute here, on the
     trusted side, without loading it.
     """
@@ -76,6 +83,7 @@ def verify_candidate(
     base_seed = random_seed() if base_seed is None else base_seed
     verification = _Verification(problem, torch.device(device), model, atol=atol, rtol=rtol, workspace=workspace,
                                  library=library, timeout=timeout, make_inputs=make_inputs)  # fmt: skip
+    verification.slower_than_ms = slower_than_ms
     try:
         verification.run(trials=max(trials, 1), base_seed=base_seed)
     except _Stopped as stop:
@@ -175,6 +183,8 @@ class _Verification:
         self.stopped: _Stopped | None = None
         self.phases: dict[str, float] = {}
         self.output_bytes = 0
+        self.slower_than_ms: float | None = None
+        self.call_seconds: list[float] = []  # each trial's call, as the sandbox timed it
 
     # ---------------------------------------------------------------- driving
 
@@ -200,6 +210,7 @@ class _Verification:
                     torch.cuda.empty_cache()  # one trial's multi-GB blocks back, for the sandbox's next call
                 if not trial.ok:
                     break
+                self._stop_if_far_slower(index)
         finally:
             self.previous = None
             if self.workspace is not None:  # after the model ran: it may have rewritten a protected file
@@ -241,6 +252,8 @@ class _Verification:
             raise _Stopped(reply.get("error_kind") or "runtime", reply.get("message") or "the call failed")
         for finding in reply.get("findings", []):
             self._record_reported(finding)
+        call_seconds = (reply.get("seconds") or {}).get("call")
+        self.call_seconds.append(float(call_seconds) if isinstance(call_seconds, (int, float)) else 0.0)
         for name, seconds in dict(reply.get("seconds") or {}, poison=reply.get("poison_s", 0.0)).items():
             if isinstance(seconds, (int, float)):
                 self.phases[f"sandbox: {name}"] = self.phases.get(f"sandbox: {name}", 0.0) + float(seconds)
@@ -266,6 +279,17 @@ class _Verification:
             trial.ok = False
             trial.message = "; ".join(filter(None, [f"guards failed: {', '.join(failed_guards)}", trial.message]))
         return trial
+
+    def _stop_if_far_slower(self, index: int) -> None:
+        """After the second trial (the first warm call), stop a candidate whose call took far longer than the time
+        it must beat. The sandbox's own clock decides: it is the candidate's word, but a lie can only stop it."""
+        if self.slower_than_ms is None or index != 1 or len(self.call_seconds) < 2:
+            return
+        call_ms, bound_ms = self.call_seconds[1] * 1000.0, self.slower_than_ms * SLOWER_FACTOR + SLOWER_SLACK_MS
+        if call_ms > bound_ms:
+            raise _Stopped(SLOWER, f"stopped after 2 trials: a call took {call_ms:.4g} ms, more than "
+                                   f"{SLOWER_FACTOR:g}x the {self.slower_than_ms:.4g} ms to beat (+{SLOWER_SLACK_MS:g} ms); "
+                                   "not verified further, not timed")  # fmt: skip
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -417,8 +441,9 @@ class _Verification:
         stopped, notes = self.stopped, list(self.notes)
         if stopped is not None:
             result.traceback = stopped.traceback
-            if stopped.kind == HARNESS_ERROR and failed:
-                # A guard that failed before the checking code broke is a verdict on the candidate all the same.
+            if stopped.kind in (HARNESS_ERROR, SLOWER) and failed:
+                # A guard that failed before the checking code broke (or the run was stopped as slower) is a
+                # verdict on the candidate all the same.
                 stopped, notes = None, [*notes, stopped.message]
         if stopped is not None:
             result.error_kind, result.message = stopped.kind, stopped.message

@@ -216,7 +216,7 @@ def op_verify(state: WorkerState, args: dict) -> dict:
     result = verify_candidate(problem, sandbox, device=state.device, trials=args.get("trials", 5), base_seed=seed,
                               atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2), workspace=ws.root,
                               library=build.library if build is not None and build.ok else None,
-                              timeout=deadline.left())  # fmt: skip
+                              timeout=deadline.left(), slower_than_ms=args.get("slower_than_ms"))  # fmt: skip
     result.phases = {**state.load_phases, **result.phases}
     result.confinement = state.confinement  # (after the candidate's sandbox was taken: its own word counts)
     if result.ok and args.get("variants"):

@@ -281,8 +281,10 @@ class _Run:
         if "Profile" in self.tools and next_try is not None:
             group_name, index = next_try
             config = self.plan.candidates[group_name][index]
-            # Profile builds, verifies and times: a configuration that breaks the kernel gets no time.
-            calls = [("Write", _write_args(f)) for f in self._kernels(search.choice(*next_try))] + [("Profile", {})]
+            # Profile builds, verifies and times: a configuration that breaks the kernel gets no time, and one whose
+            # calls are far slower than the best so far is stopped after two trials, untimed.
+            bound = {"slower_than_ms": search.best_ms} if search.best_ms is not None else {}
+            calls = [("Write", _write_args(f)) for f in self._kernels(search.choice(*next_try))] + [("Profile", bound)]
             return self._reply(_try_stage(*next_try), f"Time {group_name} with {config.label}.", calls)
         return self._final(0)
 

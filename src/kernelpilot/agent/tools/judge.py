@@ -71,11 +71,15 @@ class ProfileTool(CheckedTool):
         "The full judgement: build, verify, then time the candidate against PyTorch eager and torch.compile on the "
         "GPU. Returns the times (median and spread), speedups, % of speed-of-light, the reward (-1 broken or wrong, "
         "1 correct, 2 faster than eager, 3 faster than eager and torch.compile) and the candidate's top kernels. "
-        "Run it before and after each optimisation."
+        "Run it before and after each optimisation. With `slower_than_ms` (your best time so far) a candidate whose "
+        "calls take several times as long is stopped after 2 trials, neither verified further nor timed."
     )
-    parameters = object_schema({})
+    parameters = object_schema(
+        {"slower_than_ms": {"type": "number", "exclusiveMinimum": 0, "description": "a time to beat, in ms"}}
+    )
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> EvalResult:
-        result = require_judge(ctx, self.name).evaluate(ctx.workspace.root, **judging_settings(ctx))
+        bound = {"slower_than_ms": args["slower_than_ms"]} if "slower_than_ms" in args else {}
+        result = require_judge(ctx, self.name).evaluate(ctx.workspace.root, **judging_settings(ctx), **bound)
         ctx.judged.note(result)
         return result

@@ -34,8 +34,10 @@ def _check_value(value: Any, schema: dict[str, Any], tool_name: str, where: str)
             _check_value(item, schema.get("items", {}), tool_name, f"{where}[{index}]")
     elif expected == "string" and len(value) < schema.get("minLength", 0):
         raise RecoverableError(f"{tool_name}: {_argument(where)} must not be empty.")
-    elif expected == "integer":
-        low, high = schema.get("minimum"), schema.get("maximum")
+    elif expected in ("integer", "number"):
+        low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
+        if above is not None and value <= above:
+            raise RecoverableError(f"{tool_name}: {_argument(where)} must be more than {above}, not {value}.")
         if low is not None and value < low:
             raise RecoverableError(f"{tool_name}: {_argument(where)} must be at least {low}, not {value}.")
         if high is not None and value > high:
