@@ -73,8 +73,10 @@ def test_ctrl_c_with_parallel_workers_leaves_no_result_for_the_problems_it_cut_s
     """Found on a GPU: Ctrl-C (or `timeout -s INT`) reached the main thread, whose unwinding killed the judge
     workers; another worker's problem then failed with "the worker died during build" and was written as a
     finished result, so a rerun skipped it. A problem that ends after the interruption gets no result."""
-    import _thread
+    import signal
 
+    # Ctrl-C as a terminal delivers it, whatever the test runner set (an xdist worker ignores SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     folder, out = tmp_path / "problems", tmp_path / "out"
     write_problems(folder, "1_a.py", "2_b.py", "3_c.py")
     both_running = threading.Barrier(2, timeout=10)
@@ -84,18 +86,21 @@ def test_ctrl_c_with_parallel_workers_leaves_no_result_for_the_problems_it_cut_s
     def run_problem(problem, folder_, settings, out_dir, name, on_turn):
         both_running.wait()
         if name == "1_a":
-            _thread.interrupt_main()  # Ctrl-C reaches the main thread, as a signal does
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C, to the main thread
         assert main_unwound.wait(timeout=10)
         ended.append(name)
         # What a run whose judge worker was killed returns: a failure, not "interrupted".
         return ProblemOutcome(problem=name, status="finished", correct=False, reward=-1, failure="build",
                               message="the worker died during build (killed by SIGKILL); it will restart.")
 
-    with pytest.raises(KeyboardInterrupt):
-        try:
-            run_suite(folder, Settings(device="cpu"), out, jobs=2, run_problem=run_problem)
-        finally:
-            main_unwound.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                run_suite(folder, Settings(device="cpu"), out, jobs=2, run_problem=run_problem)
+            finally:
+                main_unwound.set()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     lanes = [thread for thread in threading.enumerate() if thread.name.startswith("lane-")]
     for thread in lanes:
         thread.join(timeout=10)
