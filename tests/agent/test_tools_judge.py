@@ -137,6 +137,17 @@ def test_a_verifier_failure_is_told_as_the_verifiers_not_the_kernels():
     assert "FAILED" not in "\n".join(lines) and "Traceback" not in "\n".join(lines)
 
 
+def test_a_profile_stopped_against_the_time_to_beat_is_told_as_no_verdict():
+    message = "stopped after 2 trials: a call took 190 ms, more than 3x the 10.7 ms to beat (+20 ms); not timed"
+    verify = VerifyResult(ok=False, error_kind="slower", message=message,
+                          trials=[TrialResult(seed=1, ok=True), TrialResult(seed=2, ok=True)])  # fmt: skip
+    text = eval_text(EvalResult(problem_id="p", workspace="/w", verify=verify, reward=-1, error_kind="slower",
+                                message=message))  # fmt: skip
+    assert text.splitlines() == ["Profile stopped early: slower than the time to beat, so neither verified further nor "
+                                 "timed.", message]  # fmt: skip
+    assert "wrong" not in text and "FAILED" not in text
+
+
 def test_eval_text_of_a_tampered_workspace_says_why():
     text = eval_text(EvalResult(problem_id="p", workspace="/w", error_kind="tampered", message="model.py was changed."))
     assert text.splitlines()[1] == "tampered: model.py was changed."

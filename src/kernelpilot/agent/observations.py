@@ -25,6 +25,7 @@ from kernelpilot.agent.tool_results import (
 )
 from kernelpilot.results import (
     HARNESS_ERROR,
+    SLOWER,
     BenchResult,
     BuildResult,
     Diagnostic,
@@ -211,6 +212,8 @@ def _trial_text(trial: TrialResult) -> str:
 
 def eval_text(result: EvalResult) -> str:
     """A whole judgement for the model: reward, what failed, and the timings when there are some."""
+    if result.error_kind == SLOWER:  # stopped against the time to beat: no verdict on correctness
+        return "Profile stopped early: slower than the time to beat, so neither verified further nor timed.\n" + result.message
     lines = [f"Profile: reward {result.reward} (-1 broken or wrong, 1 correct, 2 faster than eager, "
              "3 faster than eager and torch.compile)."]  # fmt: skip
     build_failed = result.build is not None and not result.build.ok

@@ -288,8 +288,8 @@ class _Verification:
         call_ms, bound_ms = self.call_seconds[1] * 1000.0, self.slower_than_ms * SLOWER_FACTOR + SLOWER_SLACK_MS
         if call_ms > bound_ms:
             raise _Stopped(SLOWER, f"stopped after 2 trials: a call took {call_ms:.4g} ms, more than "
-                                   f"{SLOWER_FACTOR:g}x the {self.slower_than_ms:.4g} ms to beat (+{SLOWER_SLACK_MS:g} ms); "
-                                   "not verified further, not timed")  # fmt: skip
+                                   f"{SLOWER_FACTOR:g}x the {self.slower_than_ms:.4g} ms to beat "
+                                   f"(+{SLOWER_SLACK_MS:g} ms); not verified further, not timed")  # fmt: skip
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
