@@ -82,8 +82,8 @@ def verify_candidate(
     started = guards.perf_counter()
     base_seed = random_seed() if base_seed is None else base_seed
     verification = _Verification(problem, torch.device(device), model, atol=atol, rtol=rtol, workspace=workspace,
-                                 library=library, timeout=timeout, make_inputs=make_inputs)  # fmt: skip
-    verification.slower_than_ms = slower_than_ms
+                                 library=library, timeout=timeout, make_inputs=make_inputs,
+                                 slower_than_ms=slower_than_ms)  # fmt: skip
     try:
         verification.run(trials=max(trials, 1), base_seed=base_seed)
     except _Stopped as stop:
@@ -165,7 +165,8 @@ class _Verification:
 
     def __init__(self, problem: Any, device: torch.device, model: Any, *, atol: float, rtol: float,
                  workspace: Path | None, library: str | None, timeout: float,
-                 make_inputs: Callable[[torch.device, int], list] | None = None):  # fmt: skip
+                 make_inputs: Callable[[torch.device, int], list] | None = None,
+                 slower_than_ms: float | None = None):  # fmt: skip
         self.problem, self.device, self.model, self.atol, self.rtol = problem, device, model, atol, rtol
         self.make_inputs = make_inputs or problem.make_inputs
         self.input_shapes: list[list[int] | None] | None = None  # of the first trial's inputs
@@ -183,7 +184,7 @@ class _Verification:
         self.stopped: _Stopped | None = None
         self.phases: dict[str, float] = {}
         self.output_bytes = 0
-        self.slower_than_ms: float | None = None
+        self.slower_than_ms = slower_than_ms  # a time to beat: see _stop_if_far_slower
         self.call_seconds: list[float] = []  # each trial's call, as the sandbox timed it
 
     # ---------------------------------------------------------------- driving
@@ -283,7 +284,7 @@ class _Verification:
     def _stop_if_far_slower(self, index: int) -> None:
         """After the second trial (the first warm call), stop a candidate whose call took far longer than the time
         it must beat. The sandbox's own clock decides: it is the candidate's word, but a lie can only stop it."""
-        if self.slower_than_ms is None or index != 1 or len(self.call_seconds) < 2:
+        if self.slower_than_ms is None or index != 1:
             return
         call_ms, bound_ms = self.call_seconds[1] * 1000.0, self.slower_than_ms * SLOWER_FACTOR + SLOWER_SLACK_MS
         if call_ms > bound_ms:
