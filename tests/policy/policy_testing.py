@@ -487,3 +487,20 @@ def weighted_softmax_sum_problem(folder: Path) -> Path:
     a pass of its own before level 0. (A max, not a sum: a softmax-weighted sum would fold into one pass.)"""
     return forward_problem(folder, "weighted_softmax_max", "x, y", "(torch.softmax(x, -1) * y).amax(-1)",
                            "torch.randn(8, 100000), torch.randn(8, 100000)")  # fmt: skip
+
+
+# Rows too few to give every SM a block (row.py splits each over a cluster): a layer norm over three dims with its
+# affine weight, a sum (one value per row), an argmax and a log-softmax (two levels, then the row again).
+FEW_LONG_ROWS = {
+    "layer_norm_3d": ("F.layer_norm(x, (8, 256, 256), self.w, self.b)", "torch.randn(16, 8, 256, 256)"),
+    "sum_few_rows": ("x.sum(dim=-1)", "torch.randn(8, 1 << 20)"),
+    "argmax_few_rows": ("torch.argmax(x, dim=-1)", "torch.randn(4, 1 << 20)"),
+    "log_softmax_few_rows": ("torch.log_softmax(x, -1)", "torch.randn(4, 1 << 20)"),
+}
+
+
+def few_long_rows_problem(folder: Path, name: str) -> Path:
+    returned, inputs = FEW_LONG_ROWS[name]
+    init = "self.w = nn.Parameter(torch.randn(8, 256, 256))\nself.b = nn.Parameter(torch.randn(8, 256, 256))"
+    return write_problem(folder, name, f"def forward(self, x):\n    return {returned}", inputs,
+                         init=init if "self.w" in returned else "")  # fmt: skip

@@ -19,9 +19,11 @@ from kernelpilot.problem import load_problem
 
 from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
+    FEW_LONG_ROWS,
     ONLINE_SOFTMAX_EXAMPLES,
     SUPPORTED_EXAMPLES,
     analysed,
+    few_long_rows_problem,
     forward_problem,
     offset_from_terms,
     small_problem,
@@ -91,6 +93,28 @@ def test_rows_too_long_for_eight_blocks_are_streamed(tmp_path):
                          "torch.randn(4, 1 << 20)")
     (group,) = analysed(path).groups
     assert all(config.shared_blocks == 0 for config in launch_candidates(group))
+
+
+@pytest.mark.parametrize("name", sorted(FEW_LONG_ROWS))
+def test_rows_too_few_for_every_sm_are_split_over_a_cluster_first(tmp_path, name):
+    (group,) = analysed(few_long_rows_problem(tmp_path, name)).groups
+    assert group.rows < 132
+    split, *rest = launch_candidates(group)
+    assert (split.split_blocks, split.shared_blocks, split.persistent) == (8, 0, False)
+    assert not any(config.split_blocks for config in rest)
+    source = render_kernel(group, split).content
+    assert "__cluster_dims__(kClusterBlocks, 1, 1)" in source and "constexpr int kClusterBlocks = 8;" in source
+    assert "too few rows to give every SM a block" in source and "cluster.map_shared_rank(" in source
+    assert "kCacheBytes" not in source and "std::min<int64_t>(work, INT_MAX / kClusterBlocks) * kClusterBlocks" in source
+    assert "each row streamed by a cluster of 8 blocks" in source
+
+
+def test_rows_enough_for_every_sm_or_too_short_to_share_out_are_not_split(tmp_path):
+    many = forward_problem(tmp_path, "many_rows", "x", "torch.log_softmax(x, -1)", "torch.randn(512, 65536)")
+    short = forward_problem(tmp_path, "short_rows", "x", "torch.log_softmax(x, -1)", "torch.randn(4, 8192)")
+    for path in (many, short):
+        (group,) = analysed(path).groups
+        assert not any(config.split_blocks for config in launch_candidates(group))
 
 
 def per_element_bodies(source: str) -> list[str]:

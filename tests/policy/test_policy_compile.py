@@ -20,6 +20,7 @@ from policy_testing import (
     assert_every_launch_candidate_compiles,
     built_workspace,
     compile_cu,
+    few_long_rows_problem,
     forward_problem,
     linked_and_fused_flags,
     matmul_zoo_problem,
@@ -39,6 +40,14 @@ def test_example_kernels_compile_without_spills(tmp_path, name):
         report = compile_cu(render_kernel(group, launch_candidates(group)[0]).content, tmp_path)
         spills = re.findall(r"(\d+) bytes spill", report)
         assert spills and set(spills) == {"0"}
+
+
+@needs_nvcc
+def test_a_row_split_over_a_cluster_compiles_without_spills(tmp_path):
+    (group,) = analysed(few_long_rows_problem(tmp_path, "layer_norm_3d")).groups
+    split = launch_candidates(group)[0]
+    assert split.split_blocks == 8
+    assert set(re.findall(r"(\d+) bytes spill", compile_cu(render_kernel(group, split).content, tmp_path))) == {"0"}
 
 
 @needs_nvcc

@@ -13,10 +13,12 @@ from kp_testing import EXAMPLES
 from policy_testing import (
     CANCELLING_OPERANDS,
     CANCELLING_PRODUCTS,
+    FEW_LONG_ROWS,
     RUNTIME_BATCH_EXAMPLES,
     SUPPORTED_EXAMPLES,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
+    few_long_rows_problem,
     forward_problem,
     matmul_zoo_problem,
     policy_workspace,
@@ -78,6 +80,13 @@ MASKED_SOFTMAX_PROBLEMS = {
     "logsumexp_short": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
     "log_softmax_short": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400)),
 }  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(FEW_LONG_ROWS))
+def test_every_launch_candidate_of_few_long_rows_passes_verification(tmp_path, judge, name):
+    # The first candidate splits each row over a cluster of 8 blocks (row.py).
+    assert_every_launch_candidate_verifies(judge, few_long_rows_problem(tmp_path, name), tmp_path)
 
 
 @pytest.mark.gpu

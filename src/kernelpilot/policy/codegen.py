@@ -52,6 +52,8 @@ REGISTER_RESERVE = 32
 # shared memory needs a little), and the most blocks that may share a row: the portable thread block cluster size.
 SHARED_CACHE_BYTES = 192 * 1024
 MAX_CLUSTER_BLOCKS = 8
+# An H100's SMs: a grid of fewer blocks leaves SMs idle.
+SM_COUNT = 132
 STAT_IDENTITIES = {
     ("sum", "sum"): "0.0f",
     ("max", "max"): "-INFINITY",
@@ -86,6 +88,9 @@ class LaunchConfig:
     `shared_blocks` > 0 caches each row in shared memory, split over that many blocks of `threads` threads (a
     thread block cluster when more than one), for rows too long to cache in registers.
 
+    `split_blocks` > 1 streams each row split over a cluster of that many blocks, which merge their statistics
+    through distributed shared memory: for rows too few to give every SM a block.
+
     `persistent` launches one wave of resident blocks that loops over the work; otherwise one block per tile of
     work (the grid-stride loop then runs once), which lets the hardware schedule blocks as SMs free up.
 
@@ -97,6 +102,7 @@ class LaunchConfig:
     items: int = 1
     rows_per_block: int | None = None
     shared_blocks: int = 0
+    split_blocks: int = 0
     persistent: bool = True
     min_blocks: int = 1
 
@@ -106,6 +112,8 @@ class LaunchConfig:
             split = f"split over a cluster of {self.shared_blocks} blocks" if self.shared_blocks > 1 else "in one block"
             return f"row cached in shared memory, {split} of {self.threads} threads, {self.items} vector(s) in flight"
         grid = "" if self.persistent else ", one block per tile"
+        if self.split_blocks:
+            grid = f", each row streamed by a cluster of {self.split_blocks} blocks"
         if self.min_blocks > 1:
             grid += f", registers for {self.min_blocks} blocks per SM"
         if self.rows_per_block is None:

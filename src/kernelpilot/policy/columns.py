@@ -18,6 +18,7 @@ from typing import Any
 from kernelpilot.policy.codegen import (
     CTYPES,
     MAX_CLUSTER_BLOCKS,
+    SM_COUNT,
     STAT_IDENTITIES,
     STAT_WORDS,
     Emitter,
@@ -34,9 +35,8 @@ from kernelpilot.policy.codegen import (
 )
 from kernelpilot.policy.ir import STAT_FIELDS, Field, Group, walk
 
-# Threads that keep an H100 (132 SMs) streaming from memory: half its resident threads, each with a few 16-byte
-# loads in flight. Fewer columns than this split the reduced dim over a cluster.
-SM_COUNT = 132
+# Threads that keep an H100 streaming from memory: half its resident threads, each with a few 16-byte loads in
+# flight. Fewer columns than this split the reduced dim over a cluster.
 BUSY_THREADS = SM_COUNT * 1024
 # The block's partial statistics live in static shared memory, at most 48 KB.
 STATIC_SHARED_BYTES = 48 * 1024

@@ -44,7 +44,9 @@ def describe_leading(group: Group) -> str:
     shape = group.output.shape
     if not group.leading_free:
         return f"Every dim is fixed at generation time ({'x'.join(map(str, shape)) or 'a scalar'})."
-    rest = "x".join(map(str, shape[1:])) or "nothing else"
+    if len(shape) == 1:
+        return f"The output's one dim (the batch, {shape[0]} when generated) is a runtime size."
+    rest = "x".join(map(str, shape[1:]))
     return f"Dim 0 (the batch, {shape[0]} when generated) is a runtime size; the others are fixed at {rest}."
 
 

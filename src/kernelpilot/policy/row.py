@@ -17,6 +17,7 @@ from kernelpilot.policy.codegen import (
     REGISTER_RESERVE,
     REGISTERS_PER_BLOCK,
     SHARED_CACHE_BYTES,
+    SM_COUNT,
     STAT_IDENTITIES,
     STAT_WORDS,
     Emitter,
@@ -43,6 +44,9 @@ L2_KEPT_BYTES = 8 * 1024 * 1024
 # MANY_ROWS of them: about one resident thread each on an H100's 132 SMs x 2048 threads.
 SHORT_ROW_VECTORS = 16
 MANY_ROWS = 1 << 18
+# A row split over a cluster gives each block at least this many bytes to read: four 16-byte vectors for each of
+# 1024 threads.
+SPLIT_BYTES = 1024 * 4 * 16
 
 
 def row_candidates(group: Group) -> list[LaunchConfig]:
@@ -78,6 +82,11 @@ def row_candidates(group: Group) -> list[LaunchConfig]:
         shared = _shared_config(group, layout)
         # Caching in shared memory reads the row once instead of once per pass: expected best, so first.
         candidates = [shared, *candidates] if shared else candidates
+        split = _split_config(group, layout)
+        if split and not (shared and shared.shared_blocks >= split.split_blocks):
+            # Expected best where one block (or a smaller cluster) per row would leave most SMs idle.
+            idle = group.rows * (shared.shared_blocks if shared else 1) * 2 <= SM_COUNT
+            candidates.insert(0 if idle else 1, split)
     else:
         one_wave_team = candidates[0]
     # The one-wave loop of a team that shares its SM where there is one (for token log-probs a one-wave 512-thread
@@ -105,7 +114,7 @@ def _with_min_blocks(group: Group, layout: Layout, config: LaunchConfig, blocks:
 
 def _cached(group: Group, layout: Layout, config: LaunchConfig) -> bool:
     """True when the row data the statistics read fits in registers, so memory is read once."""
-    if config.shared_blocks:
+    if config.shared_blocks or config.split_blocks:
         return False
     vectors_per_thread = math.ceil(group.row_length // layout.vec / config.threads)
     block_threads = config.threads * (config.rows_per_block or 1)
@@ -128,6 +137,22 @@ def _shared_config(group: Group, layout: Layout) -> LaunchConfig | None:
             return LaunchConfig(threads, 4, 1, shared_blocks=blocks)
         blocks *= 2
     return None
+
+
+def _split_config(group: Group, layout: Layout) -> LaunchConfig | None:
+    """For rows too few to give every SM a block: each row streamed by a cluster of the fewest blocks (2 to 8) that
+    gives every SM one, merging its statistics through distributed shared memory; None where rows are many enough
+    or too short to share out."""
+    if not group.reduces() or group.rows >= SM_COUNT:
+        return None
+    blocks = 2
+    while blocks < MAX_CLUSTER_BLOCKS and group.rows * blocks < SM_COUNT:
+        blocks *= 2
+    column_bytes = sum(ITEM_SIZES[group.tensors[access.tensor].dtype]
+                       for i, access in enumerate(group.accesses) if layout.along_row(i))  # fmt: skip
+    if _span(group.row_length, blocks, layout.vec) * column_bytes < SPLIT_BYTES:
+        return None
+    return LaunchConfig(1024, max(1, min(4, 16 // layout.vec)), 1, split_blocks=blocks, persistent=False)
 
 
 def _span(row_length: int, blocks: int, vec: int) -> int:
@@ -163,7 +188,8 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     cached = _cached(group, layout, config)
     shared = config.shared_blocks > 0
     stat_accesses = set(_stat_accesses(group, layout))
-    span = _span(group.row_length, max(config.shared_blocks, 1), layout.vec)
+    cluster = max(config.shared_blocks, config.split_blocks, 1)
+    span = _span(group.row_length, cluster, layout.vec)
     outer_dims = len(layout.shape) - layout.row_dims
     accesses = []
     for i, access in enumerate(group.accesses):
@@ -205,7 +231,7 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "vec": layout.vec,
         "cached": cached,
         "shared": shared,
-        "cluster": max(config.shared_blocks, 1),
+        "cluster": cluster,
         "span": span,
         "cache_bytes": span * 4 * len(stat_accesses) if shared else 0,
         "rereads": len(program.levels) > 1 or not group.per_row,  # an uncached row is read once per pass
