@@ -12,7 +12,7 @@ import pytest
 from kernelpilot.harness import bench as bench_module
 from kernelpilot.harness import timing
 from kernelpilot.harness.timing import time_model as real_time_model
-from kernelpilot.harness.bench import Baselines, baseline_key, bench_candidate, load_baselines, store_baselines
+from kernelpilot.harness.bench import Baselines, agrees, baseline_key, bench_candidate, load_baselines, store_baselines
 from kernelpilot.harness.clock import time_callable
 from kernelpilot.harness.tracing import TOP_KERNELS, profile_kernels
 from kernelpilot.harness.sandbox import LocalModel
@@ -231,12 +231,21 @@ def test_bench_candidate_on_cpu_then_from_the_cache(problem, tmp_path, monkeypat
     # this 0.01 ms call times anywhere from 0.08 to 14 ms (torch's CPU threads wait for the scheduler): seen in a
     # full test run, where even a 10x band refuted the cache. So here every calibration agrees; the refutation
     # itself is the next test's (a forged 500 ms eager).
-    monkeypatch.setattr(bench_module, "BASELINE_AGREEMENT", math.inf)
+    monkeypatch.setattr(bench_module, "CPU_BASELINE_BAND", math.inf)
     again = bench_served(problem, candidate, tmp_path, min_runs=5, ceilings=CEILINGS)
     assert again.ok, again.message
     assert (again.eager, again.compiled) == (result.eager, result.compiled)
     # From the cache: only the calibration runs of eager and the candidate's runs, no baseline measured again.
     assert measured[0] == bench_module.CALIBRATION_RUNS and len(measured) == 2
+
+
+def test_a_cached_eager_time_agrees_within_a_quarter_on_a_gpu_and_within_10x_on_the_cpu():
+    cached = Timing(1.0, 0.9, 1.1, 1.0, 20)
+    assert agrees(cached, Timing(1.2, 1.1, 1.3, 1.2, 20), "cuda:0")
+    assert not agrees(cached, Timing(1.5, 1.4, 1.6, 1.5, 20), "cuda:0")
+    # A loaded CPU times the same call several times slower: not a reason to run torch.compile again.
+    assert agrees(cached, Timing(4.0, 3.0, 5.0, 4.0, 20), "cpu") and agrees(cached, Timing(0.2, 0.1, 0.3, 0.2, 20), "cpu")
+    assert not agrees(cached, Timing(50.0, 40.0, 60.0, 50.0, 20), "cpu")
 
 
 def test_cached_baselines_a_fresh_eager_run_refutes_are_measured_again(problem, tmp_path):

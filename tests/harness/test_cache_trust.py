@@ -45,12 +45,13 @@ def cheat_workspace(tmp_path) -> Path:
 
 def agree_within_load(monkeypatch) -> None:
     """A cached eager time is used when a fresh calibration agrees with it. This problem's call takes about 0.01 ms,
-    which a busy machine can time twice as slow from one bench to the next: here the two agree unless 10x off. (The
+    which a busy machine can time several times slower from one bench to the next: on the CPU the two agree unless
+    10x off (bench.CPU_BASELINE_BAND), said here so that a change of the band does not make this test flaky. (The
     cheat keeps the cached eager time, so the agreement is no defence against it; a forged eager is refuted in
     test_bench.py.)"""
     from kernelpilot.harness import bench as bench_module
 
-    monkeypatch.setattr(bench_module, "BASELINE_AGREEMENT", 10.0)
+    monkeypatch.setattr(bench_module, "CPU_BASELINE_BAND", 10.0)
 
 
 @pytest.fixture
