@@ -4,6 +4,7 @@ binding that torch's CUDA build compiles with g++ as a CPU stand-in for a CUDA k
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -195,3 +196,12 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
+
+
+def run_cache_dir(tmp_path: Path) -> Path:
+    """A judge cache folder (signed baselines) shared by every test of this run that times on the CPU, in every
+    xdist worker: torch.compile's baseline there takes 20-40 s a problem, and several tests time the same small
+    problems. The run's own temp folder, so nothing carries over from another run; tests of the cache itself keep
+    folders of their own."""
+    run_root = tmp_path.parents[1] if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path.parent
+    return run_root / "kernelpilot-cache"

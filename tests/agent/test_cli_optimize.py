@@ -20,7 +20,7 @@ from kernelpilot.cli import app
 from kernelpilot.lockfile import LOCK_NAME, read_lock
 from kernelpilot.suite import ProblemOutcome, geometric_mean, summarize
 from kernelpilot.workspace import EXAMPLE_KERNELS
-from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, UNSUPPORTED_PROBLEM, write_problem
+from kp_testing import DOUBLE_PROBLEM, REPO_ROOT, UNSUPPORTED_PROBLEM, run_cache_dir, write_problem
 
 # A CPU stand-in for a CUDA kernel: the extension builds with g++ here and the judge runs it on the CPU.
 CPU_BINDING = """
@@ -79,7 +79,7 @@ def model_flags(server: ScriptedOpenAIServer) -> list[str]:
 @pytest.mark.cuda_build
 def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(run_cache_dir(tmp_path)))
     monkeypatch.setenv("COLUMNS", "200")
     problem = write_double_problem(tmp_path / "problems")
     with ScriptedOpenAIServer() as server:
@@ -128,7 +128,7 @@ def make_repo(path: Path, monkeypatch) -> git.Repo:
 @pytest.mark.cuda_build
 def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_output(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(run_cache_dir(tmp_path)))
     repo = make_repo(tmp_path / "project", monkeypatch)
     problem = write_double_problem(tmp_path / "project" / "problems")
     common = ["--workspace", tmp_path / "project" / "kp-double", "--device", "cpu", "--json", "--commit"]

@@ -19,7 +19,7 @@ from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
 from kernelpilot.results import BenchResult, EvalResult, Timing, VerifyResult
 from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
-from kp_testing import DOUBLE_PROBLEM, write_problem
+from kp_testing import DOUBLE_PROBLEM, run_cache_dir, write_problem
 from openai_server import ScriptedOpenAIServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def test_trajectory_through_litellm_writes_compiles_verifies_and_records_the_gua
         ("Profile", {}),
         ("Finish", {"summary": "ModelNew is correct and fast."}),
     ]
-    with ScriptedOpenAIServer() as server, Judge("cpu", arch="9.0", cache_dir=tmp_path / "cache") as judge:
+    with ScriptedOpenAIServer() as server, Judge("cpu", arch="9.0", cache_dir=run_cache_dir(tmp_path)) as judge:
         for name, arguments in script:
             server.reply_tool_calls([(name, arguments)], content=f"Next: {name}.")
         model = LiteLLMModel("openai/test-model", api_base=server.base_url, api_key="test", context_window=100_000)

@@ -23,6 +23,7 @@ from kernelpilot.results import VariantCheck
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 from kp_testing import (
     EXAMPLE_KERNEL_CANDIDATE,
+    run_cache_dir,
     scale_mul_binding,
     scale_mul_candidate,
     scale_problem,
@@ -269,7 +270,7 @@ def test_the_installed_hook_with_require_gpu_blocks_the_commit_without_a_gpu(use
 @pytest.fixture
 def harness_environment(tmp_path, monkeypatch):
     """The judge's baselines cached in a temp folder; an arch to build for where no GPU says which."""
-    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(run_cache_dir(tmp_path)))
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
 

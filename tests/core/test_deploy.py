@@ -22,7 +22,7 @@ from kernelpilot.lockfile import LOCK_NAME, lock_from_eval, read_lock, write_loc
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 
 from capture_testing import SCALE_MUL_MODEL_NEW, model_new_class
-from kp_testing import EXAMPLES, REPO_ROOT, scale_mul_binding
+from kp_testing import EXAMPLES, REPO_ROOT, run_cache_dir, scale_mul_binding
 from vcs_testing import verified_result
 
 
@@ -194,7 +194,7 @@ def test_an_accepted_workspace_loads_and_swaps_in_a_fresh_process_in_another_fol
     net = user_package.Net(features=1024)
     with kernelpilot.capture(net.layer, tmp_path / "project" / "problems" / "scale.py"):
         net.layer(torch.randn(256, 1024))
-    env = {**os.environ, "KERNELPILOT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO_ROOT / "src")}
+    env = {**os.environ, "KERNELPILOT_CACHE_DIR": str(run_cache_dir(tmp_path)), "PYTHONPATH": str(REPO_ROOT / "src")}
     env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # no GPU says which: the C++ stand-in kernel needs none anyway
     project = tmp_path / "project"
     ws, _ = init_workspace(project / "problems" / "scale.py", project / "kp-scale", device="cpu")

@@ -20,7 +20,7 @@ from kernelpilot.results import BenchResult, EvalResult, KernelTime, Timing, Ver
 from kernelpilot.cli.render_watch import TerminalView
 from kernelpilot.watch import WatchEvent, WorkspaceWatcher, diff_results
 from kernelpilot.workspace import EXAMPLE_KERNELS, Workspace, init_workspace
-from kp_testing import scale_mul_binding, scale_mul_candidate, scale_problem, write_problem
+from kp_testing import run_cache_dir, scale_mul_binding, scale_mul_candidate, scale_problem, write_problem
 
 # Long enough for the quiet period to be unmistakable, short enough for quick tests.
 DEBOUNCE_S = 0.4
@@ -268,7 +268,7 @@ def test_the_terminal_view_prints_the_result_and_its_diff():
 def test_saves_drive_a_real_cpu_judge_through_a_compile_error_and_its_fix(workspace, tmp_path, monkeypatch):
     from kernelpilot.harness.judge import Judge
 
-    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(run_cache_dir(tmp_path)))
     for example in EXAMPLE_KERNELS:
         (workspace.root / example).unlink()
     binding = workspace.kernels_dir / "scale_mul_binding.cpp"

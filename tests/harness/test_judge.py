@@ -32,7 +32,14 @@ from kernelpilot.results import (
     from_dict,
 )
 from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace, tampered_files
-from kp_testing import scale_mul_binding, scale_mul_candidate, scale_problem, scale_shift_problem, write_problem
+from kp_testing import (
+    run_cache_dir,
+    scale_mul_binding,
+    scale_mul_candidate,
+    scale_problem,
+    scale_shift_problem,
+    write_problem,
+)
 
 
 def gpu_visible() -> bool:
@@ -202,7 +209,7 @@ def test_cpu_extension_is_built_verified_timed_and_rebuilt_in_one_worker(workspa
     binding.write_text(scale_mul_binding(offset=0.0))
     (workspace / "model_new.py").write_text(scale_mul_candidate(features=64))
 
-    with Judge("cpu", arch="9.0", cache_dir=tmp_path / "cache") as judge:
+    with Judge("cpu", arch="9.0", cache_dir=run_cache_dir(tmp_path)) as judge:
         honest = judge.evaluate(workspace, trials=3)
         pid = judge.worker.pid
         binding.write_text(scale_mul_binding(offset=1.0))
