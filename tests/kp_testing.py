@@ -203,5 +203,8 @@ def run_cache_dir(tmp_path: Path) -> Path:
     xdist worker: torch.compile's baseline there takes 20-40 s a problem, and several tests time the same small
     problems. The run's own temp folder, so nothing carries over from another run; tests of the cache itself keep
     folders of their own."""
-    run_root = tmp_path.parents[1] if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path.parent
+    for folder in tmp_path.parents:  # pytest's /tmp/pytest-of-<user>/pytest-<run>, from any folder under it
+        if folder.parent.name.startswith("pytest-of-"):
+            return folder / "kernelpilot-cache"
+    run_root = tmp_path.parents[1] if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path.parent  # --basetemp
     return run_root / "kernelpilot-cache"

@@ -249,9 +249,20 @@ def test_suite_reports_metrics_and_skips_finished_problems_on_rerun(tmp_path):
     assert "pass rate" in again.stdout and "seconds per problem (median / max)" in again.stdout
 
 
+def user_environment(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user who set none of kernelpilot's variables, except where the test run keeps its own
+    folders: the run's precompiled torch header (else each such test builds one, about 20 s, in the home folder)
+    and a cache folder of the run's (not the home folder's)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("KERNELPILOT_")}
+    env["KERNELPILOT_CACHE_DIR"] = str(run_cache_dir(tmp_path))
+    if os.environ.get("KERNELPILOT_PCH_DIR"):
+        env["KERNELPILOT_PCH_DIR"] = os.environ["KERNELPILOT_PCH_DIR"]
+    return env
+
+
 def suite_with_the_built_in_policy(folder: Path, out: Path) -> subprocess.CompletedProcess:
     """`kernelpilot suite FOLDER` with no model (the built-in policy) on the CPU judge, as a user runs it."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("KERNELPILOT_")}
+    env = user_environment(out)
     env.update(CUDA_VISIBLE_DEVICES="", COLUMNS="200", TORCH_CUDA_ARCH_LIST="9.0", PYTHONPATH=str(REPO_ROOT / "src"))
     return subprocess.run([sys.executable, "-m", "kernelpilot", "suite", str(folder), "--device", "cpu", "--dir", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=folder.parent, env=env)  # fmt: skip
@@ -317,7 +328,7 @@ def test_suite_metrics_follow_kernelbench():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; on a GPU the built-in policy runs for real")
 def test_no_gpu_is_one_sentence_with_no_policy_banner_and_no_workspace(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELPILOT_")}
+    env = user_environment(tmp_path)
     problem = write_double_problem(tmp_path)
     run = subprocess.run(
         [sys.executable, "-m", "kernelpilot", "optimize", str(problem), "--workspace", str(tmp_path / "ws")],
@@ -345,7 +356,7 @@ def test_optimize_with_no_model_writes_a_verified_kernel_faster_than_torch_compi
     """The issue's "done when": `kernelpilot optimize examples/<x>.py` with no model and no key, on a GPU."""
     from kp_testing import EXAMPLES
 
-    env = {key: value for key, value in os.environ.items() if not key.startswith("KERNELPILOT_")}
+    env = user_environment(tmp_path)
     output = tmp_path / "out" / "model_new.py"
     done = subprocess.run(
         [sys.executable, "-m", "kernelpilot", "optimize", str(EXAMPLES / "softmax_long_rows.py"),
