@@ -178,7 +178,7 @@ def write_problem(folder: Path, source: str, name: str = "problem.py") -> Path:
     return path
 
 
-# A problem the built-in policy names as unsupported (a running sum), for its refusal and the suite's reason.
+# A problem the built-in policy names as unsupported (a sort), for its refusal and the suite's reason.
 UNSUPPORTED_PROBLEM = """
 import torch
 import torch.nn as nn
@@ -186,7 +186,7 @@ import torch.nn as nn
 
 class Model(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, dim=-1) * 2.0
+        return torch.sort(x, dim=-1).values * 2.0
 
 
 def get_inputs():

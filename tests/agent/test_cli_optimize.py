@@ -274,22 +274,22 @@ def result_files(out: Path) -> dict[str, dict]:
 
 def test_suite_results_and_report_say_why_an_unsupported_and_an_unloadable_problem_failed(tmp_path):
     folder = tmp_path / "problems"
-    write_problem(folder, UNSUPPORTED_PROBLEM, "1_cumsum.py")
+    write_problem(folder, UNSUPPORTED_PROBLEM, "1_sort.py")
     broken_source = "import torch\n\nraise RuntimeError('the weights file is missing')\n\n\ndef get_inputs():\n    return []\n"
     write_problem(folder, broken_source, "2_broken.py")
     run = suite_with_the_built_in_policy(folder, tmp_path / "out")
 
     assert run.returncode == 0 and "Traceback" not in run.stdout + run.stderr, run.stderr
     results = result_files(tmp_path / "out")
-    unsupported, broken = results["1_cumsum"], results["2_broken"]
+    unsupported, broken = results["1_sort"], results["2_broken"]
     assert (unsupported["status"], unsupported["correct"], unsupported["failure"]) == ("finished", False, "no-candidate")
-    assert unsupported["message"].startswith("No kernels written for 1_cumsum: Not supported by the built-in policy: "
-                                             "aten.cumsum")  # fmt: skip
+    assert unsupported["message"].startswith("No kernels written for 1_sort: Not supported by the built-in policy: "
+                                             "aten.sort")  # fmt: skip
     assert (broken["status"], broken["failure"]) == ("invalid", "problem")
     assert "raised RuntimeError: the weights file is missing" in broken["message"]
     # The text report gives each failure whole, on a line of its own.
     lines = run.stdout.splitlines()
-    assert f"  1_cumsum.py: no-candidate: {unsupported['message']}" in lines
+    assert f"  1_sort.py: no-candidate: {unsupported['message']}" in lines
     assert f"  2_broken.py: problem: {broken['message']}" in lines
 
 

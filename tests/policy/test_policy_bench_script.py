@@ -91,7 +91,7 @@ def test_bench_policy_markdown_is_the_table_and_the_three_counts_of_the_goals():
         bench_row("a_parity", ours_ms=0.98, vs_eager=2.04, vs_compile=1.02, sol=0.7, bound="compute",
                   configs={"g0": "cuBLASLt heuristic algorithm 1 of 4", "g1": "128 threads per block"}, fallback="faithful"),
         bench_row("c_wrong", correct=False, message="trial 1 (seed 0): out: 3 elements outside tolerance\nmore"),
-        {"problem": "d_unsupported", "supported": False, "note": "aten.cumsum is not supported"},
+        {"problem": "d_unsupported", "supported": False, "note": "aten.sort is not supported"},
         bench_row("e_slow", ours_ms=1.25, vs_eager=1.6, vs_compile=0.8, sol=0.5),
     ]
     lines = bench_policy_script().markdown(rows).splitlines()
@@ -100,7 +100,7 @@ def test_bench_policy_markdown_is_the_table_and_the_three_counts_of_the_goals():
     assert lines[2].endswith("| 1.02x | 70% | g0: cuBLASLt heuristic algorithm 1 of 4; g1: 128 threads per block (faithful fallback) |")
     assert "| 0.500 (0.400–0.600) | 4.00x | 2.00x | 90% | 256 threads per row |" in lines[3]
     assert lines[4] == "| c_wrong | yes | **no** | - | - | - | - | - | - | trial 1 (seed 0): out: 3 elements outside tolerance |"
-    assert lines[5] == "| d_unsupported | no | - | - | - | - | - | - | - | aten.cumsum is not supported |"
+    assert lines[5] == "| d_unsupported | no | - | - | - | - | - | - | - | aten.sort is not supported |"
     assert lines[-3:] == ["- correct: 3 of 4 supported (5 problems)", "- >= 1.05x vs torch.compile: 1 of 4",
                           "- median % SOL of the memory-bound: 70% over 2"]
 

@@ -15,6 +15,7 @@ from policy_testing import (
     CANCELLING_PRODUCTS,
     FEW_LONG_ROWS,
     RUNTIME_BATCH_EXAMPLES,
+    SCAN_PROBLEMS,
     SUPPORTED_EXAMPLES,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
@@ -22,6 +23,7 @@ from policy_testing import (
     forward_problem,
     matmul_zoo_problem,
     policy_workspace,
+    scan_problem,
     weighted_softmax_sum_problem,
     zoo_problem,
 )
@@ -80,6 +82,23 @@ MASKED_SOFTMAX_PROBLEMS = {
     "logsumexp_short": ("torch.logsumexp(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400) + ".index_fill(0, torch.tensor([5]), float('-inf'))"),
     "log_softmax_short": ("torch.log_softmax(x, -1)", MASKED_ROWS.format(rows=512, length=1000, masked=400)),
 }  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(SCAN_PROBLEMS))
+def test_every_launch_candidate_of_a_running_statistic_passes_verification(tmp_path, judge, name):
+    """scan.py's kernels: every team size, the vector and scalar paths, teams of a few threads sharing a warp."""
+    assert_every_launch_candidate_verifies(judge, scan_problem(tmp_path, name), tmp_path)
+
+
+@pytest.mark.gpu
+def test_a_running_sum_verifies_at_half_and_double_the_batch(tmp_path, judge):
+    ws = policy_workspace(scan_problem(tmp_path, "cumsum_rows"), tmp_path)
+    build = judge.build(ws.root)
+    assert build.ok, build.log[-3000:]
+    verify = judge.verify(ws.root, build, trials=2, variants=("half", "double"))
+    assert verify.ok, (verify.error_kind, verify.message)
+    assert [(check.variant, check.status) for check in verify.variants] == [("half", "verified"), ("double", "verified")]
 
 
 @pytest.mark.gpu

@@ -44,7 +44,7 @@ from kernelpilot.policy.convolution import PendingConv, convolution, fold_into_c
 from kernelpilot.policy.expectation import fold_expectations
 from kernelpilot.policy.ir import (
     MATMUL_ALIGNMENT, MATMUL_DTYPES, Analysis, Call, Const, Conv, Expr, Gather, Group, Leaf, Load, Matmul, NotFusible,
-    Reduce,
+    Reduce, Scan,
     Source, Unsupported, Value, contiguous_strides, dtype_name, is_index, matrix_strides, rebuilt, walk,
     walk_reduces, windowed,
 )  # fmt: skip
@@ -318,7 +318,9 @@ class GroupBuilder:
         if len({node.space for node in row_nodes}) > 1:
             raise NotFusible("reductions over rows of different shapes in one expression")
         row_dims, inner_dims = 1, 0
-        if row_nodes:
+        if isinstance(value.expr, Scan):  # a running sum: lowering.py writes it alone, elementwise loads only
+            kind, shape, per_row = "scan", value.expr.shape, False
+        elif row_nodes:
             if not fits_rows(value.shape, value.rows, row_nodes[0]):
                 raise NotFusible("a row reduction broadcast to a different shape")
             shape, row_dims, inner_dims = row_nodes[0].space

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernelpilot.policy.ir import Access, Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Stack
+from kernelpilot.policy.ir import Access, Analysis, Call, Const, Field, Gather, Group, Load, Matmul, Reduce, Scan, Stack
 
 TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
@@ -86,6 +86,9 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             result = statistic(reduce, node.name, value(reduce.value).expand(reduce.shape), weighted)
         elif isinstance(node, Gather):
             result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
+        elif isinstance(node, Scan):  # a running sum or product along the row
+            running = torch.cumsum if node.kind == "sum" else torch.cumprod
+            result = running(value(node.value).expand(node.shape), dim=-1)
         elif isinstance(node, Stack):  # several values per row, written one after another
             result = torch.stack([value(item).expand(group.shape) for item in node.values])
         values[node] = result

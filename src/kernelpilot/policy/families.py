@@ -2,7 +2,7 @@
 
 A family is what the policy generates for one kind of group: its launch candidates (the expected best first),
 the context its template is rendered with for one candidate, the template, and what its binding adds. Each lives
-in its own module (elementwise.py, row.py, columns.py, matmul.py, convolution.py) built on the shared emitter and
+in its own module (elementwise.py, row.py, columns.py, scan.py, matmul.py, convolution.py) built on the shared emitter and
 layouts of codegen.py; a new family is one module and one entry of FAMILIES.
 """
 
@@ -30,6 +30,7 @@ from kernelpilot.policy.ir import Analysis, Group
 from kernelpilot.policy.leading import describe_leading, leading_carriers
 from kernelpilot.policy.matmul import MatmulConfig, matmul_candidates, matmul_context
 from kernelpilot.policy.row import row_candidates, row_context
+from kernelpilot.policy.scan import scan_candidates, scan_context
 from kernelpilot.resources import template_environment
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ FAMILIES: dict[str, Family] = {
     "elementwise": Family("policy/elementwise.cu.j2", elementwise_candidates, elementwise_context),
     "row": Family("policy/row.cu.j2", row_candidates, row_context),
     "column": Family("policy/column.cu.j2", column_candidates, column_context),
+    "scan": Family("policy/scan.cu.j2", scan_candidates, scan_context),
     "matmul": Family("policy/matmul.cu.j2", matmul_candidates, matmul_context,
                      workspace_bytes=MATMUL_WORKSPACE_BYTES),  # fmt: skip
     "conv": Family("policy/conv.cu.j2", conv_candidates, conv_context, binding_context=conv_binding_context),

@@ -191,6 +191,18 @@ class Gather:
 
 @hashed_once
 @dataclass(frozen=True)
+class Scan:
+    """A running statistic along the last dim of `shape`: element i of a row is value[0] op value[1] ... op
+    value[i] ("sum": cumsum, "prod": cumprod), computed in float. Only the root of a scan group's expression: a
+    scan kernel writes it as it is (lowering.py writes every running sum into its own group)."""
+
+    kind: str  # "sum" | "prod"
+    value: Expr  # elementwise over `shape`
+    shape: tuple[int, ...]
+
+
+@hashed_once
+@dataclass(frozen=True)
 class Stack:
     """Several one-value-per-row expressions of one row kernel, written one after another: the kernel's output
     holds `values[k]` for every row at [k, row] (see merge.py)."""
@@ -198,7 +210,7 @@ class Stack:
     values: tuple[Expr, ...]
 
 
-Expr = Union[Load, Const, Call, Reduce, Field, Gather, Stack]
+Expr = Union[Load, Const, Call, Reduce, Field, Gather, Scan, Stack]
 STAT_FIELDS = {
     "sum": ("sum",),
     "max": ("max",),
@@ -312,7 +324,7 @@ class Group:
     """One kernel's worth of the forward, or one library call, in execution order."""
 
     name: str  # "g0", "g1", ...
-    kind: str  # "elementwise" | "row" | "column" | "matmul" | "conv" | "library"
+    kind: str  # "elementwise" | "row" | "column" | "scan" | "matmul" | "conv" | "library"
     ops: list[str]
     tensors: list[Source]  # what it reads, in argument order
     output: Source
@@ -329,7 +341,7 @@ class Group:
 
     @property
     def generated(self) -> bool:
-        return self.kind in ("elementwise", "row", "column", "matmul", "conv")
+        return self.kind in ("elementwise", "row", "column", "scan", "matmul", "conv")
 
     @property
     def rows(self) -> int:
@@ -359,6 +371,8 @@ class Group:
         if self.kind == "row":
             stacked = f", {len(self.expr.values)} values per row" if isinstance(self.expr, Stack) else ""
             return f"{ops}: one row kernel over {self.rows} rows of {self.row_length}{stacked} ({self.output.dtype})"
+        if self.kind == "scan":
+            return f"{ops}: one scan kernel over {self.rows} rows of {self.row_length} ({self.output.dtype})"
         if self.kind == "column":
             outer, reduced, inner = column_extents(self)
             return (f"{ops}: one column kernel reducing {reduced} values for each of {outer} x {inner} outputs "
@@ -453,6 +467,8 @@ def rebuilt(expr: Expr, rule: Callable[[Expr], Expr | None], done: dict[Expr, Ex
             result = replace(expr, value=again(expr.value), index=again(expr.index))
         elif isinstance(expr, Stack):
             result = Stack(tuple(again(value) for value in expr.values))
+        elif isinstance(expr, Scan):
+            result = replace(expr, value=again(expr.value))
         else:
             result = expr
     done[expr] = result
@@ -480,6 +496,8 @@ def walk(expr: Expr | None) -> list[Expr]:
         elif isinstance(node, Stack):
             for value in node.values:
                 visit(value)
+        elif isinstance(node, Scan):
+            visit(node.value)
         seen[node] = None
 
     if expr is not None:

@@ -7,7 +7,7 @@ B' at run time, the binding checks that the carriers agree on it (their other di
 fixed), and the output is allocated with it. Everything that is not proved so keeps B fixed, which the binding
 then checks as before: a fixed kernel fails loudly at another batch, a wrong one would not.
 
-What keeps it fixed: a family other than elementwise and row (column reductions, cuBLASLt, cuDNN); a leading dim
+What keeps it fixed: a family other than elementwise, row and scan (column reductions, cuBLASLt, cuDNN); a leading dim
 that a row kernel reduces; a carrier read at a fixed position along it (x[0] broadcast over the batch) or reaching
 outside its slab; a cat, pad or triangle whose window cuts the leading dim; stacked per-row values (merge.py),
 whose layout is [values, rows]; a returned view that reshapes dim 0; an elementwise vector width that a runtime
@@ -21,7 +21,7 @@ import math
 from kernelpilot.policy.codegen import elementwise_layout
 from kernelpilot.policy.ir import Access, Const, Group, Leaf, Stack, contiguous_strides, walk
 
-FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row")
+FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan")
 
 
 def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
@@ -56,8 +56,8 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
     batch = group.shape[0]
     if not _output_in_slabs(group, batch) or _mentions_batch(group, batch):
         return False
-    if group.kind == "row" and len(group.shape) - group.row_dims < 1:
-        return False  # the leading dim is part of the row: reduced over
+    if group.kind in ("row", "scan") and len(group.shape) - group.row_dims < 1:
+        return False  # the leading dim is part of the row: reduced (or scanned) over
     if group.kind == "elementwise":
         layout = elementwise_layout(group)
         if (math.prod(group.shape) // batch) % layout.vec:

@@ -11,10 +11,10 @@ import operator
 from typing import Any
 
 from kernelpilot.policy.c_ops import C_OPS, INTERNAL_OPS
-from kernelpilot.policy.ir import Builder, Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Value
+from kernelpilot.policy.ir import Builder, Call, Const, Expr, Field, Gather, Leaf, Load, NotFusible, Reduce, Scan, Value
 from kernelpilot.policy.lowering_copies import cat, constant_pad, repeat, triangle
 from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
-from kernelpilot.policy.op_lowering import OpLowering, op_name
+from kernelpilot.policy.op_lowering import KERNEL_DTYPES, OpLowering, op_name
 from kernelpilot.policy.strides import unpermuted
 
 
@@ -216,6 +216,21 @@ def torch_broadcast_shape(*items: Any) -> tuple[int, ...]:
 
 
 
+def _running(o: OpLowering, kind: str) -> Leaf:
+    """cumsum(x, dim) and cumprod(x, dim): a scan kernel over rows along `dim` (moved last: strided loads), with the
+    elementwise ops before it fused into its loads. It is written at once, so ops after it read it from memory; a
+    running value over another dim is written in the permuted order and viewed back."""
+    if o.dtype not in KERNEL_DTYPES:
+        raise NotFusible(f"computes a running {kind} in {o.dtype}; generated scans write float32, float16 or bfloat16")
+    ndim = len(o.args[0].shape)
+    dim = [o.args[1] % ndim] if ndim else []
+    if not dim:
+        raise NotFusible("runs over a 0-d tensor")
+    expr, shape, ops = o.permuted_input(dim)
+    written = o.builder.materialise(Value(Scan(kind, expr, shape), shape, o.dtype, ops + (f"aten.{o.name}",)))
+    return unpermuted(written, o.permutation(dim))
+
+
 def _divide_by_length(total: Field, length: int) -> Expr:
     return Call("mul", (total, Const(1.0 / length)))
 
@@ -250,6 +265,8 @@ _REDUCTIONS = {
     "avg_pool3d": lambda o: pool(o, maximum=False),
     "nll_loss_forward": _nll_loss,
     "gather": _gather,
+    "cumsum": lambda o: _running(o, "sum"),
+    "cumprod": lambda o: _running(o, "prod"),
 }
 # Ops that copy their input into a new layout.
 _COPIES = {"repeat": repeat, "cat": cat, "stack": lambda o: cat(o, stack=True), "constant_pad_nd": constant_pad,

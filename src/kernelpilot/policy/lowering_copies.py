@@ -5,7 +5,7 @@ first."""
 
 from __future__ import annotations
 
-from kernelpilot.policy.ir import Call, Leaf, Load, NotFusible, Value, Window, contiguous_strides
+from kernelpilot.policy.ir import Call, Const, Leaf, Load, NotFusible, Value, Window, contiguous_strides
 from kernelpilot.policy.op_lowering import OpLowering
 
 
@@ -27,11 +27,15 @@ def repeat(o: OpLowering) -> Leaf:
 def cat(o: OpLowering, stack: bool = False) -> Value:
     """cat(tensors, dim) (stack: of the tensors unsqueezed at dim): one elementwise kernel in which each input is a
     windowed load at its place along dim, 0 elsewhere, and the output their sum (one term is not 0 anywhere).
-    Inputs computed in forward are written first."""
+    Inputs computed in forward are written first; an input of zeros (`zeros_like`: an exclusive cumsum's first
+    column) adds nothing and is not read."""
     tensors, dim = o.args[0], o.arg(1, "dim", 0)
     dim %= len(o.shape)
     terms, start = [], 0
     for item in tensors:
+        if isinstance(item, Value) and item.expr == Const(0.0) and len(item.shape) + stack == len(o.shape):
+            start += 1 if stack else item.shape[dim]
+            continue
         leaf = o.written(item)
         if stack:
             viewed = leaf.meta().unsqueeze(dim)
