@@ -23,8 +23,7 @@ from policy_testing import (
 
 @pytest.mark.parametrize("name", sorted(SCAN_PROBLEMS))
 def test_each_running_statistic_computes_what_the_model_does(tmp_path, name):
-    # bf16 rows: the spec rounds once per written element, as the kernel does; the model rounds its bf16 result too.
-    analysis = check_against_model(scan_problem(tmp_path, name), atol=2e-2 if "bf16" in name else 1e-5)
+    analysis = check_against_model(scan_problem(tmp_path, name))
     assert [group.kind for group in analysis.groups].count("scan") == 1, [g.describe() for g in analysis.groups]
 
 
@@ -50,8 +49,8 @@ def test_launch_candidates_size_the_team_to_the_row(tmp_path):
     (long_rows,) = analysed(scan_problem(tmp_path, "cumsum_rows")).groups
     assert [(c.threads, c.items, c.rows_per_block) for c in launch_candidates(long_rows)] == [
         (512, 4, 1), (256, 4, 1), (128, 4, 2)]  # fmt: skip
-    (short_rows,) = analysed(scan_problem(tmp_path, "cumsum_short_rows_bf16")).groups
-    assert [(c.threads, c.items, c.rows_per_block) for c in launch_candidates(short_rows)] == [(4, 2, 64)]
+    (short_rows,) = analysed(scan_problem(tmp_path, "cumsum_short_rows")).groups
+    assert [(c.threads, c.items, c.rows_per_block) for c in launch_candidates(short_rows)] == [(4, 4, 64)]
     kernel = render_kernel(long_rows, launch_candidates(long_rows)[0]).content
     assert "a running sum along each row: 512 threads share a row" in kernel
     assert "constexpr int kVec = 4;" in kernel and "return a + b;" in kernel
@@ -69,6 +68,8 @@ def test_the_batch_of_a_scan_is_a_runtime_size_where_it_only_multiplies_rows(tmp
     ("forward", "blocker"),
     [
         ("x.long().cumsum(-1)", "aten.cumsum (computes a running sum in int64"),
+        # Eager accumulates a half-precision scan in its own dtype on a GPU: a float32 accumulation fails to match.
+        ("x.bfloat16().cumsum(-1)", "aten.cumsum (computes a running sum in bfloat16, which eager accumulates"),
         ("torch.cumsum(x.flip(-1), -1)", "aten.flip (no template for this op)"),
         ("torch.cummax(x, -1).values", "aten.cummax (no template for this op)"),
     ],
@@ -81,7 +82,7 @@ def test_running_statistics_the_policy_does_not_generate_say_so(tmp_path, forwar
 @needs_nvcc
 def test_scan_kernels_compile_without_spills(tmp_path):
     # Every candidate of the long rows; the first of the product, the strided (scalar) loads and the 4-thread team.
-    for name, count in (("cumsum_rows", 3), ("cumprod_rows", 1), ("cumsum_middle_dim", 1), ("cumsum_short_rows_bf16", 1)):
+    for name, count in (("cumsum_rows", 3), ("cumprod_rows", 1), ("cumsum_middle_dim", 1), ("cumsum_short_rows", 1)):
         group = analysed(scan_problem(tmp_path, name)).groups[0]
         for config in launch_candidates(group)[:count]:
             report = compile_cu(render_kernel(group, config).content, tmp_path)
