@@ -13,7 +13,8 @@ from kernelpilot.policy.families import launch_candidates, render_all, render_ke
 from kernelpilot.problem import load_problem
 from kp_testing import nonempty
 from policy_testing import (
-    analysed, assert_generated_kernels_verify, check_against_model, compile_cu, needs_nvcc, write_problem,
+    analysed, assert_every_launch_candidate_verifies, assert_generated_kernels_verify, check_against_model, compile_cu,
+    needs_nvcc, write_problem,
 )  # fmt: skip
 
 # name -> (forward, inputs, __init__ lines): small problems using the ops, each supported.
@@ -97,6 +98,12 @@ PROBLEMS = {
                     F.max_pool2d(x, 3, stride=2, ceil_mode=True),
                     F.max_pool2d(x, 2, stride=2, padding=1, ceil_mode=True))
         """, "torch.randn(2, 3, 9, 10)", ""),
+    # KernelBench L1 41, 43, 44 and 46, smaller: windows over implicit padding, dilated, read in place.
+    "pooling_padded_dilated": ("""
+        def forward(self, x, z):
+            return (F.max_pool1d(x, 8, stride=1, padding=4, dilation=3), F.avg_pool1d(x, 8, stride=1, padding=4),
+                    F.max_pool3d(z, 3, stride=2, padding=1, dilation=3), F.avg_pool3d(z, 3, stride=2, padding=1))
+        """, "torch.randn(4, 6, 300), torch.rand(2, 3, 20, 17, 16)", ""),
     # Joining and padding: windowed loads in one elementwise kernel.
     "cat_stack_pad": ("""
         def forward(self, x, y):
@@ -287,6 +294,30 @@ def test_a_write_through_a_view_is_seen_by_every_later_reader_or_refused(tmp_pat
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_generated_kernels_verify_on_the_gpu(judge, tmp_path, name):
     assert_generated_kernels_verify(judge, problem(tmp_path, name), tmp_path)
+
+
+@pytest.mark.gpu
+def test_every_launch_candidate_of_guarded_pooling_windows_verifies(judge, tmp_path):
+    # Teams of 1 to 16 threads per window, each reading its fill outside the input.
+    assert_every_launch_candidate_verifies(judge, problem(tmp_path, "pooling_padded_dilated"), tmp_path)
+
+
+def test_windows_over_implicit_padding_are_read_in_place_through_a_guarded_load(tmp_path):
+    # No padded copy: an input in memory is read where each window coordinate lies inside it, -inf (max) or 0
+    # (an average counting the padding) elsewhere; a computed input (the ReLU) is written first.
+    groups = analysed(problem(tmp_path, "pooling_padded")).groups
+    assert [g.kind for g in groups] == ["elementwise", "row", "row", "row", "row"] and groups[0].ops == ["aten.relu"]
+    for group in groups[1:]:
+        (access,) = group.accesses
+        assert access.guard is not None and access.offset <= 0 and group.leading_free
+    (max_pool, avg_pool, _, _) = groups[1:]
+    assert max_pool.accesses[0].guard.fill == -float("inf") and avg_pool.accesses[0].guard.fill == 0.0
+    # max_pool2d(relu(x), 3, stride=2, padding=1) over 9x10: row = 2x3x5x5 windows of 3x3, input rows -1 + 2 * out + k.
+    assert max_pool.shape == (2, 3, 5, 5, 3, 3)
+    assert max_pool.accesses[0].guard.checks == ((((2, 2), (4, 1)), -1, 9), (((3, 2), (5, 1)), -1, 10))
+    kernel = render_kernel(max_pool, launch_candidates(max_pool)[0]).content
+    assert "if (const int64_t c = -1 + row / 5 % 5 * 2 + column / 3 % 3 * 1; c < 0 || c >= 9) return false;" in kernel
+    assert "= inside0(safe_row, col) ? to_float(row0[column_offset0(col)]) : (-INFINITY);" in kernel
 
 
 @pytest.mark.parametrize("made", ["torch.zeros_like(x)", "torch.full_like(x, 2.5)", "torch.ones(4, 8, device=x.device)",

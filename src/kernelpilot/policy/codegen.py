@@ -223,6 +223,7 @@ def row_layout(group: Group) -> Layout:
     vec = vector_width(dtypes) if dtypes else 1
     fits = (
         row[-1] % vec == 0
+        and all(a.guard is None for a in group.accesses)  # a guarded access loads element by element
         and all(strides[i][-1] in (0, 1) for i in element)
         and all(offsets[i] % vec == 0 and all(x % vec == 0 for x in strides[i][:-1]) for i in vectors)
     )

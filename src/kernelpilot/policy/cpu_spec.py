@@ -72,7 +72,9 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             access = group.accesses[group.loads[node]]
             source = group.tensors[access.tensor]
             flat = memory[(source.kind, source.name)].double().flatten()
-            if access.bounds is None:
+            if access.guard is not None:
+                result = guarded(flat, group.shape, access)
+            elif access.bounds is None:
                 result = torch.as_strided(flat, group.shape, access.strides, access.offset)
             else:
                 result = windowed(flat, group.shape, access)
@@ -118,6 +120,18 @@ def windowed(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torc
         kept = kept.triu(k) if upper else kept.tril(k)
         result = torch.where(kept, result, torch.tensor(access.fill, dtype=torch.float64))
     return result
+
+
+def guarded(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torch.Tensor:
+    """A guarded access over `shape`: the element its strides reach where every check holds, its fill elsewhere."""
+    coordinates = torch.meshgrid(*[torch.arange(size) for size in shape], indexing="ij")
+    index = access.offset + sum(c * stride for c, stride in zip(coordinates, access.strides))
+    inside = torch.ones(shape, dtype=torch.bool)
+    for terms, low, size in access.guard.checks:
+        coordinate = low + sum(coordinates[j] * factor for j, factor in terms)
+        inside &= (coordinate >= 0) & (coordinate < size)
+    values = flat[torch.as_tensor(index).clamp(0, flat.numel() - 1)]
+    return torch.where(inside, values, torch.tensor(access.guard.fill, dtype=torch.float64))
 
 
 def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,16 @@ class Window:
     diagonal: tuple[int, bool] | None = None
 
 
+@dataclass(frozen=True)
+class Guard:
+    """Where a guarded load reads: only where every check holds, `fill` elsewhere. A check (terms, low, size) holds
+    where low + the sum of factor * coordinate j of the use, over its (j, factor) terms, lies in [0, size): a pooling
+    window over implicit padding reads input coordinate out * stride + k * dilation - padding, inside the input."""
+
+    checks: tuple[tuple[tuple[tuple[int, int], ...], int, int], ...]
+    fill: float
+
+
 @hashed_once
 @dataclass(frozen=True)
 class Load:
@@ -108,13 +118,14 @@ class Load:
 
     `rows` marks a use inside a keepdim=False reduction's result, whose shape lacks the reduced last dim.
     `window`: a windowed load (see Window; its leaf has as many dims as `use_shape`, and only elementwise kernels
-    over `use_shape` read it).
+    over `use_shape` read it). `guard`: a guarded load (see Guard; only row kernels over `use_shape` read it).
     """
 
     leaf: Leaf
     use_shape: tuple[int, ...]
     rows: bool = False
     window: Window | None = None
+    guard: Guard | None = None
 
 
 @hashed_once
@@ -309,7 +320,7 @@ class Access:
 
     A windowed access (`bounds`, one (start, end) per dim of the iteration shape) reads only where every
     coordinate lies in its range (and on the side of its `diagonal`), and is `fill` elsewhere; its offset may then be
-    negative."""
+    negative. A guarded access (`guard`) reads only where its checks hold, as negative an offset."""
 
     tensor: int  # index into Group.tensors
     strides: tuple[int, ...]
@@ -317,6 +328,7 @@ class Access:
     bounds: tuple[tuple[int, int], ...] | None = None
     fill: float = 0.0
     diagonal: tuple[int, bool] | None = None  # see Window
+    guard: Guard | None = None  # see Guard: its checks are over the group's iteration shape
 
 
 @dataclass

@@ -95,6 +95,8 @@ def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
         return False  # a window (or a triangle's rows) that tells batch indices apart
     if any(stride < 0 for stride in access.strides):
         return False
+    if access.guard is not None:  # it reads inside the tensor only: slab b, unless a check involves the batch
+        return all(dim > 0 for terms, _, _ in access.guard.checks for dim, _ in terms)
     low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[1:], bounds[1:]))
     high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[1:], bounds[1:]))
     return 0 <= low and high < slab

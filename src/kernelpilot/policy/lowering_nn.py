@@ -11,7 +11,7 @@ import math
 import operator
 from typing import Any
 
-from kernelpilot.policy.ir import Call, Const, Field, Leaf, Load, NotFusible, Reduce, Value, dtype_name, walk_reduces
+from kernelpilot.policy.ir import Call, Const, Field, Guard, Leaf, Load, NotFusible, Reduce, Value, dtype_name, walk_reduces
 from kernelpilot.policy.op_lowering import OpLowering
 from kernelpilot.policy.strides import reindexed, unpermuted
 
@@ -118,8 +118,10 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
     """max_poolNd_with_indices(x, kernel, stride, padding, dilation, ceil_mode) and avg_poolNd(x, kernel, stride,
     padding, ceil_mode, count_include_pad, divisor_override): a row kernel whose rows are the windows, the input
     (or the elementwise expression that computes it) read over (*leading, *output, *kernel) through strides, so
-    no window is copied. With padding, or a max's ceil_mode windows past the input, the windows are read from a
-    padded copy. An average's ceil_mode windows past the input (their divisors clipped) are not generated."""
+    no window is copied. With padding, or a max's ceil_mode windows past the input, the input is read from memory
+    through a guarded load, the padding's value where a window reaches outside it (no padded copy; an input
+    computed in forward is written first). An average's ceil_mode windows past the input (their divisors clipped)
+    are not generated."""
     item, kernel = o.args[0], list(o.args[1])
     spatial = len(kernel)
     stride = _sizes(o.arg(2, "stride", []) or kernel, spatial)
@@ -135,25 +137,46 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
                  for size, out, step, span, dil, pad in settings)  # fmt: skip
     if any(past) and not maximum:
         raise NotFusible("averages windows that reach past the input (ceil_mode), whose divisors are clipped")
-    if any(padding) or any(past):
-        # Windows reaching into the padding read a padded copy: -inf for a max, 0 for an average that counts
-        # the padding (its divisor stays the kernel size).
-        if not maximum and not o.arg(5, "count_include_pad", True):
-            raise NotFusible("averages windows over padding it does not count (count_include_pad=False)")
-        low = (0,) * lead + padding
-        high = (0,) * lead + tuple(pad + extra for pad, extra in zip(padding, past))
-        padded = o.padded_copy(item, low, high, -math.inf if maximum else 0.0)
-        expr, shape, ops = Load(padded, padded.shape), padded.shape, ()
-    else:
-        expr, shape, ops = o.elementwise_input()
-    windows = shape[:lead] + tuple(output) + tuple(kernel)
+    windows = item.shape[:lead] + tuple(output) + tuple(kernel)
     uses = [((d, 1),) for d in range(lead)]
     uses += [((lead + i, stride[i]),) for i in range(spatial)] + [((lead + i, dilation[i]),) for i in range(spatial)]
-    stat = Field(Reduce("max" if maximum else "sum", reindexed(expr, shape, windows, uses), windows, spatial),
-                 "max" if maximum else "sum")  # fmt: skip
+    if any(padding) or any(past):
+        # Windows reaching into the padding read -inf for a max, 0 for an average that counts the padding (its
+        # divisor stays the kernel size).
+        if not maximum and not o.arg(5, "count_include_pad", True):
+            raise NotFusible("averages windows over padding it does not count (count_include_pad=False)")
+        checked = [(lead + i, step, dil, pad, size) for i, (size, step, dil, pad, extra)
+                   in enumerate(zip(item.shape[lead:], stride, dilation, padding, past)) if pad or extra]  # fmt: skip
+        expr, ops = _guarded_windows(_in_memory(o, item), windows, uses, checked, -math.inf if maximum else 0.0), ()
+    else:
+        expr, shape, ops = o.elementwise_input()
+        expr = reindexed(expr, shape, windows, uses)
+    stat = Field(Reduce("max" if maximum else "sum", expr, windows, spatial), "max" if maximum else "sum")
     result = stat if maximum else Call("div", (stat, Const(float(divisor or math.prod(kernel)))))
     value = o.row_value(result, windows, False, ops, spatial)
     return (value, None) if maximum else value
+
+
+def _in_memory(o: OpLowering, item: Any) -> Leaf:
+    """The pooled tensor in memory: a tensor read as it is, or a computed value written first (a guarded load fills
+    where the window leaves the input, which an expression of several loads would need after it, not in each)."""
+    if isinstance(item, Value) and isinstance(item.expr, Load) and item.expr.leaf.shape == item.shape:
+        load = item.expr
+        if load.window is None and load.guard is None and not load.rows:
+            return load.leaf
+    return o.written(item)
+
+
+def _guarded_windows(item: Leaf, windows: tuple[int, ...], uses: list, checked: list, fill: float) -> Load:
+    """The windows of a tensor in memory read in place over (*leading, *output, *kernel), each spatial coordinate
+    out * stride + k * dilation - padding checked against the input (`fill` outside): no padded copy is written.
+    `checked` holds (input dim, stride, dilation, padding, size) for each dim a window may leave."""
+    strides = tuple(sum(item.strides[d] * factor for d, factor in moves) for moves in uses)
+    offset = item.offset - sum(pad * item.strides[dim] for dim, _, _, pad, _ in checked)
+    spatial = len(windows) - len(item.shape)  # the kernel's dims, after the output's
+    # The output coordinate of input dim d is iteration coordinate d, its kernel coordinate d + the kernel's dims.
+    checks = tuple((((dim, step), (dim + spatial, dil)), -pad, size) for dim, step, dil, pad, size in checked)
+    return Load(Leaf(item.source, windows, strides, offset), windows, guard=Guard(checks, fill))
 
 
 def _sizes(value: Any, count: int) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from kernelpilot.policy.codegen import (
     LaunchConfig,
     Layout,
     access_comment,
+    c_literal,
     column_terms,
     dtype_context,
     element_loads,
@@ -35,14 +36,15 @@ from kernelpilot.policy.codegen import (
     tensor_context,
 )
 from kernelpilot.policy.leading import describe_leading
-from kernelpilot.policy.ir import STAT_FIELDS, Call, Const, Expr, Field, Gather, Group, Load, Reduce, Stack, walk
+from kernelpilot.policy.ir import STAT_FIELDS, Call, Const, Expr, Field, Gather, Group, Guard, Load, Reduce, Stack, walk
 
 # Data that many rows of a row kernel read (a broadcast mask, a norm's weight) is loaded with L2's evict-last
 # policy when it is at most this large: a sixth of an H100's 50 MB L2, so the rows streaming through still have room.
 L2_KEPT_BYTES = 8 * 1024 * 1024
 # Rows of at most this many vectors also get a one-thread team (after the expected best), when there are at least
-# MANY_ROWS of them: about one resident thread each on an H100's 132 SMs x 2048 threads.
-SHORT_ROW_VECTORS = 16
+# MANY_ROWS of them: about one resident thread each on an H100's 132 SMs x 2048 threads. (32: a 3x3x3 pooling
+# window, 27 elements read one by one, is one.)
+SHORT_ROW_VECTORS = 32
 MANY_ROWS = 1 << 18
 # A row split over a cluster gives each block at least this many bytes to read: four 16-byte vectors for each of
 # 1024 threads.
@@ -209,6 +211,7 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "terms": index_terms(layout.shape[:outer_dims], layout.strides[i][:outer_dims]),
                 "column_terms": column_terms(layout, i),
                 "comment": access_comment(group, i, layout, "rows x row elements"),
+                "guard": _guard_context(group, access.guard),
             }
         )
     element = [a for a in accesses if a["along_row"]]
@@ -254,6 +257,23 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "kept_in_l2": any(a["kept_in_l2"] for a in element),
         **dtype_context(group, _integer_reads(accesses)),
     }
+
+
+def _guard_context(group: Group, guard: Guard | None) -> dict[str, Any] | None:
+    """A guarded access's checks for the template: each coordinate of the iteration shape a check names, taken from
+    the flat row index (an outer dim) or the flat column index (a dim of the row), its divisor and size there."""
+    if guard is None:
+        return None
+    split = len(group.shape) - group.row_dims
+
+    def term(dim: int, factor: int) -> dict[str, Any]:
+        outer = dim < split
+        divisor = math.prod(group.shape[dim + 1 : split if outer else len(group.shape)])
+        return {"outer": outer, "divisor": divisor, "size": group.shape[dim], "factor": factor}
+
+    checks = [{"terms": [term(dim, factor) for dim, factor in terms], "low": low, "size": size}
+              for terms, low, size in guard.checks]  # fmt: skip
+    return {"checks": checks, "fill": c_literal(guard.fill)}
 
 
 def _read_by_many_rows(group: Group, layout: Layout, index: int) -> bool:

@@ -65,6 +65,7 @@ def scan_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
                 "terms": index_terms(layout.shape[:outer_dims], layout.strides[i][:outer_dims]),
                 "column_terms": column_terms(layout, i),
                 "comment": access_comment(group, i, layout, "rows x row elements"),
+                "guard": None,
             }
         )
     names = {load: (f"e{index}" if layout.along_row(index) else f"r{index}") for load, index in group.loads.items()}

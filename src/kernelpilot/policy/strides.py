@@ -20,7 +20,12 @@ def resolve_accesses(group: Group) -> None:
         source = node.leaf.source
         if source not in group.tensors:
             group.tensors.append(source)
-        if node.window is None:
+        if node.guard is not None:
+            if group.kind != "row" or node.use_shape != group.shape or node.rows:
+                raise NotFusible("reads a pooling window over implicit padding in a kernel that is not its row kernel")
+            strides, offset = strides_in(node, group.shape, group.inner_dims)
+            access = Access(group.tensors.index(source), strides, offset, guard=node.guard)
+        elif node.window is None:
             strides, offset = strides_in(node, group.shape, group.inner_dims)
             access = Access(group.tensors.index(source), strides, offset)
         else:
