@@ -508,7 +508,8 @@ def few_long_rows_problem(folder: Path, name: str) -> Path:
 
 # Running sums and products (scan.py): long rows in 16-byte vectors, a product, a mask fused into the loads, a dim
 # before the last (strided loads, the result copied back in order), short rows shared by four threads, KernelBench's
-# exclusive form (a cat of zeros and the scan of all but the last column: a second kernel) and an epilogue after it.
+# exclusive form (a cat of zeros and the scan of all but the last column: a second kernel), an epilogue after it,
+# a reverse cumsum (flip, cumsum, flip: one scan from the row's end) and a cumsum of a flipped input.
 SCAN_PROBLEMS = {
     "cumsum_rows": ("x", "torch.cumsum(x, dim=1)", "torch.rand(64, 5000)"),
     "cumprod_rows": ("x", "torch.cumprod(1 + x / 64, dim=-1)", "torch.rand(32, 1000)"),
@@ -518,6 +519,8 @@ SCAN_PROBLEMS = {
     "exclusive_cumsum": ("x", "torch.cat((torch.zeros_like(x[:, :1]), torch.cumsum(x[:, :-1], dim=1)), dim=1)",
                          "torch.randn(8, 1001)"),
     "cumsum_then_scale": ("x", "torch.cumsum(x, -1) * 0.5 + 1", "torch.randn(8, 2048)"),
+    "reverse_cumsum": ("x", "torch.cumsum(x.flip(1), 1).flip(1)", "torch.randn(16, 4096)"),
+    "cumsum_of_flipped": ("x", "torch.cumsum(x.flip(-1), -1)", "torch.randn(8, 1000)"),
 }  # fmt: skip
 
 

@@ -375,7 +375,7 @@ def test_returned_input_is_copied_and_a_tuple_stays_a_tuple(tmp_path):
         ("def forward(self, x):\n    return torch.topk(x, 2, dim=-1)[0]", "aten.topk"),
         ("def forward(self, x):\n    return (x.long() @ x.long()).float()", "aten.mm"),
         ("def forward(self, x):\n    return torch.addmm(x, x, x, beta=0.5)", "aten.addmm"),
-        ("def forward(self, x):\n    return x.flip(-1)", "aten.flip"),
+        ("def forward(self, x):\n    return x.roll(1, -1)", "aten.roll"),
         ("def forward(self, x):\n    return x * x.sum().item()", "forward"),
     ],
 )

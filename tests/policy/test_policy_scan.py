@@ -45,6 +45,29 @@ def test_a_scan_over_a_dim_before_the_last_reads_with_strides_and_is_copied_back
     assert copy.kind == "elementwise" and copy.tensors == [scan.output] and copy.output.shape == (4, 300, 20)
 
 
+def test_a_reverse_cumsum_is_one_scan_from_the_rows_end_whose_flips_cancel(tmp_path):
+    # KernelBench L1 91: x.flip(1).cumsum(1).flip(1) reads x forward (16-byte vectors) and returns the scan's output.
+    analysis = analysed(scan_problem(tmp_path, "reverse_cumsum"))
+    (group,) = analysis.groups
+    assert group.expr.reverse and group.accesses[0].strides == (4096, 1) and group.ops == ["aten.flip", "aten.cumsum"]
+    (returned,) = analysis.outputs
+    assert returned.source == group.output and returned.strides == (4096, 1)
+    kernel = render_kernel(group, launch_candidates(group)[0]).content
+    assert "constexpr bool kReverse = true;" in kernel and "constexpr int kVec = 4;" in kernel
+    # Without the flip after it, the scan runs forward over the flipped input (negative strides, scalar loads).
+    (forward,) = analysed(scan_problem(tmp_path, "cumsum_of_flipped")).groups
+    assert not forward.expr.reverse and forward.accesses[0].strides == (1000, -1)
+
+
+@pytest.mark.parametrize(("forward", "strides"), [("x.flip(1) * 2 + 1", [(100, -1)]),
+                                                  ("x.flip(0, 1) + y", [(-100, -1), (100, 1)])])  # fmt: skip
+def test_a_flip_is_a_load_through_negative_strides(tmp_path, forward, strides):
+    path = write_problem(tmp_path, "flip", f"def forward(self, x, y):\n    return {forward}",
+                         "torch.randn(8, 100), torch.randn(8, 100)")  # fmt: skip
+    (group,) = check_against_model(path).groups
+    assert group.kind == "elementwise" and [a.strides for a in group.accesses] == strides
+
+
 def test_launch_candidates_size_the_team_to_the_row(tmp_path):
     (long_rows,) = analysed(scan_problem(tmp_path, "cumsum_rows")).groups
     assert [(c.threads, c.items, c.rows_per_block) for c in launch_candidates(long_rows)] == [
@@ -70,7 +93,6 @@ def test_the_batch_of_a_scan_is_a_runtime_size_where_it_only_multiplies_rows(tmp
         ("x.long().cumsum(-1)", "aten.cumsum (computes a running sum in int64"),
         # Eager accumulates a half-precision scan in its own dtype on a GPU: a float32 accumulation fails to match.
         ("x.bfloat16().cumsum(-1)", "aten.cumsum (computes a running sum in bfloat16, which eager accumulates"),
-        ("torch.cumsum(x.flip(-1), -1)", "aten.flip (no template for this op)"),
         ("torch.cummax(x, -1).values", "aten.cummax (no template for this op)"),
     ],
 )
@@ -81,8 +103,10 @@ def test_running_statistics_the_policy_does_not_generate_say_so(tmp_path, forwar
 
 @needs_nvcc
 def test_scan_kernels_compile_without_spills(tmp_path):
-    # Every candidate of the long rows; the first of the product, the strided (scalar) loads and the 4-thread team.
-    for name, count in (("cumsum_rows", 3), ("cumprod_rows", 1), ("cumsum_middle_dim", 1), ("cumsum_short_rows", 1)):
+    # Every candidate of the long rows; the first of the product, the strided (scalar) loads, the 4-thread team and
+    # the reverse scan.
+    for name, count in (("cumsum_rows", 3), ("cumprod_rows", 1), ("cumsum_middle_dim", 1), ("cumsum_short_rows", 1),
+                        ("reverse_cumsum", 1)):  # fmt: skip
         group = analysed(scan_problem(tmp_path, name)).groups[0]
         for config in launch_candidates(group)[:count]:
             report = compile_cu(render_kernel(group, config).content, tmp_path)

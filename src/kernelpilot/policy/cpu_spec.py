@@ -72,7 +72,7 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             access = group.accesses[group.loads[node]]
             source = group.tensors[access.tensor]
             flat = memory[(source.kind, source.name)].double().flatten()
-            if access.guard is not None:
+            if access.guard is not None or any(stride < 0 for stride in access.strides):
                 result = guarded(flat, group.shape, access)
             elif access.bounds is None:
                 result = torch.as_strided(flat, group.shape, access.strides, access.offset)
@@ -90,7 +90,11 @@ def evaluate_group(group: Group, memory: dict) -> torch.Tensor:
             result = gathered(node, value(node.value).expand(node.shape), value(node.index).expand(node.shape))
         elif isinstance(node, Scan):  # a running sum or product along the row
             running = torch.cumsum if node.kind == "sum" else torch.cumprod
-            result = running(value(node.value).expand(node.shape), dim=-1)
+            operand = value(node.value).expand(node.shape)
+            if node.reverse:
+                result = running(operand.flip(-1), dim=-1).flip(-1)
+            else:
+                result = running(operand, dim=-1)
         elif isinstance(node, Stack):  # several values per row, written one after another
             result = torch.stack([value(item).expand(group.shape) for item in node.values])
         values[node] = result
@@ -123,15 +127,17 @@ def windowed(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torc
 
 
 def guarded(flat: torch.Tensor, shape: tuple[int, ...], access: Access) -> torch.Tensor:
-    """A guarded access over `shape`: the element its strides reach where every check holds, its fill elsewhere."""
+    """An access over `shape` through index arithmetic (as_strided takes no negative strides: a flipped access):
+    the element its strides reach where every check of its guard holds, the guard's fill elsewhere."""
     coordinates = torch.meshgrid(*[torch.arange(size) for size in shape], indexing="ij")
     index = access.offset + sum(c * stride for c, stride in zip(coordinates, access.strides))
     inside = torch.ones(shape, dtype=torch.bool)
-    for terms, low, size in access.guard.checks:
+    for terms, low, size in access.guard.checks if access.guard is not None else ():
         coordinate = low + sum(coordinates[j] * factor for j, factor in terms)
         inside &= (coordinate >= 0) & (coordinate < size)
     values = flat[torch.as_tensor(index).clamp(0, flat.numel() - 1)]
-    return torch.where(inside, values, torch.tensor(access.guard.fill, dtype=torch.float64))
+    fill = access.guard.fill if access.guard is not None else 0.0
+    return torch.where(inside, values, torch.tensor(fill, dtype=torch.float64))
 
 
 def gathered(gather: Gather, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

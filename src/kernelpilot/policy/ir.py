@@ -210,6 +210,7 @@ class Scan:
     kind: str  # "sum" | "prod"
     value: Expr  # elementwise over `shape`
     shape: tuple[int, ...]
+    reverse: bool = False  # from the row's end: element i is value[i] op ... op value[n - 1]
 
 
 @hashed_once

@@ -15,7 +15,7 @@ from kernelpilot.policy.ir import Builder, Call, Const, Expr, Field, Gather, Lea
 from kernelpilot.policy.lowering_copies import cat, constant_pad, repeat, triangle
 from kernelpilot.policy.lowering_nn import batch_norm, group_norm, layer_norm, pool
 from kernelpilot.policy.op_lowering import KERNEL_DTYPES, OpLowering, op_name
-from kernelpilot.policy.strides import unpermuted
+from kernelpilot.policy.strides import flipped, unpermuted
 
 
 # In-place ops generated as their functional form when they overwrite a value nothing else reads (`_out_of_place`).
@@ -219,7 +219,9 @@ def torch_broadcast_shape(*items: Any) -> tuple[int, ...]:
 def _running(o: OpLowering, kind: str) -> Leaf:
     """cumsum(x, dim) and cumprod(x, dim): a scan kernel over rows along `dim` (moved last: strided loads), with the
     elementwise ops before it fused into its loads. It is written at once, so ops after it read it from memory; a
-    running value over another dim is written in the permuted order and viewed back."""
+    running value over another dim is written in the permuted order and viewed back. Read back through a flip
+    along `dim` (a reverse cumsum, `x.flip(d).cumsum(d).flip(d)`), it is scanned from the row's end instead and
+    returned flipped, so the flips cancel: one pass, forward loads."""
     if o.dtype in ("float16", "bfloat16"):
         # Eager's CUDA scan accumulates in the tensor's own dtype (pytorch/pytorch#180150): a float accumulation
         # differs from it by several ulps of the running value, beyond the tolerance (measured on an H200).
@@ -232,8 +234,29 @@ def _running(o: OpLowering, kind: str) -> Leaf:
     if not dim:
         raise NotFusible("runs over a 0-d tensor")
     expr, shape, ops = o.permuted_input(dim)
-    written = o.builder.materialise(Value(Scan(kind, expr, shape), shape, o.dtype, ops + (f"aten.{o.name}",)))
-    return unpermuted(written, o.permutation(dim))
+    users = list(o.node.users)
+    reverse = len(users) == 1 and op_name(users[0].target) == "flip" and _flip_dims(users[0], ndim) == dim
+    if reverse:
+        expr = flipped(expr, shape, [len(shape) - 1])
+    written = o.builder.materialise(Value(Scan(kind, expr, shape, reverse), shape, o.dtype, ops + (f"aten.{o.name}",)))
+    result = unpermuted(written, o.permutation(dim))
+    if not reverse:
+        return result
+    return Value(flipped(Load(result, result.shape), result.shape, dim), result.shape, o.dtype, ())
+
+
+def _flip_dims(node: Any, ndim: int) -> list[int]:
+    return sorted(d % ndim for d in node.args[1])
+
+
+def _flip(o: OpLowering) -> Value | Leaf:
+    """flip(x, dims): x read through negative strides along `dims` (an expression's every load). What it gives
+    back is a tensor in memory read as it is (a flip of a flipped scan: lowering.py's `_running`) stays that tensor."""
+    expr, shape, ops = o.elementwise_input()
+    result = flipped(expr, shape, _flip_dims(o.node, len(shape)))
+    if isinstance(result, Load) and result.leaf.shape == shape and all(s >= 0 for s in result.leaf.strides):
+        return result.leaf
+    return Value(result, shape, o.dtype, ops + ("aten.flip",))
 
 
 def _divide_by_length(total: Field, length: int) -> Expr:
@@ -274,7 +297,7 @@ _REDUCTIONS = {
     "cumprod": lambda o: _running(o, "prod"),
 }
 # Ops that copy their input into a new layout.
-_COPIES = {"repeat": repeat, "cat": cat, "stack": lambda o: cat(o, stack=True), "constant_pad_nd": constant_pad,
+_COPIES = {"flip": _flip, "repeat": repeat, "cat": cat, "stack": lambda o: cat(o, stack=True), "constant_pad_nd": constant_pad,
            "triu": lambda o: triangle(o, upper=True), "tril": lambda o: triangle(o, upper=False)}
 
 

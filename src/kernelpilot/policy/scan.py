@@ -89,6 +89,7 @@ def scan_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "operator": operator,
         "identity": identity,
         "statistic": SCAN_WORDS[scan.kind],
+        "reverse": scan.reverse,
         "all_accesses": accesses,
         "element_accesses": element,
         "row_accesses": [a for a in accesses if not a["along_row"]],

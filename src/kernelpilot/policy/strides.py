@@ -1,6 +1,7 @@
 """Access strides: where each Load of a group reads its tensor, as strides over the group's iteration shape
 (splitting a dim the iteration shape splits, broadcasting the dims a tensor lacks). Run once a group is final.
-Also: an elementwise expression re-read over its shape with the dims permuted, and a permuted result's view back."""
+Also: an elementwise expression re-read over its shape with the dims permuted or reversed (flip: negative strides),
+and a permuted result's view back."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def resolve_accesses(group: Group) -> None:
         source = node.leaf.source
         if source not in group.tensors:
             group.tensors.append(source)
+        if group.kind not in ("elementwise", "row", "scan") and any(s < 0 for s in node.leaf.strides):
+            raise NotFusible("reads a reversed (flipped) tensor in a kernel that is not elementwise, row or scan")
         if node.guard is not None:
             if group.kind != "row" or node.use_shape != group.shape or node.rows:
                 raise NotFusible("reads a pooling window over implicit padding in a kernel that is not its row kernel")
@@ -124,6 +127,25 @@ def reindexed(expr: Expr, shape: tuple[int, ...], new_shape: tuple[int, ...],
         if isinstance(node, Const):
             return node
         raise NotFusible("re-reads an expression that holds a row statistic over another shape")
+
+    return rebuilt(expr, rule)
+
+
+def flipped(expr: Expr, shape: tuple[int, ...], dims: list[int]) -> Expr:
+    """An elementwise expression over `shape` (no statistics, no windows) read with the `dims` reversed: each load
+    reads through a negative stride there, from the other end. Flipping twice gives back the same loads."""
+
+    def rule(node: Expr) -> Expr | None:
+        if isinstance(node, Load) and not node.rows and node.window is None and node.guard is None:
+            strides, offset = strides_in(node, shape)
+            offset += sum((shape[d] - 1) * strides[d] for d in dims)
+            new_strides = tuple(-stride if d in dims else stride for d, stride in enumerate(strides))
+            return Load(Leaf(node.leaf.source, shape, new_strides, offset), shape)
+        if isinstance(node, Call):
+            return None
+        if isinstance(node, Const):
+            return node
+        raise NotFusible("reverses an expression that holds a row statistic or a window")
 
     return rebuilt(expr, rule)
 
