@@ -188,3 +188,22 @@ def test_a_judge_that_does_not_trust_the_folder_ignores_a_signed_entry_there_and
     untrusting = bench_in(MemoryCache(note=UNTRUSTED))
     assert untrusting.compiled.median_ms < FORGED_MS / 10 and UNTRUSTED in untrusting.message
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+def test_a_spare_started_ahead_is_the_first_sandbox_handed_out(tmp_path, monkeypatch):
+    """On a GPU the worker starts the first sandbox while it builds (`op_build`): the verification after the build
+    takes that one, and a second prelaunch while it is starting starts nothing more."""
+    from kernelpilot.harness import sandbox_client
+
+    launched = []
+
+    class Recording(HelloOnly):
+        def launch(self) -> None:
+            launched.append(self)
+
+    monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
+    pool = sandbox_client.SandboxPool("cpu", tmp_path)
+    pool.prelaunch()
+    pool.prelaunch()
+    assert len(launched) == 1
+    assert pool.take() is launched[0] and len(launched) == 2  # the next spare starts as this one is taken

@@ -179,10 +179,14 @@ def op_ping(state: WorkerState, args: dict) -> dict:
 
 
 def op_build(state: WorkerState, args: dict) -> dict:
-    """Build the workspace's extension (ninja runs in this process group, so a timeout kills it too)."""
+    """Build the workspace's extension (ninja runs in this process group, so a timeout kills it too). On a GPU the
+    first sandbox starts meanwhile: a build is followed by a verification (on the CPU, where tests build without
+    verifying, nothing is started ahead)."""
     from kernelpilot.build import build_workspace
     from kernelpilot.results import to_dict
 
+    if state.device.startswith("cuda"):
+        state.pool.prelaunch()
     return to_dict(build_workspace(Path(args["workspace"]), arch=args.get("arch"), jobs=args.get("jobs")))
 
 
