@@ -231,6 +231,24 @@ def row_layout(group: Group) -> Layout:
     return layout
 
 
+def row_access_context(group: Group, layout: Layout, index: int) -> dict[str, Any]:
+    """What a row or scan template knows of access `index`: its tensor and C type, whether it moves along the row
+    (and is constant along its innermost dim: one load per vector), and the offset terms of its row and column."""
+    access = group.accesses[index]
+    outer_dims = len(layout.shape) - layout.row_dims
+    return {
+        "index": index,
+        "tensor": access.tensor,
+        "ctype": CTYPES[group.tensors[access.tensor].dtype],
+        "along_row": layout.along_row(index),
+        "broadcast": layout.vector_broadcast(index),
+        "offset": layout.offsets[index],
+        "terms": index_terms(layout.shape[:outer_dims], layout.strides[index][:outer_dims]),
+        "column_terms": column_terms(layout, index),
+        "comment": access_comment(group, index, layout, "rows x row elements"),
+    }
+
+
 def column_terms(layout: Layout, index: int) -> list[dict[str, Any]]:
     """Offset terms of access `index` for a column (a flat index over the row dims), its own dims merged."""
     row = layout.shape[len(layout.shape) - layout.row_dims :]

@@ -23,15 +23,13 @@ from kernelpilot.policy.codegen import (
     Emitter,
     LaunchConfig,
     Layout,
-    access_comment,
     c_literal,
-    column_terms,
     dtype_context,
     element_loads,
-    index_terms,
     kernel_stem,
     launcher_name,
     next_power_of_two,
+    row_access_context,
     row_layout,
     tensor_context,
 )
@@ -192,25 +190,16 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     stat_accesses = set(_stat_accesses(group, layout))
     cluster = max(config.shared_blocks, config.split_blocks, 1)
     span = _span(group.row_length, cluster, layout.vec)
-    outer_dims = len(layout.shape) - layout.row_dims
     accesses = []
     for i, access in enumerate(group.accesses):
         accesses.append(
             {
-                "index": i,
-                "tensor": access.tensor,
-                "ctype": CTYPES[group.tensors[access.tensor].dtype],
-                "along_row": layout.along_row(i),
-                "broadcast": layout.vector_broadcast(i),
+                **row_access_context(group, layout, i),
                 "integer": group.tensors[access.tensor].dtype == "int64",
                 "cached": cached and i in stat_accesses,
                 "kept_in_l2": _read_by_many_rows(group, layout, i),
                 "shared": shared and i in stat_accesses,
                 "cache_offset": sorted(stat_accesses).index(i) * span if shared and i in stat_accesses else 0,
-                "offset": layout.offsets[i],
-                "terms": index_terms(layout.shape[:outer_dims], layout.strides[i][:outer_dims]),
-                "column_terms": column_terms(layout, i),
-                "comment": access_comment(group, i, layout, "rows x row elements"),
                 "guard": _guard_context(group, access.guard),
             }
         )

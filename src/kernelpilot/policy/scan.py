@@ -18,13 +18,11 @@ from kernelpilot.policy.codegen import (
     CTYPES,
     Emitter,
     LaunchConfig,
-    access_comment,
-    column_terms,
     dtype_context,
-    index_terms,
     kernel_stem,
     launcher_name,
     next_power_of_two,
+    row_access_context,
     row_layout,
     tensor_context,
 )
@@ -51,23 +49,7 @@ def scan_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     scan = group.expr
     assert isinstance(scan, Scan), "a scan group's expression is its Scan"
     layout = row_layout(group)
-    outer_dims = len(layout.shape) - layout.row_dims
-    accesses = []
-    for i, access in enumerate(group.accesses):
-        accesses.append(
-            {
-                "index": i,
-                "tensor": access.tensor,
-                "ctype": CTYPES[group.tensors[access.tensor].dtype],
-                "along_row": layout.along_row(i),
-                "broadcast": layout.vector_broadcast(i),
-                "offset": layout.offsets[i],
-                "terms": index_terms(layout.shape[:outer_dims], layout.strides[i][:outer_dims]),
-                "column_terms": column_terms(layout, i),
-                "comment": access_comment(group, i, layout, "rows x row elements"),
-                "guard": None,
-            }
-        )
+    accesses = [{**row_access_context(group, layout, i), "guard": None} for i in range(len(group.accesses))]
     names = {load: (f"e{index}" if layout.along_row(index) else f"r{index}") for load, index in group.loads.items()}
     emitter = Emitter(names, itertools.count())
     value = emitter.value(scan.value)

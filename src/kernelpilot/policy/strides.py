@@ -111,43 +111,33 @@ def permuted_expr(expr: Expr, shape: tuple[int, ...], order: list[int]) -> Expr:
 
 
 def reindexed(expr: Expr, shape: tuple[int, ...], new_shape: tuple[int, ...],
-              uses: list[tuple[tuple[int, int], ...]]) -> Expr:  # fmt: skip
+              uses: list[tuple[tuple[int, int], ...]], start: tuple[int, ...] | None = None) -> Expr:  # fmt: skip
     """An elementwise expression over `shape` (no statistics, no per-row loads) read over `new_shape`, whose
-    coordinate j moves coordinate d of `shape` by f for each (d, f) in uses[j]: a permutation, or a pooling's
-    windows (an output position moves its dim by the stride, a kernel position by the dilation). Each load reads
-    through the strides that follow."""
+    coordinate j moves coordinate d of `shape` by f for each (d, f) in uses[j], from coordinate `start` of `shape`
+    (its origin by default): a permutation, a pooling's windows (an output position moves its dim by the stride, a
+    kernel position by the dilation), or a flip (-1 from the last index). Each load reads through the strides
+    that follow."""
 
     def rule(node: Expr) -> Expr | None:
-        if isinstance(node, Load) and not node.rows:
+        if isinstance(node, Load) and not node.rows and node.window is None and node.guard is None:
             strides, offset = strides_in(node, shape)
+            offset += sum(at * stride for at, stride in zip(start or (), strides))
             new_strides = tuple(sum(strides[d] * factor for d, factor in moves) for moves in uses)
             return Load(Leaf(node.leaf.source, new_shape, new_strides, offset), new_shape)
         if isinstance(node, Call):
             return None
         if isinstance(node, Const):
             return node
-        raise NotFusible("re-reads an expression that holds a row statistic over another shape")
+        raise NotFusible("re-reads an expression that holds a row statistic or a window over another shape")
 
     return rebuilt(expr, rule)
 
 
 def flipped(expr: Expr, shape: tuple[int, ...], dims: list[int]) -> Expr:
-    """An elementwise expression over `shape` (no statistics, no windows) read with the `dims` reversed: each load
-    reads through a negative stride there, from the other end. Flipping twice gives back the same loads."""
-
-    def rule(node: Expr) -> Expr | None:
-        if isinstance(node, Load) and not node.rows and node.window is None and node.guard is None:
-            strides, offset = strides_in(node, shape)
-            offset += sum((shape[d] - 1) * strides[d] for d in dims)
-            new_strides = tuple(-stride if d in dims else stride for d, stride in enumerate(strides))
-            return Load(Leaf(node.leaf.source, shape, new_strides, offset), shape)
-        if isinstance(node, Call):
-            return None
-        if isinstance(node, Const):
-            return node
-        raise NotFusible("reverses an expression that holds a row statistic or a window")
-
-    return rebuilt(expr, rule)
+    """An elementwise expression over `shape` read with the `dims` reversed: each load reads through a negative
+    stride there, from the other end. Flipping twice gives back the same loads."""
+    uses = [((d, -1 if d in dims else 1),) for d in range(len(shape))]
+    return reindexed(expr, shape, shape, uses, tuple(size - 1 if d in dims else 0 for d, size in enumerate(shape)))
 
 
 def unpermuted(leaf: Leaf, order: list[int]) -> Leaf:
