@@ -183,6 +183,22 @@ def _stat_accesses(group: Group, layout: Layout) -> list[int]:
     return sorted(i for i in indices if layout.along_row(i))
 
 
+def row_launch_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
+    """What a row or scan template knows of its rows and launch: how many (per index of a runtime batch), how long,
+    and the team and rows of a block."""
+    return {
+        "description": group.describe(),
+        "config": config,
+        "rows": group.rows,
+        "leading": group.leading_free,
+        "batch_rows": group.rows // group.shape[0] if group.leading_free else None,
+        "shapes": describe_leading(group),
+        "row_length": group.row_length,
+        "threads_per_row": config.threads,
+        "rows_per_block": config.rows_per_block,
+    }
+
+
 def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     layout = row_layout(group)
     cached = _cached(group, layout, config)
@@ -211,15 +227,7 @@ def row_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         a["fill_in_level0"] = a["index"] in first_pass
     vector_tensors = {a["tensor"] for a in element if not a["broadcast"]} if layout.vec > 1 else set()
     return {
-        "description": group.describe(),
-        "config": config,
-        "rows": group.rows,
-        "leading": group.leading_free,
-        "batch_rows": group.rows // group.shape[0] if group.leading_free else None,
-        "shapes": describe_leading(group),
-        "row_length": group.row_length,
-        "threads_per_row": config.threads,
-        "rows_per_block": config.rows_per_block,
+        **row_launch_context(group, config),
         "vec": layout.vec,
         "cached": cached,
         "shared": shared,

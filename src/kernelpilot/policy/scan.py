@@ -27,7 +27,7 @@ from kernelpilot.policy.codegen import (
     tensor_context,
 )
 from kernelpilot.policy.ir import Group, Scan
-from kernelpilot.policy.leading import describe_leading
+from kernelpilot.policy.row import row_launch_context
 
 # Per kind: the C operator of the running statistic and its identity.
 SCAN_OPS = {"sum": ("+", "0.0f"), "prod": ("*", "1.0f")}
@@ -57,15 +57,7 @@ def scan_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
     vector_tensors = {a["tensor"] for a in element if not a["broadcast"]} if layout.vec > 1 else set()
     operator, identity = SCAN_OPS[scan.kind]
     return {
-        "description": group.describe(),
-        "config": config,
-        "rows": group.rows,
-        "leading": group.leading_free,
-        "batch_rows": group.rows // group.shape[0] if group.leading_free else None,
-        "shapes": describe_leading(group),
-        "row_length": group.row_length,
-        "threads_per_row": config.threads,
-        "rows_per_block": config.rows_per_block,
+        **row_launch_context(group, config),
         "items": config.items,
         "vec": layout.vec,
         "operator": operator,
