@@ -499,6 +499,19 @@ FEW_LONG_ROWS = {
 }
 
 
+# Rows interleaved in memory (reduced over a middle dim, the next row one element on): KernelBench L1 52's argmin
+# over dim 1 of 128x4096x4095, smaller, and a softmax over the channels of a few images.
+INTERLEAVED_ROWS = {
+    "argmin_middle_dim": ("torch.argmin(x, dim=1)", "torch.rand(64, 256, 4096)"),
+    "softmax_channels": ("torch.softmax(x, dim=1)", "torch.randn(4, 64, 256, 256)"),
+}
+
+
+def interleaved_rows_problem(folder: Path, name: str) -> Path:
+    returned, inputs = INTERLEAVED_ROWS[name]
+    return forward_problem(folder, name, "x", returned, inputs)
+
+
 def few_long_rows_problem(folder: Path, name: str) -> Path:
     returned, inputs = FEW_LONG_ROWS[name]
     init = "self.w = nn.Parameter(torch.randn(8, 256, 256))\nself.b = nn.Parameter(torch.randn(8, 256, 256))"

@@ -23,7 +23,9 @@ from policy_testing import (
     ONLINE_SOFTMAX_EXAMPLES,
     SUPPORTED_EXAMPLES,
     analysed,
+    INTERLEAVED_ROWS,
     few_long_rows_problem,
+    interleaved_rows_problem,
     forward_problem,
     offset_from_terms,
     small_problem,
@@ -107,6 +109,19 @@ def test_rows_too_few_for_every_sm_are_split_over_a_cluster_first(tmp_path, name
     assert "too few rows to give every SM a block" in source and "cluster.map_shared_rank(" in source
     assert "kCacheBytes" not in source and "std::min<int64_t>(work, INT_MAX / kClusterBlocks) * kClusterBlocks" in source
     assert "each row streamed by a cluster of 8 blocks" in source
+
+
+@pytest.mark.parametrize("name", sorted(INTERLEAVED_ROWS))
+def test_rows_interleaved_in_memory_get_a_one_thread_team_second(tmp_path, name):
+    # A warp of one-thread teams reads 32 adjacent rows at once: each load one contiguous run, not 32 scattered ones.
+    group = analysed(interleaved_rows_problem(tmp_path, name)).groups[0]  # (a softmax's copy back in order follows)
+    assert group.kind == "row"
+    first, second = launch_candidates(group)[:2]
+    assert first.threads > 1 and (second.threads, second.rows_per_block) == (1, 256)
+    # Rows whose own elements are adjacent (a softmax over the last dim) keep their teams only.
+    path = write_problem(tmp_path, "last_dim", "def forward(self, x):\n    return torch.softmax(x, -1)", "torch.randn(512, 1024)")
+    (contiguous,) = analysed(path).groups
+    assert all(config.threads > 1 for config in launch_candidates(contiguous))
 
 
 def test_rows_enough_for_every_sm_or_too_short_to_share_out_are_not_split(tmp_path):

@@ -21,6 +21,7 @@ from policy_testing import (
     built_workspace,
     compile_cu,
     few_long_rows_problem,
+    interleaved_rows_problem,
     forward_problem,
     linked_and_fused_flags,
     matmul_zoo_problem,
@@ -48,6 +49,14 @@ def test_a_row_split_over_a_cluster_compiles_without_spills(tmp_path):
     split = launch_candidates(group)[0]
     assert split.split_blocks == 8
     assert set(re.findall(r"(\d+) bytes spill", compile_cu(render_kernel(group, split).content, tmp_path))) == {"0"}
+
+
+@needs_nvcc
+def test_the_one_thread_team_of_interleaved_rows_compiles_without_spills(tmp_path):
+    (group,) = analysed(interleaved_rows_problem(tmp_path, "argmin_middle_dim")).groups
+    one = launch_candidates(group)[1]
+    assert one.threads == 1
+    assert set(re.findall(r"(\d+) bytes spill", compile_cu(render_kernel(group, one).content, tmp_path))) == {"0"}
 
 
 @needs_nvcc

@@ -14,12 +14,14 @@ from policy_testing import (
     CANCELLING_OPERANDS,
     CANCELLING_PRODUCTS,
     FEW_LONG_ROWS,
+    INTERLEAVED_ROWS,
     RUNTIME_BATCH_EXAMPLES,
     SCAN_PROBLEMS,
     SUPPORTED_EXAMPLES,
     assert_every_launch_candidate_verifies,
     assert_generated_kernels_verify,
     few_long_rows_problem,
+    interleaved_rows_problem,
     forward_problem,
     matmul_zoo_problem,
     policy_workspace,
@@ -99,6 +101,13 @@ def test_a_running_sum_verifies_at_half_and_double_the_batch(tmp_path, judge):
     verify = judge.verify(ws.root, build, trials=2, variants=("half", "double"))
     assert verify.ok, (verify.error_kind, verify.message)
     assert [(check.variant, check.status) for check in verify.variants] == [("half", "verified"), ("double", "verified")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(INTERLEAVED_ROWS))
+def test_every_launch_candidate_of_interleaved_rows_passes_verification(tmp_path, judge, name):
+    """The one-thread team row.py adds for rows interleaved in memory (an argmin over a middle dim), with the rest."""
+    assert_every_launch_candidate_verifies(judge, interleaved_rows_problem(tmp_path, name), tmp_path)
 
 
 @pytest.mark.gpu
