@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import replace
 from typing import Any
 
 from kernelpilot.policy.ir import Call, Const, Field, Guard, Leaf, Load, NotFusible, Reduce, Value, dtype_name, walk_reduces
@@ -171,12 +172,14 @@ def _guarded_windows(item: Leaf, windows: tuple[int, ...], uses: list, checked: 
     """The windows of a tensor in memory read in place over (*leading, *output, *kernel), each spatial coordinate
     out * stride + k * dilation - padding checked against the input (`fill` outside): no padded copy is written.
     `checked` holds (input dim, stride, dilation, padding, size) for each dim a window may leave."""
-    strides = tuple(sum(item.strides[d] * factor for d, factor in moves) for moves in uses)
-    offset = item.offset - sum(pad * item.strides[dim] for dim, _, _, pad, _ in checked)
+    start = [0] * len(item.shape)
+    for dim, _, _, pad, _ in checked:
+        start[dim] = -pad
+    load = reindexed(Load(item, item.shape), item.shape, windows, uses, tuple(start))
     spatial = len(windows) - len(item.shape)  # the kernel's dims, after the output's
     # The output coordinate of input dim d is iteration coordinate d, its kernel coordinate d + the kernel's dims.
     checks = tuple((((dim, step), (dim + spatial, dil)), -pad, size) for dim, step, dil, pad, size in checked)
-    return Load(Leaf(item.source, windows, strides, offset), windows, guard=Guard(checks, fill))
+    return replace(load, guard=Guard(checks, fill))
 
 
 def _sizes(value: Any, count: int) -> tuple[int, ...]:
