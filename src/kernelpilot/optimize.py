@@ -213,6 +213,7 @@ def prepared_run(
         made_here = not checked_now.workspace_root.exists()
         try:
             ws, _ = init_workspace(problem_path, checked_now.workspace_root, device=settings.device)
+            checked_now.judge.prepare(ws.root)  # on a GPU, the baselines' processes start while the agent works
             ctx = ToolContext(workspace=ws, judge=checked_now.judge, settings=settings, judged=checked_now.judged)
             if resume or session_id:
                 session = Session.resume(ws.root, session_id)

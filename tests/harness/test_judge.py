@@ -308,3 +308,15 @@ def test_gpu_an_edited_kernel_is_rebuilt_and_loaded_in_the_same_worker(gpu_works
     assert first.verify.ok and second.verify.ok, second.message
     assert second.build.compiled == ["kernels/example_scale_shift.cu"]
     assert second.build.library != first.build.library
+
+
+@pytest.mark.gpu
+def test_gpu_a_prepared_judge_benches_with_the_clean_sandboxes_it_warmed(gpu_workspace, tmp_path):
+    """`Judge.prepare` (what optimize sends first) warms eager and torch.compile while the candidate builds: the
+    first bench then spends its baselines phase timing, not compiling, and its figures are those of a plain bench."""
+    use_forward(gpu_workspace, "return kp_ops.scale_shift(x, 2.0, 1.0)")
+    with Judge("cuda", cache_dir=tmp_path / "cache") as judge:
+        judge.prepare(gpu_workspace)
+        result = judge.evaluate(gpu_workspace)
+    assert result.bench is not None and result.bench.ok, result.bench
+    assert result.bench.compiled is not None and result.bench.speedup_vs_compile is not None

@@ -119,9 +119,7 @@ def bench_candidate(
     import torch
 
 
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _indexed(device)
     deadline = Deadline(timeout)
     try:
         with torch.no_grad():
@@ -250,6 +248,42 @@ def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, 
     except OSError as err:
         note = "; ".join(filter(None, [note, f"baselines not cached ({err.strerror or err}): the next turn measures them again"]))
     return baselines, note
+
+
+def warm_clean_models(problem: Problem, clean: CleanModels, *, device: str, cache_dir: Path | MemoryCache | None = None) -> None:
+    """Ahead of the first bench (the worker runs this in a thread while the candidate builds): start the clean eager
+    process, and, unless signed baselines for the problem are cached, the compiled one, given one untimed call,
+    which is when torch.compile compiles (most of a first bench's time). Nothing here is timed, and the bench waits
+    for it to end before it times anything (`CleanSandboxes`)."""
+    import torch
+
+    dev = _indexed(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # (a new thread's current device is the first one)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        reference = problem.make_model("cpu").to(dev)
+        inputs = problem.make_inputs(dev, 0)
+        expected_like = _as_meta(reference(*inputs))
+        key = baseline_key(problem, device=str(dev), dtype=dominant_dtype(inputs), graph=False)
+        del inputs, reference
+    clean.eager()
+    if load_baselines(key, cache_dir) is not None:
+        return
+    warmed = time_model(clean.compiled(), expected_like, device=dev, seed=3_000_000, deadline=Deadline(600.0),
+                        checker=None, runs=2)  # fmt: skip (its fewest)
+    if warmed.timing is None:
+        raise RuntimeError(f"the compiled reference failed its first call: {warmed.message}")
+
+
+def _indexed(device: str) -> Any:
+    """`device` as a torch.device, a GPU's with its index (the baselines' cache key names it)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def _as_meta(tree: Any) -> Any:

@@ -86,6 +86,14 @@ class Judge:
 
     # -- the steps
 
+    def prepare(self, ws_root: Path | str) -> None:
+        """Tell the worker a run on this workspace starts: on a GPU it starts the first sandbox and warms the
+        reference's clean sandboxes (torch.compile's compile included) while the candidate is written and built,
+        and the first bench waits for that instead of doing it. A failure here costs nothing but that head start."""
+        args = {"workspace": str(_open(ws_root).root), "cache_dir": _str_or_none(self.cache_dir)}
+        with self._steps:
+            self.worker.call("prepare", args, timeout=self.timeouts.build)
+
     def build(self, ws_root: Path | str) -> BuildResult:
         """Build the workspace's extension incrementally, in the worker."""
         ws = _open(ws_root)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -123,32 +125,44 @@ class SandboxPool:
         self._spare: Sandbox | None = None
         self._handed_out: list[Sandbox] = []
         self.confined = landlock_available()
+        # Held while a process is started and recorded, and by whoever lists them (the worker's orphan killer): a
+        # clean sandbox warming up in a thread (`CleanSandboxes.warm`) is never a child the list does not know.
+        self.lock = threading.RLock()
 
     def prelaunch(self) -> None:
         """Start the spare now, without waiting for it, where none is starting yet: the first verification then
         finds it ready (torch's import and CUDA's start, about 3 s on an H200, overlap the build instead)."""
-        if self._spare is None:
-            self._spare = Sandbox(self.device, log_dir=self.log_dir)
-            self._spare.launch()
+        with self.lock:
+            if self._spare is None:
+                self._spare = Sandbox(self.device, log_dir=self.log_dir)
+                self._spare.launch()
 
     def take(self) -> Sandbox:
-        sandbox = self._spare or Sandbox(self.device, log_dir=self.log_dir)
+        with self.lock:
+            sandbox, self._spare = self._spare, None
+            if sandbox is None:
+                sandbox = Sandbox(self.device, log_dir=self.log_dir)
+                sandbox.launch()
+            self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]
         started = sandbox.start()  # the hello comes before the sandbox loads anything (sandbox.serve)
-        if started.get("ok") and started.get("confinement") != "landlock":  # anything else is unconfined
-            self.confined = False
-        self._spare = Sandbox(self.device, log_dir=self.log_dir)
-        self._spare.launch()
-        self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]
+        with self.lock:
+            if started.get("ok") and started.get("confinement") != "landlock":  # anything else is unconfined
+                self.confined = False
+            if self._spare is None:
+                self._spare = Sandbox(self.device, log_dir=self.log_dir)
+                self._spare.launch()
         return sandbox
 
     def pids(self) -> list[int | None]:
         """The processes of the sandboxes this pool started that are still running (the spare's included)."""
-        return [s.pid for s in [*self._handed_out, *([self._spare] if self._spare else [])]]
+        with self.lock:
+            return [s.pid for s in [*self._handed_out, *([self._spare] if self._spare else [])]]
 
     def close(self) -> None:
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
+        with self.lock:
+            if self._spare is not None:
+                self._spare.close()
+                self._spare = None
 
 
 class InProcessModel:
@@ -220,33 +234,81 @@ class InProcessClean:
 
 
 class CleanSandboxes:
-    """The reference in eager and compiled form, each in a process where no candidate code ever ran."""
+    """The reference in eager and compiled form, each in a process where no candidate code ever ran.
+
+    `warm` starts them ahead, in a thread, while the candidate builds; every other method waits for that thread
+    first, so nothing a bench times overlaps the warm-up's own work on the device.
+    """
 
     def __init__(self, pool: Any, problem_path: Path):
         self.pool, self.problem_path = pool, problem_path
         self._models: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._warming: threading.Thread | None = None
+        self._closed = False
+        self.warm_note = ""  # why the warm-up stopped short, if it did (the worker's log says so)
+        self.waited_s = 0.0  # how long the last wait for the warm-up took
+
+    def warm(self, work: Any) -> None:
+        """Run `work(self)` in a thread, at most once (`bench.warm_clean_models`: start the processes, compile)."""
+        if self._warming is not None or self._closed:
+            return
+
+        def run() -> None:
+            try:
+                work(self)
+            except Exception as err:  # noqa: BLE001 - a warm-up that fails leaves the bench to do it, as before
+                self.warm_note = f"{type(err).__name__}: {err}"
+                print(f"kernelpilot worker: warming the clean sandboxes of {self.problem_path} stopped: "
+                      f"{self.warm_note}", file=sys.stderr, flush=True)  # fmt: skip
+
+        self._warming = threading.Thread(target=run, name="kernelpilot-warm-clean", daemon=True)
+        self._warming.start()
 
     def eager(self) -> Any:
+        self.wait_for_warm_up()
         return self._get("eager")
 
     def compiled(self) -> Any:
+        self.wait_for_warm_up()
         return self._get("compile")
 
     def release_compiled(self) -> None:
         """Close the compiled form's process (its baselines are cached; a later measurement starts another)."""
-        model = self._models.pop("compile", None)
+        self.wait_for_warm_up()
+        with self._lock:
+            model = self._models.pop("compile", None)
         if model is not None:
             model.close()
 
+    def wait_for_warm_up(self, timeout: float | None = None) -> None:
+        """Return once the warm-up thread has ended (at once from that thread, or where none runs)."""
+        warming = self._warming
+        if warming is None or warming is threading.current_thread() or not warming.is_alive():
+            return
+        started = time.perf_counter()
+        warming.join(timeout)
+        self.waited_s = time.perf_counter() - started
+
     def _get(self, mode: str) -> Any:
-        model = self._models.get(mode)
-        if model is None or not model.hello.get("ok") or model.pid is None:
-            model = self.pool.take()
-            model.load(mode, self.problem_path, seed=0, timeout=600.0)
-            self._models[mode] = model
-        return model
+        with self._lock:
+            model = self._models.get(mode)
+            if model is None or not model.hello.get("ok") or model.pid is None:
+                if self._closed:
+                    raise RuntimeError("the clean sandboxes were closed")
+                model = self.pool.take()
+                model.load(mode, self.problem_path, seed=0, timeout=600.0)
+                self._models[mode] = model
+            return model
 
     def close(self) -> None:
-        for model in self._models.values():
+        self._closed = True  # a warm-up thread starts no process after this
+        with self._lock:
+            models, self._models = list(self._models.values()), {}
+        for model in models:
+            model.close()  # (a warm-up call waiting on one of them returns at once)
+        self.wait_for_warm_up(timeout=60.0)
+        with self._lock:
+            models, self._models = list(self._models.values()), {}
+        for model in models:
             model.close()
-        self._models.clear()

@@ -137,10 +137,12 @@ class WorkerState:
         return sandbox
 
     def kill_orphans(self) -> list[int]:
-        """Kill the processes a candidate left behind (daemons that left its sandbox's group)."""
+        """Kill the processes a candidate left behind (daemons that left its sandbox's group); the pool's lock keeps
+        a sandbox that a warm-up thread is starting from looking like one."""
         from kernelpilot.harness.orphans import kill_orphans
 
-        return kill_orphans({pid for pid in self.pool.pids() if pid is not None})
+        with self.pool.lock:
+            return kill_orphans({pid for pid in self.pool.pids() if pid is not None})
 
     def done_with_candidate(self) -> None:
         if self._candidate is not None:
@@ -188,6 +190,24 @@ def op_build(state: WorkerState, args: dict) -> dict:
     if state.device.startswith("cuda"):
         state.pool.prelaunch()
     return to_dict(build_workspace(Path(args["workspace"]), arch=args.get("arch"), jobs=args.get("jobs")))
+
+
+def op_prepare(state: WorkerState, args: dict) -> dict:
+    """A run's first request, before anything is built: on a GPU, start the first sandbox, and warm the problem's
+    clean sandboxes in a thread (`bench.warm_clean_models`) while the candidate is written and built. On the CPU,
+    where tests build without timing, nothing is started."""
+    from kernelpilot.harness.bench import warm_clean_models
+    from kernelpilot.workspace import Workspace
+
+    if not state.device.startswith("cuda"):
+        return {"warming": False}
+    state.pool.prelaunch()
+    ws = Workspace(Path(args["workspace"]))
+    problem = state.problem(ws.model_path)
+    clean = state.clean_models(Path(ws.model_path), problem)
+    cache = state.cache_for(Path(args["cache_dir"]) if args.get("cache_dir") else None)
+    clean.warm(lambda models: warm_clean_models(problem, models, device=state.device, cache_dir=cache))
+    return {"warming": True}
 
 
 def op_load(state: WorkerState, args: dict) -> dict:
@@ -255,6 +275,7 @@ def op_bench(state: WorkerState, args: dict) -> dict:
             return to_dict(BenchResult(ok=False, error_kind=hello.get("error_kind") or "load", message=hello.get("message", ""),
                                        confinement=state.confinement))  # fmt: skip
         clean = state.clean_models(Path(ws.model_path), problem)
+        clean.wait_for_warm_up()  # a warm-up still running: the bench times nothing until it is over
         clean_ready = time.perf_counter()
         result = bench_candidate(
             problem,
@@ -282,6 +303,7 @@ def op_bench(state: WorkerState, args: dict) -> dict:
 
 OPS: dict[str, Callable[[WorkerState, dict], dict]] = {
     "ping": op_ping,
+    "prepare": op_prepare,
     "build": op_build,
     "load": op_load,
     "verify": op_verify,

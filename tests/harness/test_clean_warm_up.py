@@ -1,0 +1,94 @@
+"""The reference's clean sandboxes warmed ahead of the first bench (`CleanSandboxes.warm` running
+`bench.warm_clean_models` in a thread of the judge's worker while the candidate builds), with real sandbox processes
+on the CPU. torch.compile on the CPU takes half a minute (inductor and g++), so here the compiled form is served by
+the eager process, as in test_cache_trust.py; which form the warm-up asks for is what is recorded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kernelpilot.harness.bench import Baselines, baseline_key, store_baselines, warm_clean_models
+from kernelpilot.harness.cache import MemoryCache
+from kernelpilot.harness.sandbox_client import CleanSandboxes, SandboxPool
+from kernelpilot.harness.shared import SHARED_DIR_ENV
+from kernelpilot.problem import load_problem
+from kernelpilot.results import Timing
+from kp_testing import scale_problem
+
+
+@pytest.fixture
+def clean(tmp_path, monkeypatch):
+    """Clean sandboxes of a tiny problem, recording every process they take and every call for the compiled form."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv(SHARED_DIR_ENV, str(shared))
+    path = tmp_path / "model.py"
+    path.write_text(scale_problem(rows=4, features=8))
+    pool = SandboxPool("cpu", tmp_path)
+    taken, compiled = [], []
+    take = pool.take
+    pool.take = lambda: taken.append((threading.current_thread().name, take())) or taken[-1][1]  # type: ignore[method-assign]
+
+    def compiled_served_by_eager(self):
+        compiled.append(threading.current_thread().name)
+        return self.eager()
+
+    monkeypatch.setattr(CleanSandboxes, "compiled", compiled_served_by_eager)
+    models = CleanSandboxes(pool, path)
+    models.record = (load_problem(path), taken, compiled)  # type: ignore[attr-defined]
+    yield models
+    models.close()
+    pool.close()
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-baselines-cached", "baselines-cached"])
+def test_the_warm_up_starts_the_clean_processes_and_the_bench_finds_them(clean, cached):
+    problem, taken, compiled = clean.record
+    cache = MemoryCache()
+    if cached:  # what an earlier bench of the problem stored
+        key = baseline_key(problem, device="cpu", dtype="float32")
+        store_baselines(key, Baselines(eager=Timing(median_ms=1.0, p10_ms=1.0, p90_ms=1.0, mean_ms=1.0, runs=20)), cache)
+
+    clean.warm(lambda models: warm_clean_models(problem, models, device="cpu", cache_dir=cache))
+    eager = clean.eager()  # waits for the warm-up, then takes nothing more
+
+    assert clean.warm_note == ""
+    assert [name for name, _ in taken] == ["kernelpilot-warm-clean"] and taken[0][1] is eager
+    assert eager.hello.get("ok") and eager.pid is not None
+    # torch.compile is warmed (given its first, compiling call) only where the bench will measure it.
+    assert compiled == ([] if cached else ["kernelpilot-warm-clean"])
+
+
+def test_closing_during_the_warm_up_leaves_no_clean_process_running(clean):
+    problem, taken, _ = clean.record
+    started, release = threading.Event(), threading.Event()
+
+    def slow_warm_up(models) -> None:
+        started.set()
+        release.wait()
+        warm_clean_models(problem, models, device="cpu", cache_dir=MemoryCache())
+
+    clean.warm(slow_warm_up)
+    started.wait()
+    closer = threading.Thread(target=clean.close)
+    closer.start()
+    release.set()
+    closer.join()
+
+    assert all(sandbox.pid is None for _, sandbox in taken), "close() returned with a clean process still running"
+    with pytest.raises(RuntimeError, match="closed"):
+        clean.eager()
+
+
+def test_a_warm_up_that_fails_leaves_the_bench_to_start_the_processes(clean):
+    _, taken, _ = clean.record
+
+    def broken(models) -> None:
+        raise ValueError("the reference raised")
+
+    clean.warm(broken)
+    eager = clean.eager()
+    assert "ValueError: the reference raised" in clean.warm_note
+    assert [name for name, _ in taken] == [threading.current_thread().name] and eager.hello.get("ok")
