@@ -163,9 +163,25 @@ def checked_run(
     """Every check a run can make before it creates anything: the problem file, the session to resume, the model,
     git (for `commit`) and the device (no GPU is an error here; nor Landlock, unless `allow_unconfined`); the
     judge's worker closes on exit."""
+    from kernelpilot.harness.judge import Judge, launch_worker
+
+    # The judge's worker imports torch and starts CUDA while the checks run (a training judge checks Landlock first).
+    early = launch_worker(settings.device) if allow_unconfined else None
+    try:
+        problem, model, root, judged = _checks(problem_path, settings, resume, session_id, commit)
+        judge = Judge(settings.device, allow_unconfined=allow_unconfined, worker=early)
+    except BaseException:
+        if early is not None:  # nothing is left behind (a judge that refused has closed it already)
+            early.close(grace_s=0)
+        raise
+    with judge:
+        yield CheckedRun(problem, model, judge, root, judged)
+
+
+def _checks(problem_path: Path, settings: Settings, resume: bool, session_id: str | None, commit: bool) -> tuple:
+    """checked_run's checks, in order; returns the problem, the model, the workspace folder and the judge record."""
     from kernelpilot.agent import JudgeRecord
     from kernelpilot.agent.session import find_session
-    from kernelpilot.harness.judge import Judge
     from kernelpilot.models import resolve_model
     from kernelpilot.problem import load_problem
     from kernelpilot.problem_check import check_problem
@@ -185,8 +201,7 @@ def checked_run(
                           judge_results=judged.by_call)  # fmt: skip
     if commit:
         require_committable(root)  # before the run's minutes, not after
-    with Judge(settings.device, allow_unconfined=allow_unconfined) as judge:
-        yield CheckedRun(problem, model, judge, root, judged)
+    return problem, model, root, judged
 
 
 @contextmanager

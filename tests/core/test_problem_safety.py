@@ -400,3 +400,17 @@ def test_limits_from_the_environment():
         ProblemLimits.from_env({"KERNELPILOT_PROBLEM_MEMORY": "lots"})
     with pytest.raises(ProblemError, match="not a positive number of seconds"):
         ProblemLimits.from_env({"KERNELPILOT_PROBLEM_TIMEOUT": "0"})
+
+
+def test_a_refused_problem_leaves_no_judge_worker_behind(tmp_path):
+    """optimize starts the judge's worker while it checks the problem (`checked_run`); a problem the check refuses
+    ends the run with the check's sentence and nothing of the worker left running."""
+    from kernelpilot.config import Settings
+    from kernelpilot.harness.orphans import children
+    from kernelpilot.optimize import checked_run
+
+    before = children()
+    with pytest.raises(ProblemError, match="exited with code 0"):
+        with checked_run(write(tmp_path, "import os\nos._exit(0)\n" + VALID), Settings(device="cpu")):
+            pass
+    assert children() - before == set()

@@ -24,6 +24,7 @@ from kernelpilot.results import UNCONFINED, BenchResult, BuildResult, EvalResult
 
 # A candidate that dies, raises, answers wrong or hides work while being timed fails although it passed the trials.
 _BENCH_FAILURES_THAT_FAIL_THE_CANDIDATE = ("crash", "cuda-error", "runtime", "mismatch", "guard")
+DEVICES = r"cpu|cuda(:\d+)?"  # what a judge runs on: the CPU, the current GPU, or the N-th visible one
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Judge:
         jobs: int | None = None,
         log_path: Path | None = None,
         allow_unconfined: bool = True,
+        worker: Worker | None = None,
     ):
         self.device = _checked_device(device or "cuda")
         if not allow_unconfined:
@@ -65,7 +67,7 @@ class Judge:
         self.cache_dir = cache_dir
         self.arch = arch
         self.jobs = jobs
-        self.worker = Worker(self.device, log_path=log_path)
+        self.worker = worker or Worker(self.device, log_path=log_path)  # (`launch_worker`'s, started ahead)
         self._steps = threading.Lock()  # one request at a time on the worker's pipes
         self._noting = threading.Lock()  # one update of `confinement` at a time
         if self.device != "cpu":
@@ -244,6 +246,17 @@ class Judge:
         return reply
 
 
+def launch_worker(device: str | None) -> Worker | None:
+    """A judge's worker process started now, without waiting for it, for `Judge(device, worker=...)` to take over:
+    its torch import and CUDA start then overlap the checks before a run. None for a device the judge refuses."""
+    device = device or "cuda"  # (Judge's default)
+    if not re.fullmatch(DEVICES, device):
+        return None
+    worker = Worker(device)
+    worker.launch()
+    return worker
+
+
 def require_landlock() -> None:
     """UnconfinedJudgeError when this kernel offers no Landlock, so that no sandbox of a judge can be confined:
     what a judge that must be confined checks before it starts, and training before it spends any time."""
@@ -327,6 +340,6 @@ def _failed(result: EvalResult, error_kind: str, message: str) -> EvalResult:
 
 
 def _checked_device(device: str) -> str:
-    if re.fullmatch(r"cpu|cuda(:\d+)?", device):
+    if re.fullmatch(DEVICES, device):
         return device
     raise KernelpilotError(f"Unknown device {device!r}.", hint="Use cuda, cuda:N (the N-th visible GPU) or cpu.")
