@@ -243,7 +243,8 @@ SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
 RUNTIME_BATCH_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
     "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
-    "token_logprobs_bf16", "logits_entropy_bf16",
+    "token_logprobs_bf16", "logits_entropy_bf16", "linear_bias_relu", "matmul_gelu", "small_mlp_block",
+    "mlp_up_gelu_bf16", "out_proj_residual_bf16", "coordinate_mlp_relu_fp16",
 ]  # fmt: skip
 
 

@@ -34,6 +34,10 @@ RUNTIME_BATCH = {
     "row_sums_unsqueezed": ("x", "x.sum(-1).unsqueeze(1)", "torch.randn({b}, 5, 24)", ""),
     "cat_along_features": ("x, y", "torch.cat([x, y * 2], dim=1)", "torch.randn({b}, 16), torch.randn({b}, 8)", ""),
     "logsumexp_plus_row_bias": ("x, b", "torch.logsumexp(x, dim=-1) + b", "torch.randn({b}, 50), torch.randn({b})", ""),
+    # cuBLASLt: M is the batch (a Linear over rows) or the batch times the tokens (over (batch, tokens, features)).
+    "linear_relu": ("x", "torch.relu(self.fc(x))", "torch.randn({b}, 32)", "self.fc = nn.Linear(32, 16)"),
+    "linear_over_tokens_plus_residual": ("x, r", "self.fc(x) + r", "torch.randn({b}, 6, 32), torch.randn({b}, 6, 16)",
+                                         "self.fc = nn.Linear(32, 16)"),
 }  # fmt: skip
 # Problems where the batch must stay fixed, and why.
 FIXED_BATCH = {
@@ -45,6 +49,9 @@ FIXED_BATCH = {
     "cat_along_batch": ("x, y", "torch.cat([x, y])", "torch.randn({b}, 16), torch.randn({b}, 16)"),
     "view_reshaping_the_batch": ("x", "x.sum(-1).view(2, -1)", "torch.randn({b}, 4)"),
     "triangle_of_a_matrix": ("x", "torch.triu(x) * 2", "torch.randn({b}, {b})"),
+    "gram_matrix": ("x", "x @ x.t()", "torch.randn({b}, 64)"),  # the batch is M and N
+    "batched_matmul": ("x, y", "torch.bmm(x, y)", "torch.randn({b}, 8, 16), torch.randn({b}, 16, 8)"),  # strided batch
+    "matmul_of_a_transposed_input": ("x", "self.fc(x.t())", "torch.randn(32, {b})", "self.fc = nn.Linear(32, 16)"),
 }  # fmt: skip
 
 
@@ -110,6 +117,21 @@ def test_row_launcher_takes_the_batch_and_rows_follow_it(tmp_path):
     assert 'check_batched(x, "x", torch::kFloat32, {3, 64}, device);' in render_binding(group).content
 
 
+def test_matmul_launcher_builds_a_plan_per_m_and_the_binding_allocates_by_the_batch(tmp_path):
+    group, = analysed(_problem(tmp_path, "linear_over_tokens_plus_residual", 4, RUNTIME_BATCH)).generated_groups
+    assert group.kind == "matmul" and group.leading_free
+    kernel = render_kernel(group, launch_candidates(group)[0]).content
+    assert "constexpr int64_t kRowsPerBatch = 6;" in kernel  # M = 24 = 4 x 6 tokens
+    assert "const int64_t rows = leading * kRowsPerBatch;" in kernel and "plans[{device, rows}]" in kernel
+    assert "plan.d = make_layout(16, rows, 16, 16 * rows);" in kernel and "std::call_once" not in kernel
+    binding = render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {6, 32}, device);' in binding
+    assert 'check_batched(r, "r", torch::kFloat32, {6, 16}, device);' in binding
+    assert 'check_tensor(fc_weight, "fc_weight", torch::kFloat32, {16, 32}, device);' in binding
+    assert "std::vector<c10::SymInt>{batch, c10::SymInt(6), c10::SymInt(16)}" in binding
+    assert re.search(r"kWorkspaceBytes,\s+x\.size\(0\),", binding)
+
+
 def test_the_runtime_batch_examples_are_those_whose_every_kernel_takes_it():
     every = {name for name in SUPPORTED_EXAMPLES
              if all(group.leading_free for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
@@ -141,11 +163,12 @@ def test_runtime_batch_kernels_compile(tmp_path):
 
 @pytest.fixture(scope="module")
 def runtime_batch_workspace(tmp_path_factory):
-    """A compile-only build of a problem with an elementwise and a row kernel that take the batch at run time."""
+    """A compile-only build of a problem with an elementwise, a row and a matmul kernel that take the batch at run
+    time (the matmul's M is the batch times 6 tokens)."""
     folder = tmp_path_factory.mktemp("runtime_batch")
-    path = write_problem(folder, "two_kernels", "def forward(self, x, r):\n    return torch.relu(x * self.scale + r), "
-                         "torch.softmax(x, dim=-1)", "torch.randn(4, 6, 32), torch.randn(4, 6, 32)",
-                         "self.scale = nn.Parameter(torch.rand(6, 1) + 0.5)")  # fmt: skip
+    path = write_problem(folder, "three_kernels", "def forward(self, x, r):\n    return torch.relu(x * self.scale + r), "
+                         "torch.softmax(x, dim=-1), self.fc(x)", "torch.randn(4, 6, 32), torch.randn(4, 6, 32)",
+                         "self.scale = nn.Parameter(torch.rand(6, 1) + 0.5)\nself.fc = nn.Linear(32, 16)")  # fmt: skip
     return built_workspace(path, folder)
 
 
@@ -163,7 +186,7 @@ def test_built_bindings_give_the_output_shape_at_another_batch(runtime_batch_wor
         inputs = [torch.empty(batch, 6, 32, device="meta") for _ in range(2)]
         with torch.no_grad():
             outputs = model(*inputs)
-        assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2
+        assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16)]
     # The other dims stay fixed: a wrong feature size is refused, in one sentence.
     with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[6, 32\] after its batch"):
         model(torch.empty(4, 6, 31, device="meta"), torch.empty(4, 6, 31, device="meta"))
@@ -185,7 +208,7 @@ def test_built_model_traces_with_a_symbolic_batch(runtime_batch_workspace):
     with torch.no_grad():
         for batch in (3, 7):
             outputs = compiled(torch.empty(batch, 6, 32, device="meta"), torch.empty(batch, 6, 32, device="meta"))
-            assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2
+            assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16)]
 
 
 def test_a_forward_argument_named_batch_does_not_shadow_the_bindings_batch(tmp_path):

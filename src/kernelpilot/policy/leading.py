@@ -7,7 +7,12 @@ B' at run time, the binding checks that the carriers agree on it (their other di
 fixed), and the output is allocated with it. Everything that is not proved so keeps B fixed, which the binding
 then checks as before: a fixed kernel fails loudly at another batch, a wrong one would not.
 
-What keeps it fixed: a family other than elementwise, row and scan (column reductions, cuBLASLt, cuDNN); a leading dim
+A matmul (cuBLASLt, not batched) takes it where its M rows are the batch's slabs: our A is a whole contiguous
+tensor whose dim 0 is the output's (x of a Linear, or x viewed as (B * T, K)), so M = B * T follows B; B (the
+weight) and the bias do not move along it; a residual is a whole contiguous tensor like the output. The launcher then
+builds cuBLASLt's plan for each M it meets.
+
+What keeps it fixed: a family other than elementwise, row, scan and matmul (column reductions, cuDNN); a leading dim
 that a row kernel reduces; a carrier read at a fixed position along it (x[0] broadcast over the batch) or reaching
 outside its slab; a cat, pad or triangle whose window cuts the leading dim; stacked per-row values (merge.py),
 whose layout is [values, rows]; a returned view that reshapes dim 0; an elementwise vector width that a runtime
@@ -21,7 +26,7 @@ import math
 from kernelpilot.policy.codegen import elementwise_layout
 from kernelpilot.policy.ir import Access, Const, Group, Leaf, Stack, contiguous_strides, walk
 
-FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan")
+FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan", "matmul")
 
 
 def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
@@ -33,6 +38,9 @@ def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
 def leading_carriers(group: Group) -> list[bool]:
     """For each tensor of the group: whether it moves along the leading dim (its dim 0 is the runtime size)."""
     carriers = [False] * len(group.tensors)
+    if group.leading_free and group.matmul is not None:
+        moving = {leaf.source for leaf in (group.matmul.a, group.matmul.residual) if leaf is not None}
+        return [source in moving for source in group.tensors]
     if group.leading_free:
         for access in group.accesses:
             carriers[access.tensor] |= access.strides[0] != 0
@@ -54,6 +62,8 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
     if not group.shape or group.shape[0] < 2 or isinstance(group.expr, Stack):
         return False
     batch = group.shape[0]
+    if group.matmul is not None:
+        return _matmul_rows_follow(group, batch) and all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
     if not _output_in_slabs(group, batch) or _mentions_batch(group, batch):
         return False
     if group.kind in ("row", "scan") and len(group.shape) - group.row_dims < 1:
@@ -69,6 +79,37 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
     if not all(_reads_its_slab(group, access, batch) for access in moving):
         return False
     return all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
+
+
+def _matmul_rows_follow(group: Group, batch: int) -> bool:
+    """A plain (not batched) matmul whose M rows are `batch` slabs of whole contiguous tensors: A, the output and
+    any residual; B and the bias read the same elements at any batch."""
+    matmul = group.matmul
+    m, n, k = matmul.mnk
+    if math.isclose(matmul.alpha, batch) or math.isclose(matmul.alpha, 1 / batch):
+        return False  # the batch traced to a number (`x @ w / x.shape[0]`)
+    if matmul.batch != 1 or m % batch or group.output.shape[0] != batch or math.prod(group.output.shape) != m * n:
+        return False
+    if not _whole_rows(matmul.a, batch, m, k) or (matmul.residual and not _whole_rows(matmul.residual, batch, m, n)):
+        return False
+    moving = {matmul.a.source} | ({matmul.residual.source} if matmul.residual else set())
+    return not any(leaf.source in moving for leaf in (matmul.b, matmul.bias) if leaf is not None)
+
+
+def _whole_rows(leaf: Leaf, batch: int, rows: int, cols: int) -> bool:
+    """`leaf` is its whole source read in order, rows of `cols` (as (rows, cols) or in the output's shape), and the
+    source's dim 0 is the batch."""
+    source = leaf.source
+    return (
+        leaf.offset == 0
+        and bool(leaf.shape)
+        and leaf.shape[-1] == cols
+        and math.prod(leaf.shape) == rows * cols
+        and all(a == b for size, a, b in zip(leaf.shape, leaf.strides, contiguous_strides(leaf.shape)) if size > 1)
+        and bool(source.shape)
+        and source.shape[0] == batch
+        and math.prod(source.shape) == rows * cols
+    )
 
 
 def _output_in_slabs(group: Group, batch: int) -> bool:

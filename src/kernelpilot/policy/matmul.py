@@ -16,6 +16,7 @@ from kernelpilot.policy.codegen import (
     launcher_name,
 )
 from kernelpilot.policy.ir import EPILOGUE_ACTIVATIONS, MATMUL_ALIGNMENT, Group, Leaf, matrix_strides
+from kernelpilot.policy.leading import describe_leading
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ def matmul_context(group: Group, config: MatmulConfig) -> dict[str, Any]:
         "n": m,
         "k": k,
         "batch": matmul.batch,
+        # A runtime batch (leading.py): our M is the batch times this many rows, and plans are built per M.
+        "leading": group.leading_free,
+        "rows_per_batch": m // group.output.shape[0] if group.leading_free else m,
+        "shapes": describe_leading(group),
         "lt_a": _lt_operand(matmul.b, "B", index[matmul.b.source]),
         "lt_b": _lt_operand(matmul.a, "A", index[matmul.a.source]),
         "bias": index[matmul.bias.source] if matmul.bias else None,
