@@ -20,7 +20,8 @@ from kp_testing import scale_problem
 
 @pytest.fixture
 def clean(tmp_path, monkeypatch):
-    """Clean sandboxes of a tiny problem, recording every process they take and every call for the compiled form."""
+    """Clean sandboxes of a tiny problem, recording every process they take or reserve (by which thread) and every
+    call for the compiled form."""
     shared = tmp_path / "shared"
     shared.mkdir()
     monkeypatch.setenv(SHARED_DIR_ENV, str(shared))
@@ -28,8 +29,12 @@ def clean(tmp_path, monkeypatch):
     path.write_text(scale_problem(rows=4, features=8))
     pool = SandboxPool("cpu", tmp_path)
     taken, compiled = [], []
-    take = pool.take
-    pool.take = lambda: taken.append((threading.current_thread().name, take())) or taken[-1][1]  # type: ignore[method-assign]
+    for name in ("take", "reserve"):
+        def recorded(method=getattr(pool, name), name=name):
+            taken.append((name, threading.current_thread().name, method()))
+            return taken[-1][2]
+
+        setattr(pool, name, recorded)
 
     def compiled_served_by_eager(self):
         compiled.append(threading.current_thread().name)
@@ -55,7 +60,9 @@ def test_the_warm_up_starts_the_clean_processes_and_the_bench_finds_them(clean, 
     eager = clean.eager()  # waits for the warm-up, then takes nothing more
 
     assert clean.warm_note == ""
-    assert [name for name, _ in taken] == ["kernelpilot-warm-clean"] and taken[0][1] is eager
+    # Both forms' processes were launched by this thread, which outlives them (see the last test); the warm-up
+    # loaded the eager one, and the bench took nothing more.
+    assert [(how, thread) for how, thread, _ in taken] == [("reserve", "MainThread")] * 2 and taken[0][2] is eager
     assert eager.hello.get("ok") and eager.pid is not None
     # torch.compile is warmed (given its first, compiling call) only where the bench will measure it.
     assert compiled == ([] if cached else ["kernelpilot-warm-clean"])
@@ -77,7 +84,7 @@ def test_closing_during_the_warm_up_leaves_no_clean_process_running(clean):
     release.set()
     closer.join()
 
-    assert all(sandbox.pid is None for _, sandbox in taken), "close() returned with a clean process still running"
+    assert all(sandbox.pid is None for _, _, sandbox in taken), "close() returned with a clean process still running"
     with pytest.raises(RuntimeError, match="closed"):
         clean.eager()
 
@@ -91,4 +98,18 @@ def test_a_warm_up_that_fails_leaves_the_bench_to_start_the_processes(clean):
     clean.warm(broken)
     eager = clean.eager()
     assert "ValueError: the reference raised" in clean.warm_note
-    assert [name for name, _ in taken] == [threading.current_thread().name] and eager.hello.get("ok")
+    assert eager is taken[0][2] and eager.hello.get("ok")  # the bench loads the process reserved for the warm-up
+
+
+def test_the_processes_the_warm_up_readied_outlive_its_thread(clean):
+    """A sandbox arms PR_SET_PDEATHSIG, which fires when the *thread* that started it ends: the warm-up thread must
+    start no process (on an H200 every warmed process, and the spare its take() launched, died with the thread,
+    and a candidate loaded into that spare was killed mid-call)."""
+    problem, _, _ = clean.record
+    clean.warm(lambda models: warm_clean_models(problem, models, device="cpu", cache_dir=MemoryCache()))
+    clean.wait_for_warm_up()
+    eager = clean.eager()
+    reply = eager.request("bind", {"slots": [], "flush_l2": False}, timeout=60.0)
+    assert reply.get("ok"), reply
+    spare = clean.pool.take()  # the spare the pool holds now: started by whom?
+    assert spare.start().get("ok") and spare.pid is not None

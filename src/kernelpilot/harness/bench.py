@@ -251,7 +251,7 @@ def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, 
 
 
 def warm_clean_models(problem: Problem, clean: CleanModels, *, device: str, cache_dir: Path | MemoryCache | None = None) -> None:
-    """Ahead of the first bench (the worker runs this in a thread while the candidate builds): start the clean eager
+    """Ahead of the first bench (the worker runs this in a thread while the candidate builds): load the clean eager
     process, and, unless signed baselines for the problem are cached, the compiled one, given one untimed call,
     which is when torch.compile compiles (most of a first bench's time). Nothing here is timed, and the bench waits
     for it to end before it times anything (`CleanSandboxes`)."""
@@ -269,6 +269,7 @@ def warm_clean_models(problem: Problem, clean: CleanModels, *, device: str, cach
         del inputs, reference
     clean.eager()
     if load_baselines(key, cache_dir) is not None:
+        clean.release_compiled()  # the bench will not measure it
         return
     warmed = time_model(clean.compiled(), expected_like, device=dev, seed=3_000_000, deadline=Deadline(600.0),
                         checker=None, runs=2)  # fmt: skip (its fewest)

@@ -125,8 +125,8 @@ class SandboxPool:
         self._spare: Sandbox | None = None
         self._handed_out: list[Sandbox] = []
         self.confined = landlock_available()
-        # Held while a process is started and recorded, and by whoever lists them (the worker's orphan killer): a
-        # clean sandbox warming up in a thread (`CleanSandboxes.warm`) is never a child the list does not know.
+        # Held while a process is started and recorded, and by whoever lists them (the worker's orphan killer), as
+        # a thread may take one (`CleanSandboxes.warm`).
         self.lock = threading.RLock()
 
     def prelaunch(self) -> None:
@@ -138,20 +138,46 @@ class SandboxPool:
                 self._spare.launch()
 
     def take(self) -> Sandbox:
+        """A started sandbox (the spare, if one is ready), and the next spare launched."""
+        sandbox = self._handed(self._spare_or_new())
+        self.started(sandbox)
+        self._launch_spare()
+        return sandbox
+
+    def reserve(self) -> Sandbox:
+        """A sandbox launched now, by the calling thread, and not waited for: another thread may then `started` and
+        load it. A sandbox dies with the thread that launched it (it arms PR_SET_PDEATHSIG, which fires when that
+        thread ends), so a short-lived thread must launch none: the worker's main thread reserves them for it."""
+        sandbox = self._handed(self._spare_or_new())
+        self._launch_spare()
+        return sandbox
+
+    def started(self, sandbox: Sandbox) -> dict:
+        """Wait for the sandbox's hello (it comes before anything is loaded: sandbox.serve) and note its confinement."""
+        hello = sandbox.start()
+        if hello.get("ok") and hello.get("confinement") != "landlock":  # anything else is unconfined
+            with self.lock:
+                self.confined = False
+        return hello
+
+    def _spare_or_new(self) -> Sandbox:
         with self.lock:
             sandbox, self._spare = self._spare, None
             if sandbox is None:
                 sandbox = Sandbox(self.device, log_dir=self.log_dir)
                 sandbox.launch()
-            self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]
-        started = sandbox.start()  # the hello comes before the sandbox loads anything (sandbox.serve)
+            return sandbox
+
+    def _handed(self, sandbox: Sandbox) -> Sandbox:
         with self.lock:
-            if started.get("ok") and started.get("confinement") != "landlock":  # anything else is unconfined
-                self.confined = False
+            self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]
+        return sandbox
+
+    def _launch_spare(self) -> None:
+        with self.lock:
             if self._spare is None:
                 self._spare = Sandbox(self.device, log_dir=self.log_dir)
                 self._spare.launch()
-        return sandbox
 
     def pids(self) -> list[int | None]:
         """The processes of the sandboxes this pool started that are still running (the spare's included)."""
@@ -236,23 +262,28 @@ class InProcessClean:
 class CleanSandboxes:
     """The reference in eager and compiled form, each in a process where no candidate code ever ran.
 
-    `warm` starts them ahead, in a thread, while the candidate builds; every other method waits for that thread
-    first, so nothing a bench times overlaps the warm-up's own work on the device.
+    `warm` readies them ahead, in a thread, while the candidate builds (their processes launched by the caller's
+    thread, which outlives the warm-up); every other method waits for that thread first, so nothing a bench times
+    overlaps the warm-up's own work on the device.
     """
 
     def __init__(self, pool: Any, problem_path: Path):
         self.pool, self.problem_path = pool, problem_path
         self._models: dict[str, Any] = {}
+        self._reserved: dict[str, Any] = {}  # launched for the warm-up thread to load (`warm`)
         self._lock = threading.Lock()
         self._warming: threading.Thread | None = None
         self._closed = False
         self.warm_note = ""  # why the warm-up stopped short, if it did (the worker's log says so)
         self.waited_s = 0.0  # how long the last wait for the warm-up took
 
-    def warm(self, work: Any) -> None:
-        """Run `work(self)` in a thread, at most once (`bench.warm_clean_models`: start the processes, compile)."""
+    def warm(self, work: Any, modes: tuple[str, ...] = ("eager", "compile")) -> None:
+        """Launch a process for each of `modes` now, then run `work(self)` in a thread, at most once
+        (`bench.warm_clean_models`: load them, compile); a form it does not load is closed when released."""
         if self._warming is not None or self._closed:
             return
+        with self._lock:
+            self._reserved = {mode: self.pool.reserve() for mode in modes if mode not in self._models}
 
         def run() -> None:
             try:
@@ -277,9 +308,10 @@ class CleanSandboxes:
         """Close the compiled form's process (its baselines are cached; a later measurement starts another)."""
         self.wait_for_warm_up()
         with self._lock:
-            model = self._models.pop("compile", None)
-        if model is not None:
-            model.close()
+            models = [self._models.pop("compile", None), self._reserved.pop("compile", None)]
+        for model in models:
+            if model is not None:
+                model.close()
 
     def wait_for_warm_up(self, timeout: float | None = None) -> None:
         """Return once the warm-up thread has ended (at once from that thread, or where none runs)."""
@@ -296,15 +328,22 @@ class CleanSandboxes:
             if model is None or not model.hello.get("ok") or model.pid is None:
                 if self._closed:
                     raise RuntimeError("the clean sandboxes were closed")
-                model = self.pool.take()
+                model = self._reserved.pop(mode, None)
+                if model is not None:
+                    self.pool.started(model)
+                elif threading.current_thread() is self._warming:
+                    raise RuntimeError(f"no {mode} process was launched for the warm-up")  # (see SandboxPool.reserve)
+                else:
+                    model = self.pool.take()
                 model.load(mode, self.problem_path, seed=0, timeout=600.0)
                 self._models[mode] = model
             return model
 
     def close(self) -> None:
-        self._closed = True  # a warm-up thread starts no process after this
+        self._closed = True  # a warm-up thread loads no process after this
         with self._lock:
-            models, self._models = list(self._models.values()), {}
+            models, self._models = [*self._models.values(), *self._reserved.values()], {}
+            self._reserved = {}
         for model in models:
             model.close()  # (a warm-up call waiting on one of them returns at once)
         self.wait_for_warm_up(timeout=60.0)
