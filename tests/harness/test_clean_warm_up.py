@@ -113,3 +113,28 @@ def test_the_processes_the_warm_up_readied_outlive_its_thread(clean):
     assert reply.get("ok"), reply
     spare = clean.pool.take()  # the spare the pool holds now: started by whom?
     assert spare.start().get("ok") and spare.pid is not None
+
+
+def test_a_step_on_the_device_waits_for_the_warm_up_and_a_build_does_not(tmp_path, monkeypatch):
+    """The worker runs a build beside a warm-up, but nothing that uses the device or the shared arena: on an H200 a
+    verification that overlapped a warm-up's timing call aborted the worker (two threads in the arena)."""
+    from kernelpilot.harness import worker
+
+    monkeypatch.setenv(SHARED_DIR_ENV, "")  # WorkerState points it at its own folder; restored after the test
+    state = worker.WorkerState("cpu")
+    path = tmp_path / "model.py"
+    path.write_text(scale_problem(rows=4, features=8))
+    clean = state.clean_models(path, load_problem(path))
+    release = threading.Event()
+    clean.warm(lambda models: release.wait(), modes=())
+    seen = lambda state, args: {"warm-up running": clean._warming.is_alive()}  # noqa: E731
+    monkeypatch.setitem(worker.OPS, "build", seen)
+    monkeypatch.setitem(worker.OPS, "verify", seen)
+    try:
+        assert worker.handle(state, {"op": "build"})["result"] == {"warm-up running": True}
+        threading.Timer(0.2, release.set).start()  # (whenever it ends, the verification comes after it)
+        assert worker.handle(state, {"op": "verify"})["result"] == {"warm-up running": False}
+        assert state.warm_wait_s > 0
+    finally:
+        release.set()
+        state.close()

@@ -54,6 +54,7 @@ class WorkerState:
         self.clean: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._candidate: tuple[tuple, Any] | None = None
         self.load_phases: dict[str, float] = {}  # the last candidate sandbox's start and load, in seconds
+        self.warm_wait_s = 0.0  # how long this step waited for a warm-up of clean sandboxes to end
         self.memory_cache = MemoryCache(note=UNTRUSTED_CACHE_NOTE)  # once the cache folder is not trusted
         self._said_untrusted = False
 
@@ -126,8 +127,8 @@ class WorkerState:
         taken = time.perf_counter()
         sandbox.load("candidate", Path(ws.model_path), seed=seed, timeout=timeout, workspace=Path(ws.root),
                      library=library)  # fmt: skip
-        self.load_phases = {"sandbox: spare ready": round(taken - started, 4),
-                            "sandbox: load candidate": round(time.perf_counter() - taken, 4)}  # fmt: skip
+        self.load_phases.update({"sandbox: spare ready": round(taken - started, 4),
+                                 "sandbox: load candidate": round(time.perf_counter() - taken, 4)})  # fmt: skip
         reported = sandbox.hello.get("seconds")
         if isinstance(reported, dict):
             self.load_phases.update({f"sandbox: load {name}": float(value) for name, value in reported.items()
@@ -135,6 +136,15 @@ class WorkerState:
         sandbox.seed = seed
         self._candidate = ((key, seed), sandbox)
         return sandbox
+
+    def settle_warm_ups(self) -> float:
+        """Wait for every clean sandboxes' warm-up thread to end; the seconds waited. A step that runs anything on
+        the device (or in the shared arena, which one thread at a time uses) comes after it: on an H200 a
+        verification that overlapped a warm-up aborted the worker."""
+        started = time.perf_counter()
+        for clean in list(self.clean.values()):
+            clean.wait_for_warm_up()
+        return time.perf_counter() - started
 
     def kill_orphans(self) -> list[int]:
         """Kill the processes a candidate left behind (daemons that left its sandbox's group); the pool's lock keeps
@@ -235,7 +245,7 @@ def op_verify(state: WorkerState, args: dict) -> dict:
     seed = args["base_seed"] if args.get("base_seed") is not None else random_seed()
     deadline = Deadline(args.get("timeout", 600.0))
     _release_cached_memory()  # an earlier step's cached blocks: the sandbox's outputs need the device's memory
-    state.load_phases = {}
+    state.load_phases = {"warm-up wait": round(state.warm_wait_s, 4)} if state.warm_wait_s > 0.001 else {}
     sandbox = state.sandbox(ws, build, seed=seed, timeout=deadline.left(), confined=bool(args.get("confined")))
     result = verify_candidate(problem, sandbox, device=state.device, trials=args.get("trials", 5), base_seed=seed,
                               atol=args.get("atol", 1e-2), rtol=args.get("rtol", 1e-2), workspace=ws.root,
@@ -301,6 +311,9 @@ def op_bench(state: WorkerState, args: dict) -> dict:
     return to_dict(result)
 
 
+# The steps a warm-up may run beside: they touch neither the device nor the shared arena.
+BESIDE_WARM_UPS = ("ping", "prepare", "build")
+
 OPS: dict[str, Callable[[WorkerState, dict], dict]] = {
     "ping": op_ping,
     "prepare": op_prepare,
@@ -319,6 +332,7 @@ def handle(state: WorkerState, request: dict) -> dict:
     if op is None:
         return {"ok": False, "error_kind": "runtime", "message": f"unknown request {request.get('op')!r}"}
     try:
+        state.warm_wait_s = 0.0 if request.get("op") in BESIDE_WARM_UPS else state.settle_warm_ups()
         reply = {"ok": True, "result": op(state, request.get("args", {}))}
     except CandidateError as err:
         # The candidate's own failure, in its sandbox: whatever its kind, this process is unharmed.
