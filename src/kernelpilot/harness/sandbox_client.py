@@ -13,7 +13,6 @@ import itertools
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -275,7 +274,6 @@ class CleanSandboxes:
         self._warming: threading.Thread | None = None
         self._closed = False
         self.warm_note = ""  # why the warm-up stopped short, if it did (the worker's log says so)
-        self.waited_s = 0.0  # how long the last wait for the warm-up took
 
     def warm(self, work: Any, modes: tuple[str, ...] = ("eager", "compile")) -> None:
         """Launch a process for each of `modes` now, then run `work(self)` in a thread, at most once
@@ -316,11 +314,8 @@ class CleanSandboxes:
     def wait_for_warm_up(self, timeout: float | None = None) -> None:
         """Return once the warm-up thread has ended (at once from that thread, or where none runs)."""
         warming = self._warming
-        if warming is None or warming is threading.current_thread() or not warming.is_alive():
-            return
-        started = time.perf_counter()
-        warming.join(timeout)
-        self.waited_s = time.perf_counter() - started
+        if warming is not None and warming is not threading.current_thread():
+            warming.join(timeout)
 
     def _get(self, mode: str) -> Any:
         with self._lock:
