@@ -383,10 +383,22 @@ def _copy_call(megabytes: int):
 
 @pytest.mark.gpu
 def test_copy_bandwidth_through_time_callable_is_plausible():
+    import torch
+
     copy, bytes_moved = _copy_call(1024)
     timing = time_callable(copy, [[]], device="cuda")
+    # The same copy timed by hand with events, so the bound holds on any GPU (an H100 copies at ~3 TB/s, an H200 ~4.2)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    copy()
+    start.record()
+    for _ in range(20):
+        copy()
+    end.record()
+    end.synchronize()
+    by_hand_ms = start.elapsed_time(end) / 20
+    assert 0.8 < timing.median_ms / by_hand_ms < 1.25, f"{timing.median_ms:.3f} ms vs {by_hand_ms:.3f} ms by hand"
     bandwidth_tbs = bytes_moved / (timing.median_ms * 1e-3) / 1e12
-    assert 1.5 < bandwidth_tbs < 3.5, f"{bandwidth_tbs:.2f} TB/s"
+    assert 1.0 < bandwidth_tbs < 10.0, f"{bandwidth_tbs:.2f} TB/s"
 
 
 @pytest.mark.gpu

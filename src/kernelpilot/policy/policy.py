@@ -18,6 +18,7 @@ read back from the conversation (its tool call ids name the step), so a resumed 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,10 @@ class BuiltinPolicy:
     """The offline policy: fused CUDA kernels generated from templates, driven through the agent's tools."""
 
     name = "builtin"
+    # The loop fits a conversation to a model's context window by dropping old turns. This policy sends the
+    # conversation nowhere, and it replays its launch search from every earlier Profile result in it: a trimmed
+    # conversation would start the search again. So its window holds any conversation.
+    context_window = sys.maxsize
 
     def __init__(self, problem_path: str | Path, judge_results: Mapping[str, JudgeResult] | None = None):
         self.problem_path = Path(problem_path)
