@@ -21,12 +21,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelpilot.agent.session import SESSIONS_DIR
 from kernelpilot.config import Settings
 from kernelpilot.errors import KernelpilotError, ProblemError, WorkspaceError
 from kernelpilot.results import least_confined
+
+if TYPE_CHECKING:
+    from kernelpilot.optimize import OptimizeResult
 
 FAST_P_THRESHOLDS = (1.0, 1.05)
 RESULTS_DIR = "results"
@@ -47,7 +50,9 @@ class ProblemOutcome:
     cost_usd: float | None = None
     turns: int = 0
     failure: str = ""  # what kept it from a verified candidate: the judge's error kind, no-candidate, problem, ...
-    message: str = ""  # that failure in one line: the failing check's first line, the model's, or the problem's
+    # That failure in one line (the failing check's first line, the model's, or the problem's); for a correct result,
+    # "torch.compile is faster here: ..." or why torch.compile has no time.
+    message: str = ""
     confinement: str | None = None  # the least confined the run's sandboxes were ("none": unverified); None: no judge
     seconds: float | None = None  # the problem's wall time to its result (None: written before this was recorded)
 
@@ -168,8 +173,19 @@ def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path
         failure = "problem" if isinstance(err, ProblemError) else "workspace"
         return ProblemOutcome(problem=relative, status="invalid", correct=False, reward=-1, failure=failure,
                               message=err.message)  # fmt: skip
+    return outcome_of(relative, result)
+
+
+def outcome_of(relative: str, result: OptimizeResult) -> ProblemOutcome:
+    """A finished `optimize` run as the suite records it."""
     summary, best, failure = result.summary, result.summary.best, result.failure
     bench = best.bench if best is not None and best.bench is not None and best.bench.ok else None
+    if failure is not None:
+        message = failure.message
+    elif bench is not None and bench.compiled is None and bench.message:
+        message = bench.message  # why torch.compile has no time (it failed on the problem, say)
+    else:
+        message = result.compile_is_faster or ""
     return ProblemOutcome(
         problem=relative,
         status=summary.status,
@@ -180,7 +196,7 @@ def _optimize_one(problem: Path, folder: Path, settings: Settings, out_dir: Path
         cost_usd=summary.cost_usd,
         turns=summary.turns,
         failure=failure.kind if failure is not None else "",
-        message=failure.message if failure is not None else "",
+        message=message,
         confinement=result.confinement,
     )
 

@@ -370,7 +370,7 @@ def test_optimize_with_no_model_writes_a_verified_kernel_faster_than_torch_compi
     assert output.is_file() and "kp_ops.policy_g0(x)" in output.read_text()
 
 
-def _finished_run(candidate_ms: float, compile_ms: float):
+def _finished_run(candidate_ms: float, compile_ms: float | None, bench_message: str = ""):
     from kernelpilot.agent.loop import RunSummary
     from kernelpilot.optimize import OptimizeResult
     from kernelpilot.results import BenchResult, EvalResult, Timing
@@ -379,8 +379,9 @@ def _finished_run(candidate_ms: float, compile_ms: float):
         return Timing(median_ms=ms, p10_ms=ms, p90_ms=ms, mean_ms=ms, runs=20)
 
     bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(candidate_ms), eager=timing(1.0),
-                        compiled=timing(compile_ms), speedup_vs_eager=1.0 / candidate_ms,
-                        speedup_vs_compile=compile_ms / candidate_ms)  # fmt: skip
+                        compiled=timing(compile_ms) if compile_ms else None, speedup_vs_eager=1.0 / candidate_ms,
+                        speedup_vs_compile=compile_ms / candidate_ms if compile_ms else None,
+                        message=bench_message)  # fmt: skip
     best = EvalResult("problem", "/w", bench=bench, reward=2)
     summary = RunSummary(status="finished", session_id="s", turns=9, prompt_tokens=0, completion_tokens=0,
                          cost_usd=0.0, best=best)  # fmt: skip
@@ -404,3 +405,26 @@ def test_a_run_whose_best_is_slower_than_torch_compile_says_so_plainly_at_the_en
     # Within 3% of torch.compile, or faster, nothing is said.
     assert _finished_run(candidate_ms=0.41, compile_ms=0.40).compile_is_faster is None
     assert _finished_run(candidate_ms=0.30, compile_ms=0.40).compile_is_faster is None
+
+
+def test_suite_results_and_report_say_when_torch_compile_is_faster_or_has_no_time():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from kernelpilot.cli.render_agent import render_report
+    from kernelpilot.suite import outcome_of
+
+    slower = outcome_of("level1/a.py", _finished_run(candidate_ms=0.50, compile_ms=0.40))
+    assert slower.correct and slower.message.startswith("torch.compile is faster here: 0.4 ms vs 0.5 ms")
+    failed_compile = "torch.compile failed on this problem (Model.forward raised InductorError: ...)"
+    untimed = outcome_of("level2/b.py", _finished_run(candidate_ms=0.5, compile_ms=None, bench_message=failed_compile))
+    assert untimed.correct and untimed.speedup_vs_compile is None and untimed.message == failed_compile
+    faster = outcome_of("level2/c.py", _finished_run(candidate_ms=0.30, compile_ms=0.40))
+    assert faster.message == ""
+    out = StringIO()
+    render_report(Console(file=out, width=200), summarize([slower, untimed, faster]))
+    text = out.getvalue()
+    assert "notes" in text and "why not correct" not in text
+    assert f"level1/a.py: {slower.message}" in text and f"level2/b.py: {failed_compile}" in text
+    assert "level2/c.py:" not in text

@@ -201,6 +201,22 @@ def bench_served(problem, candidate_model, cache_dir, **kwargs):
                            seed=0, cache_dir=cache_dir, **kwargs)  # fmt: skip
 
 
+@pytest.mark.parametrize(("mode", "named"), [("candidate", "ModelNew.forward while timed"),
+                                              ("eager", "Model.forward while timed"),
+                                              ("compile", "Model.forward under torch.compile while timed")])
+def test_a_timed_call_that_raises_names_whose_forward_it_was(problem, mode, named):
+    # A torch.compile baseline that failed was reported as "ModelNew.forward ... raised" (KernelBench L2 8 on an
+    # H200): the clean sandboxes serve the reference, and the note must say so.
+    import torch
+
+    class Raises(torch.nn.Module):
+        def forward(self, *inputs):
+            raise RuntimeError("no kernel for this")
+
+    reply = LocalModel(problem, Raises(), torch.device("cpu"), mode=mode).run(seed=7)
+    assert not reply["ok"] and reply["message"].startswith(f"{named} (seed 7) raised RuntimeError"), reply["message"]
+
+
 def test_bench_candidate_on_cpu_then_from_the_cache(problem, tmp_path, monkeypatch):
     import torch
 

@@ -151,7 +151,8 @@ def ratio_text(ratio: float | None) -> str:
 
 
 def render_report(console: Console, report: SuiteReport) -> None:
-    """One row per problem, why each one that is not correct failed (a line each, not wrapped), then the metrics."""
+    """One row per problem, why each one that is not correct failed (a line each, not wrapped), the notes on correct
+    ones (torch.compile faster, or not timed), then the metrics."""
     table = Table(title="kernelpilot suite", title_justify="left")
     for column in ("problem", "status", "correct", "vs eager", "vs compile", "reward", "failure"):
         table.add_column(column, justify="left" if column in ("problem", "status", "failure") else "right")
@@ -165,6 +166,11 @@ def render_report(console: Console, report: SuiteReport) -> None:
         for o in failed:
             console.print(f"  {escape(o.problem)}: {escape(o.failure or o.status)}: {escape(o.message)}",
                           highlight=False, soft_wrap=True)  # fmt: skip
+    notes = [o for o in report.outcomes if o.correct and o.message]
+    if notes:  # correct, but torch.compile is faster, or has no time
+        console.print("[bold]notes[/]")
+        for o in notes:
+            console.print(f"  {escape(o.problem)}: {escape(o.message)}", highlight=False, soft_wrap=True)
     metrics = Table(show_header=False, title="metrics", title_justify="left")
     metrics.add_column(style="bold")
     metrics.add_column()

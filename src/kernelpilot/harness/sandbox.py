@@ -47,12 +47,16 @@ SELF_CHECK_MAX_BYTES = 1 << 30
 _LEFT_MAPPED: list = []  # shared tensors never unmapped: the process exits right after a CUDA error
 
 
+FORWARD_NAMES = {"candidate": "ModelNew.forward", "eager": "Model.forward", "compile": "Model.forward under torch.compile"}
+
+
 class LocalModel:
     """One model and the calls the judge makes on it: checked calls, timed runs and a profiled call."""
 
     def __init__(self, problem: Any, model: torch.nn.Module, device: torch.device, *, workspace: Path | None = None,
-                 trace: KernelTrace | None = None):  # fmt: skip
+                 trace: KernelTrace | None = None, mode: str = "candidate"):  # fmt: skip
         self.problem, self.model, self.device = problem, model, device
+        self.forward = FORWARD_NAMES[mode]  # what a failure names: the candidate's forward or the reference's
         self.cuda = device.type == "cuda"
         self.workspace = workspace
         self.trace = trace  # a candidate's on a GPU: every forward runs with a profiler on (tracing.py)
@@ -77,7 +81,7 @@ class LocalModel:
             if self.cuda:
                 _synchronize(self.device)
         except Exception as exc:  # noqa: BLE001 - every failure of the model becomes a report
-            return _failed(exc, f"ModelNew.forward (seed {seed})")
+            return _failed(exc, f"{self.forward} (seed {seed})")
         outputs = tensor_leaves(actual, "out")
         if sum(t.nbytes for _, t in outputs) > SELF_CHECK_MAX_BYTES:  # no copies of multi-GB outputs for advice
             read_at_return, self.previous = None, None
@@ -117,7 +121,7 @@ class LocalModel:
                 with torch.no_grad():
                     self.model(*inputs)
             except Exception as exc:  # noqa: BLE001 - the model's failure, not the profiler's
-                error.append(_failed(exc, f"ModelNew.forward under the profiler (seed {seed})"))
+                error.append(_failed(exc, f"{self.forward} under the profiler (seed {seed})"))
 
         with self._paused():
             profiled = guards.profile_forward(forward, self.device)
@@ -168,7 +172,7 @@ class LocalModel:
             with torch.no_grad():
                 ms, actual = self._timed(inputs, trace=trace)
         except Exception as exc:  # noqa: BLE001
-            return _failed(exc, f"ModelNew.forward while timed (seed {seed})")
+            return _failed(exc, f"{self.forward} while timed (seed {seed})")
         structure = copy_into_slots(actual, self.timing_slots)
         if self.cuda:
             _synchronize(self.device)
@@ -380,7 +384,7 @@ def _load(request: dict, device: torch.device) -> tuple[LocalModel | None, dict]
     imported = guards.find_monkeypatches(guards.PRISTINE_FUNCTIONS, when="after the candidate was imported")
     # Where the load's seconds went, as this process saw them (diagnostics, not evidence).
     seconds = {"problem": round(problem_loaded - started, 4), "model": round(_perf_counter() - problem_loaded, 4)}
-    return LocalModel(problem, model, device, workspace=workspace, trace=trace), {
+    return LocalModel(problem, model, device, workspace=workspace, trace=trace, mode=args["mode"]), {
         "ok": True, "pid": os.getpid(), "import_findings": [_finding(imported)] if imported else [],
         "seconds": seconds}  # fmt: skip
 

@@ -254,7 +254,7 @@ class InProcessClean:
         if mode not in self._models:
             dev = torch.device(self.device)
             model = load_model(mode, self.problem, dev, seed=0, workspace=None, library=None)
-            self._models[mode] = InProcessModel(LocalModel(self.problem, model, dev))
+            self._models[mode] = InProcessModel(LocalModel(self.problem, model, dev, mode=mode))
         return self._models[mode]
 
 
