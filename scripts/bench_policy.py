@@ -33,9 +33,10 @@ from kernelpilot.harness.judge import Judge
 from kernelpilot.harness.reward import DEFAULT_THRESHOLD
 from kernelpilot.policy.analysis import analyze
 from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
+from kernelpilot.policy.policy import kernel_shares
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem
-from kernelpilot.results import to_dict
+from kernelpilot.results import EvalResult, from_dict, to_dict
 from kernelpilot.workspace import init_workspace
 
 
@@ -103,7 +104,9 @@ def search_row(judge: Judge, row: dict, problem_path: Path) -> None:
     analysis = analyze(load_problem(problem_path), faithful=row.get("fallback") == "faithful")
     groups = analysis.generated_groups
     candidates = {group.name: launch_candidates(group) for group in groups}
-    search = LaunchSearch({name: len(configs) for name, configs in candidates.items()}, row.get("ours_ms"), row.get("sol"))
+    shares = kernel_shares(from_dict(EvalResult, row["result"]), groups) if row.get("result") else {}
+    search = LaunchSearch({name: len(configs) for name, configs in candidates.items()}, row.get("ours_ms"), row.get("sol"),
+                          shares)  # fmt: skip
     row["tries"] = [{"choice": dict(search.best), "ms": row.get("ours_ms")}]
     while (next_try := search.next_try()) is not None:
         choice = search.choice(*next_try)

@@ -18,11 +18,11 @@ from kernelpilot.agent.tools import default_tools, tool_schemas
 from kernelpilot.policy import BuiltinPolicy
 from kernelpilot.policy.analysis import analyze
 from kernelpilot.policy.families import launch_candidates, render_all, render_kernel
-from kernelpilot.policy.policy import candidate_ms
+from kernelpilot.policy.policy import candidate_ms, kernel_shares
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem
 from kernelpilot.results import (
-    HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, Timing, TrialResult, VerifyResult,
+    HARNESS_ERROR, BenchResult, BuildResult, Diagnostic, EvalResult, KernelTime, Timing, TrialResult, VerifyResult,
 )  # fmt: skip
 
 from kp_testing import EXAMPLES
@@ -52,9 +52,10 @@ def verified(error_kind: str | None = None, message: str = "") -> VerifyResult:
     return VerifyResult(ok=error_kind is None, trials=trials, error_kind=error_kind, message=message)
 
 
-def profiled(ms: float, sol: float | None = None, vs_compile: float = 1.10) -> EvalResult:
+def profiled(ms: float, sol: float | None = None, vs_compile: float = 1.10, kernels: dict[str, float] | None = None) -> EvalResult:
     bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(ms), eager=timing(9.0),
-                        speedup_vs_eager=9 / ms, speedup_vs_compile=vs_compile, sol_candidate=sol)  # fmt: skip
+                        speedup_vs_eager=9 / ms, speedup_vs_compile=vs_compile, sol_candidate=sol,
+                        kernels=[KernelTime(name, total, 1) for name, total in (kernels or {}).items()])  # fmt: skip
     return EvalResult("problem", "/w", build=built(), verify=verified(), bench=bench, reward=3)
 
 
@@ -374,6 +375,47 @@ def test_launch_search_ends_when_the_best_is_near_speed_of_light():
     assert search.record(2.0, 0.91) and search.near_sol and search.next_try() is None
     no_roofline = LaunchSearch({"g0": 2}, first_ms=3.0, first_sol=None)
     assert no_roofline.next_try() == ("g0", 1)
+
+
+def test_launch_search_skips_groups_whose_kernels_take_a_sliver_of_the_time():
+    search = LaunchSearch({"g0": 3, "g1": 4, "g2": 2}, first_ms=3.0, shares={"g1": 0.02, "g2": 0.40})
+    assert search.tries == [("g0", 1), ("g0", 2), ("g2", 1)] and search.skipped == {"g1": 3}
+    # Not timed, nothing is known of the shares: every group is searched.
+    assert len(LaunchSearch({"g0": 3, "g1": 4}, first_ms=None, shares={"g1": 0.0}).tries) == 5
+
+
+def test_kernel_shares_come_from_the_profile_for_generated_kernels_only(tmp_path):
+    (tmp_path / "model.py").write_text(LONG_SEARCH_PROBLEM)
+    groups = analysed(tmp_path / "model.py").generated_groups
+    assert [g.kind for g in groups] == ["conv", "row", "row"]
+    result = profiled(4.0, kernels={"sm80_xmma_fprop_implicit_gemm_f32f32_cudnn": 3.0,
+                                    "void (anonymous namespace)::policy_g1_kernel<1>(float const*, float*, long)": 0.9,
+                                    "void (anonymous namespace)::policy_g2_kernel<1>(float const*, float*, long)": 0.05})
+    # The denominator is the candidate's median or its kernels' sum, the larger; the cuDNN call's group has no share.
+    assert kernel_shares(result, groups) == pytest.approx({"g1": 0.9 / 4.0, "g2": 0.05 / 4.0})
+    assert kernel_shares(profiled(4.0), groups) == {}  # no kernel list: nothing is known
+
+
+def test_policy_does_not_search_a_group_whose_kernels_take_a_sliver_of_the_time(tmp_path):
+    (tmp_path / "model.py").write_text(LONG_SEARCH_PROBLEM)
+    groups = analysed(tmp_path / "model.py").generated_groups
+    counts = {g.name: len(launch_candidates(g)) for g in groups}
+    kernels = {"sm80_xmma_fprop_cudnn": 3.0, "void policy_g1_kernel<1>(float const*)": 0.9,
+               "void policy_g2_kernel<1>(float const*)": 0.05}
+
+    class WithKernels(ScriptedTools):
+        def _result(self, name):
+            result = super()._result(name)
+            if name == "Profile":
+                result.bench.kernels = [KernelTime(k, ms, 1) for k, ms in kernels.items()]
+            return result
+
+    tools = WithKernels(times_ms=(4.0,))
+    messages = converse(policy_for(tmp_path, tools), tools, turns=40)
+    tried = [m["content"] for m in messages if m["role"] == "assistant" and m["content"].startswith("Time ")]
+    assert len(tried) == counts["g0"] - 1 + counts["g1"] - 1 and not any(t.startswith("Time g2") for t in tried)
+    summary = tools.calls[-1].arguments["summary"]
+    assert f"Did not search g2 ({counts['g2'] - 1} configuration(s)): their kernels took under 3% of the time." in summary
 
 
 def test_candidate_time_counts_only_when_verified():

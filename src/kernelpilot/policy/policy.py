@@ -18,6 +18,7 @@ read back from the conversation (its tool call ids name the step), so a resumed 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.agent import JudgeResult, ModelReply, ToolCall, VerifyOutcome
 from kernelpilot.agent.failure import judged_failure
 from kernelpilot.agent.observations import speedup_text
-from kernelpilot.policy.search import LaunchSearch
+from kernelpilot.policy.search import MIN_SHARE, LaunchSearch
 from kernelpilot.results import BuildResult, EvalResult
 
 if TYPE_CHECKING:
@@ -64,10 +65,11 @@ class _Plan:
     def groups(self) -> list[Group]:
         return self.analysis.generated_groups
 
-    def search(self, first_ms: float | None, first_sol: float | None = None) -> LaunchSearch:
-        """A launch search over this plan's candidates, its first configuration timed at `first_ms` (`first_sol` of
-        speed-of-light)."""
-        return LaunchSearch({g.name: len(self.candidates[g.name]) for g in self.groups}, first_ms, first_sol)
+    def search(self, first: JudgeResult | None) -> LaunchSearch:
+        """A launch search over this plan's candidates, from the first configuration's Profile result (None: not
+        profiled yet)."""
+        counts = {g.name: len(self.candidates[g.name]) for g in self.groups}
+        return LaunchSearch(counts, candidate_ms(first), candidate_sol(first), kernel_shares(first, self.groups))
 
 
 class BuiltinPolicy:
@@ -156,6 +158,26 @@ def candidate_sol(result: JudgeResult | None) -> float | None:
     return result.bench.sol_candidate  # type: ignore[union-attr]  # candidate_ms checked it is a timed EvalResult
 
 
+# Groups that launch only kernels generated from templates, named policy_<group>_...: their time can be read off a
+# Profile's kernel list. A matmul or conv group's library kernels carry the library's names.
+_NAMED_KERNEL_KINDS = ("elementwise", "row", "column", "scan")
+_KERNEL_GROUP = re.compile(r"\bpolicy_([A-Za-z0-9]+)_")
+
+
+def kernel_shares(result: JudgeResult | None, groups: list[Group]) -> dict[str, float]:
+    """The fraction of a Profile's candidate time spent in each group's kernels, for the groups whose kernels are
+    all generated (named after the group); empty when the result has no kernel list."""
+    bench = result.bench if isinstance(result, EvalResult) and result.bench is not None and result.bench.ok else None
+    if bench is None or bench.candidate is None or not bench.kernels:
+        return {}
+    spent: dict[str, float] = {}
+    for kernel in bench.kernels:
+        if (match := _KERNEL_GROUP.search(kernel.name)) is not None:
+            spent[match.group(1)] = spent.get(match.group(1), 0.0) + kernel.total_ms
+    total = max(bench.candidate.median_ms, sum(kernel.total_ms for kernel in bench.kernels))
+    return {g.name: spent.get(g.name, 0.0) / total for g in groups if g.kind in _NAMED_KERNEL_KINDS} if total > 0 else {}
+
+
 def problem_line(result: JudgeResult | None) -> str:
     """What went wrong in a failed judge result, in one line for the summary: the failure's kind and line as the
     suite reports them (agent/failure.py)."""
@@ -229,7 +251,7 @@ class _Run:
         if analysis.supported:
             todos += [
                 {"content": "Write the kernels, bindings and model_new.py; compile; verify", "status": "pending"},
-                {"content": f"Time {1 + len(self.plan.search(None).tries)} launch configuration(s); keep the fastest", "status": "pending"},
+                {"content": f"Time up to {1 + len(self.plan.search(None).tries)} launch configuration(s); keep the fastest", "status": "pending"},
             ]
         else:
             todos.append({"content": analysis.blockers(), "status": "pending"})
@@ -267,7 +289,7 @@ class _Run:
         """The launch search replayed from the Profile results so far, and the stage of its fastest time."""
         profile = self.by_stage.get("profile")
         first = profile.results.get("Profile") if profile else None
-        search = self.plan.search(candidate_ms(first), candidate_sol(first))
+        search = self.plan.search(first)
         best_stage = "profile"
         while (next_try := search.next_try()) is not None and (step := self.by_stage.get(_try_stage(*next_try))):
             result = step.results.get("Profile")
@@ -352,6 +374,10 @@ class _Run:
             configs = ", ".join(f"{name}: {self.plan.candidates[name][i].label}" for name, i in choice.items())
             parts.append(f"Timed {len(timed)} launch configuration(s); kept {configs}.")
             search, _ = self._search()
+            if search.skipped:
+                names = ", ".join(search.skipped)
+                parts.append(f"Did not search {names} ({sum(search.skipped.values())} configuration(s)): their kernels "
+                             f"took under {MIN_SHARE:.0%} of the time.")
             if search.near_sol and search.recorded < len(search.tries):
                 parts.append(f"Stopped the search at {search.best_sol:.0%} of speed-of-light: the "
                              f"{len(search.tries) - search.recorded} configuration(s) left could win little.")
