@@ -49,6 +49,8 @@ def summary_rows(results: dict[tuple[int, int], dict], totals: dict[int, int]) -
             "geomean_vs_compile": _geomean([r["speedup_vs_compile"] for r in correct.values() if r.get("speedup_vs_compile")]),
             "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in correct.values() if r.get("speedup_vs_eager")]),
             "median_s": statistics.median(seconds) if seconds else None, "max_s": max(seconds, default=None),
+            "median_sol": statistics.median(sols) if (sols := [r["sol"] for r in correct.values() if r.get("sol")]) else None,
+            "with_sol": len(sols),
             "without_result": sorted(set(range(1, total + 1)) - set(mine)),
             "not_correct": sorted(n for n in mine if n not in correct),
             "slower_than_compile": sorted(n for n, r in correct.items()
@@ -68,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="problems in level 1, 2, ... (KernelBench: 100 100 50)")
     args = parser.parse_args(argv)
     rows = summary_rows(latest_results(args.folders), {i + 1: n for i, n in enumerate(args.level_size)})
-    print("| level | with a result | correct | > 1.05x vs both | geomean vs compile (vs eager) | seconds (median / max) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| level | with a result | correct | > 1.05x vs both | geomean vs compile (vs eager) | median %SOL | seconds (median / max) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        sol = f"{100 * r['median_sol']:.0f}% (of {r['with_sol']})" if r["median_sol"] is not None else "not recorded"
         print(f"| {r['level']} | {r['with_result']} of {r['total']} | {r['correct']} | {r['wins']} | "
-              f"{_x(r['geomean_vs_compile'])} ({_x(r['geomean_vs_eager'])}) | {r['median_s']:.0f} s / {r['max_s']:.0f} s |")
+              f"{_x(r['geomean_vs_compile'])} ({_x(r['geomean_vs_eager'])}) | {sol} | {r['median_s']:.0f} s / {r['max_s']:.0f} s |")
     total, wins = sum(r["total"] for r in rows), sum(r["wins"] for r in rows)
     print(f"\n{sum(r['with_result'] for r in rows)} of {total} with a result, {sum(r['correct'] for r in rows)} correct, "
           f"{wins} beat both: {100 * wins / total:.1f}% of all {total}")

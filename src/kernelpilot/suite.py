@@ -55,6 +55,7 @@ class ProblemOutcome:
     message: str = ""
     confinement: str | None = None  # the least confined the run's sandboxes were ("none": unverified); None: no judge
     seconds: float | None = None  # the problem's wall time to its result (None: written before this was recorded)
+    sol: float | None = None  # the best candidate's fraction of speed-of-light (None: no roofline, or not recorded)
 
     @property
     def speedup_vs_both(self) -> float | None:
@@ -193,6 +194,7 @@ def outcome_of(relative: str, result: OptimizeResult) -> ProblemOutcome:
         reward=best.reward if best is not None else -1,
         speedup_vs_eager=bench.speedup_vs_eager if bench else None,
         speedup_vs_compile=bench.speedup_vs_compile if bench else None,
+        sol=bench.sol_candidate if bench else None,
         cost_usd=summary.cost_usd,
         turns=summary.turns,
         failure=failure.kind if failure is not None else "",

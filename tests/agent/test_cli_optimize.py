@@ -381,7 +381,7 @@ def _finished_run(candidate_ms: float, compile_ms: float | None, bench_message: 
     bench = BenchResult(ok=True, gpu="NVIDIA H100", candidate=timing(candidate_ms), eager=timing(1.0),
                         compiled=timing(compile_ms) if compile_ms else None, speedup_vs_eager=1.0 / candidate_ms,
                         speedup_vs_compile=compile_ms / candidate_ms if compile_ms else None,
-                        message=bench_message)  # fmt: skip
+                        message=bench_message, sol_candidate=0.8)  # fmt: skip
     best = EvalResult("problem", "/w", bench=bench, reward=2)
     summary = RunSummary(status="finished", session_id="s", turns=9, prompt_tokens=0, completion_tokens=0,
                          cost_usd=0.0, best=best)  # fmt: skip
@@ -421,10 +421,11 @@ def test_suite_results_and_report_say_when_torch_compile_is_faster_or_has_no_tim
     untimed = outcome_of("level2/b.py", _finished_run(candidate_ms=0.5, compile_ms=None, bench_message=failed_compile))
     assert untimed.correct and untimed.speedup_vs_compile is None and untimed.message == failed_compile
     faster = outcome_of("level2/c.py", _finished_run(candidate_ms=0.30, compile_ms=0.40))
-    assert faster.message == ""
+    assert faster.message == "" and faster.sol == 0.8
     out = StringIO()
     render_report(Console(file=out, width=200), summarize([slower, untimed, faster]))
     text = out.getvalue()
     assert "notes" in text and "why not correct" not in text
     assert f"level1/a.py: {slower.message}" in text and f"level2/b.py: {failed_compile}" in text
     assert "level2/c.py:" not in text
+    assert "median % of speed-of-light" in text and "80% (of 3)" in text

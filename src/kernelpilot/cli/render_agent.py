@@ -184,5 +184,8 @@ def render_report(console: Console, report: SuiteReport) -> None:
     seconds = sorted(o.seconds for o in report.outcomes if o.seconds is not None)
     if seconds:
         metrics.add_row("seconds per problem (median / max)", f"{seconds[len(seconds) // 2]:.0f} / {seconds[-1]:.0f}")
+    sols = sorted(o.sol for o in report.outcomes if o.correct and o.sol is not None)
+    if sols:
+        metrics.add_row("median % of speed-of-light", f"{100 * sols[len(sols) // 2]:.0f}% (of {len(sols)})")
     metrics.add_row("cost", f"${report.cost_usd:.4f}" if report.cost_usd is not None else "unknown")
     console.print(metrics)
