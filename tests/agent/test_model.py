@@ -132,15 +132,30 @@ def test_client_errors_are_not_retried(openai_server):
     assert "--api-key" in caught.value.hint
 
 
-def test_server_down_is_one_sentence():
+def test_server_down_is_one_sentence_at_once():
+    # Nothing listens at the address before the first answer: a wrong --api-base or a server not started, which
+    # waiting will not fix. It used to be retried with backoff, some 10 s of a newcomer's first run.
     model = LiteLLMModel("openai/test-model", api_base=f"http://127.0.0.1:{closed_port()}/v1", api_key="k",
-                         max_retries=1, retry_base_delay_s=0.001)
+                         retry_base_delay_s=5.0)  # fmt: skip
+    started = time.monotonic()
     with pytest.raises(ModelError) as caught:
         model.query(TASK, TOOLS)
+    assert time.monotonic() - started < 4.0, "no retry waited"
     message = str(caught.value)
-    assert message.startswith("Could not connect to http://127.0.0.1:") and "after 2 attempts" in message
+    assert message.startswith("Could not connect to http://127.0.0.1:") and "on the first attempt" in message
     assert "\n" not in message
     assert "--api-base" in caught.value.hint
+
+
+def test_a_server_that_answered_then_refuses_is_retried(openai_server):
+    # Once the server has answered, a refused connection may be a restart (a vLLM reloading): retried with backoff.
+    openai_server.reply_text("ok")
+    model = make_model(openai_server, max_retries=2)
+    assert model.query(TASK, TOOLS).content == "ok"
+    model.api_base = f"http://127.0.0.1:{closed_port()}/v1"  # where it answered, nothing listens now
+    with pytest.raises(ModelError) as caught:
+        model.query(TASK, TOOLS)
+    assert "Could not connect" in str(caught.value) and "after 3 attempts" in str(caught.value)
 
 
 def test_a_stalled_server_times_out(openai_server):

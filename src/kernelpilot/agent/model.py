@@ -104,6 +104,7 @@ class LiteLLMModel:
         self._context_window = context_window
         self._request_key: str | None = None
         self._checked = False
+        self._answered = False  # whether the server has answered once: until then a refused connection is final
         self._message_tokens = functools.lru_cache(maxsize=8192)(self._count_serialized_message)
 
     @property
@@ -140,7 +141,7 @@ class LiteLLMModel:
                 if not self._fall_back_to_text_actions(err):
                     raise _model_error(self, err, attempts=1) from None
             except OpenAIError as err:
-                attempts = self.max_retries + 1 if _is_transient(err) else 1
+                attempts = self.max_retries + 1 if self._retried(err) else 1
                 raise _model_error(self, err, attempts=attempts) from None
 
     def _check_configuration(self, litellm) -> None:
@@ -220,12 +221,19 @@ class LiteLLMModel:
         attempt = 0
         while True:
             try:
-                return litellm.completion(**request)
+                response = litellm.completion(**request)
+                self._answered = True
+                return response
             except Exception as err:
-                if attempt == self.max_retries or not _is_transient(err):
+                if attempt == self.max_retries or not self._retried(err):
                     raise
                 time.sleep(self._retry_delay_s(attempt, err))
                 attempt += 1
+
+    def _retried(self, err: Exception) -> bool:
+        """Whether `err` is worth another attempt: a transient error, except a refused connection before the server
+        ever answered (nothing listens at api_base: a wrong address or a server not started, which waiting won't fix)."""
+        return _is_transient(err) and (self._answered or not _connection_refused(err))
 
     def _retry_delay_s(self, attempt: int, err: Exception) -> float:
         asked = _retry_after_s(err)
@@ -319,6 +327,18 @@ def _is_transient(err: Exception) -> bool:
         litellm.BadGatewayError,
     )
     return isinstance(err, transient) or (isinstance(err, litellm.APIError) and (err.status_code or 0) >= 500)
+
+
+def _connection_refused(err: BaseException) -> bool:
+    """True when a ConnectionRefusedError lies in the error's chain (litellm wraps openai's, which wraps httpx's)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _retry_after_s(err: Exception) -> float | None:
