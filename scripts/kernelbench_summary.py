@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
+
+from kernelpilot.suite import geometric_mean
 
 WIN = 1.05  # "beats" means faster than this factor
 SLOWER = 0.97  # below this factor of torch.compile, `optimize` must say torch.compile is faster
@@ -32,10 +33,6 @@ def latest_results(folders: list[Path]) -> dict[tuple[int, int], dict]:
     return results
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def summary_rows(results: dict[tuple[int, int], dict], totals: dict[int, int]) -> list[dict]:
     rows = []
     for level, total in sorted(totals.items()):
@@ -46,8 +43,8 @@ def summary_rows(results: dict[tuple[int, int], dict], totals: dict[int, int]) -
         seconds = [r["seconds"] for r in mine.values() if r.get("seconds")]
         rows.append({
             "level": level, "total": total, "with_result": len(mine), "correct": len(correct), "wins": len(wins),
-            "geomean_vs_compile": _geomean([r["speedup_vs_compile"] for r in correct.values() if r.get("speedup_vs_compile")]),
-            "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in correct.values() if r.get("speedup_vs_eager")]),
+            "geomean_vs_compile": geometric_mean([r.get("speedup_vs_compile") for r in correct.values()]),
+            "geomean_vs_eager": geometric_mean([r.get("speedup_vs_eager") for r in correct.values()]),
             "median_s": statistics.median(seconds) if seconds else None, "max_s": max(seconds, default=None),
             "median_sol": statistics.median(sols) if (sols := [r["sol"] for r in correct.values() if r.get("sol")]) else None,
             "with_sol": len(sols),
