@@ -201,6 +201,20 @@ def test_exception_description_names_the_kernel_location():
     assert describe_exception(error) == "RuntimeError: launch failed (at kernels/relu.cu:42)"
 
 
+def test_exception_description_of_a_heading_names_the_error_it_introduces():
+    """torch.compile's compile workers report "An exception occurred in a subprocess:" and the worker's traceback;
+    the traceback's last line is what went wrong."""
+    details = ("An exception occurred in a subprocess:\n\nName=<unknown>\nTraceback (most recent call last):\n"
+               '  File "worker.py", line 3, in run\n    init()\n'
+               "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 304: OS call failed\n")
+    error = RuntimeError(details)
+    assert describe_exception(error) == (
+        "RuntimeError: An exception occurred in a subprocess: ... "
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 304: OS call failed"
+    )
+    assert describe_exception(RuntimeError("one line:")) == "RuntimeError: one line:"
+
+
 # y = x * weight, the weight a parameter the candidate must receive from the reference Model.
 WEIGHT_PROBLEM = """
 import torch

@@ -57,9 +57,14 @@ def failure_kind(exc: BaseException, during: str) -> tuple[str, str]:
 
 
 def describe_exception(exc: BaseException) -> str:
-    """`Type: first line`, plus the first kernel source location the message names when the first line has none."""
-    lines = str(exc).strip().splitlines()
+    """`Type: first line`, plus the first kernel source location the message names when the first line has none.
+
+    A first line that only introduces what follows ("An exception occurred in a subprocess:", as torch.compile's
+    compile workers report) gets the message's last line too: the error that traceback ends in."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     first = lines[0][:300] if lines else ""
+    if first.endswith(":") and len(lines) > 1:
+        first += f" ... {lines[-1][:300]}"
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     location = _SOURCE_LOCATION.search(str(exc))
     if location and location.group(0) not in first:

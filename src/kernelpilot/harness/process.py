@@ -302,6 +302,10 @@ _SANDBOX_ENV_NAMES = frozenset({"PATH", "LD_LIBRARY_PATH", "LANG", "TZ", "VIRTUA
 _SANDBOX_ENV_PREFIXES = ("CUDA", "NVIDIA", "TORCH_CUDA", "PYTORCH_CUDA", "CUBLAS", "CUDNN", "LC_", "OMP_", "MKL_")
 
 
+# Inductor's setting of how many processes compile a graph's kernels (torch._inductor.config.compile_threads).
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
 def sandbox_environment(env: dict[str, str], private_dir: Path) -> dict[str, str]:
     """A sandbox's environment: toolchain and device settings only, every cache and temp folder its own (under
     `private_dir`), and the folders it may write (its own and the judge's shared-tensor folder)."""
@@ -316,6 +320,11 @@ def sandbox_environment(env: dict[str, str], private_dir: Path) -> dict[str, str
         kept[name] = str(private_dir / sub)
     writable = [str(private_dir)] + ([env[SHARED_DIR_ENV]] if env.get(SHARED_DIR_ENV) else [])
     kept[WRITABLE_ENV] = os.pathsep.join(writable)
+    # torch.compile compiles in this process, not in a pool of worker processes: a process started after the
+    # confinement cannot initialise CUDA (the driver's start-up writes outside the allowed folders), and inductor's
+    # workers need the device for some kernels, so their jobs failed with "SubprocException" (seen on an H200:
+    # KernelBench L2 6, 8 and 96 lost their torch.compile baseline while plain torch.compile ran them).
+    kept[COMPILE_THREADS_ENV] = "1"
     return kept
 
 
