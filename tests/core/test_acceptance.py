@@ -14,14 +14,16 @@ from kernelpilot.acceptance import accept_candidate, judge_for_acceptance
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.harness.variants import VARIANTS
 from kernelpilot.lockfile import LOCK_NAME, LockFileError, read_lock
-from kernelpilot.results import LANDLOCK, UNCONFINED, UNCONFINED_NOTE, EvalResult, TrialResult, VariantCheck, VerifyResult
+from kernelpilot.results import LANDLOCK, NOT_APPLICABLE, UNCONFINED, UNCONFINED_NOTE, EvalResult, TrialResult, VariantCheck, VerifyResult
 from kernelpilot.vcs import VcsError
 from vcs_testing import GPU, make_repo, make_workspace, verified_result
 
 pytestmark = pytest.mark.usefixtures("isolated_git")
 
 VERIFIED_VARIANTS = [VariantCheck("half", "verified", inputs=[[32, 64]]),
-                     VariantCheck("double", "verified", inputs=[[128, 64]])]  # fmt: skip
+                     VariantCheck("double", "verified", inputs=[[128, 64]]),
+                     VariantCheck("half-sequence", NOT_APPLICABLE, message="no tensor input has three or more dims"),
+                     VariantCheck("double-sequence", NOT_APPLICABLE, message="no tensor input has three or more dims")]  # fmt: skip
 
 
 class RecordingJudge:
@@ -55,7 +57,7 @@ def test_a_result_judged_without_the_variants_is_verified_again_with_them_and_ke
     result = judge_for_acceptance(judge, ws, best)
 
     assert judge.calls == [{"trials": 3, "atol": 1e-3, "rtol": 1e-3, "bench": False, "variants": VARIANTS}]
-    assert [check.variant for check in result.verify.variants] == ["half", "double"]
+    assert [check.variant for check in result.verify.variants] == list(VARIANTS)
     assert [trial.seed for trial in result.verify.trials] == [500, 501, 502]
     assert result.bench == best.bench and result.reward == 3
     assert best.verify.variants == [], "the caller's result is left as it was"

@@ -74,7 +74,10 @@ class OnlyEightRows(nn.Module):
         return relu_plus_bias(x, bias)
 
 
-def run_variants(problem, candidate_cls, variants=VARIANTS, seed=5):
+BATCH_VARIANTS = ("half", "double")
+
+
+def run_variants(problem, candidate_cls, variants=BATCH_VARIANTS, seed=5):
     model = InProcessModel.from_class(problem, candidate_cls, device="cpu", seed=seed)
     return verify_variants(problem, model, variants, device="cpu", base_seed=seed, atol=1e-5, rtol=1e-5,
                            workspace=None, library=None, time_left=lambda: 60.0)  # fmt: skip
@@ -185,7 +188,8 @@ def test_variants_the_problem_cannot_make_or_the_reference_rejects_are_not_appli
 def test_an_unknown_variant_is_not_applicable_and_the_known_ones_still_run(tmp_path):
     problem = load(tmp_path, PROBLEM.replace("ROWS", "8"))
     triple, half = run_variants(problem, AnyBatch, variants=["triple", "half"])
-    assert (triple.status, triple.message) == (NOT_APPLICABLE, "no such shape variant (known: half, double)")
+    assert (triple.status, triple.message) == (
+        NOT_APPLICABLE, "no such shape variant (known: half, double, half-sequence, double-sequence)")
     assert half.status == "verified"
 
 
@@ -202,12 +206,73 @@ def test_after_a_crash_the_variants_left_are_not_run(tmp_path):
             Crashed.calls += 1
             return {"ok": False, "error_kind": "crash", "message": "the sandbox died (signal 11)"}
 
-    half, double = verify_variants(problem, Crashed(), VARIANTS, device="cpu", base_seed=0, atol=1e-5, rtol=1e-5,
+    half, double = verify_variants(problem, Crashed(), BATCH_VARIANTS, device="cpu", base_seed=0, atol=1e-5, rtol=1e-5,
                                    workspace=None, library=None, time_left=lambda: 60.0)  # fmt: skip
 
     assert (half.status, half.error_kind, half.message) == ("failed", "crash", "the sandbox died (signal 11)")
     assert (double.status, double.message) == ("failed", "not run: the half variant ended in a crash")
     assert Crashed.calls == 1
+
+
+# y = relu(x) * mask: x is (batch, tokens, features), the mask (batch, tokens), the scale per feature.
+SEQUENCE_PROBLEM = """
+    import torch
+    from torch import nn
+
+    class Model(nn.Module):
+        def forward(self, x, mask, scale):
+            return torch.relu(x) * mask.unsqueeze(-1) * scale
+
+    def get_inputs():
+        return [torch.randn(2, TOKENS, 4), torch.rand(2, TOKENS), torch.rand(4)]
+
+    def get_init_inputs():
+        return []
+"""
+
+
+class AnySequence(nn.Module):
+    def forward(self, x, mask, scale):
+        out = torch.empty_like(x)
+        xs, ms, ss, ys = floats(x), floats(mask), floats(scale), floats(out)
+        features = scale.numel()
+        ys[:] = [max(v, 0.0) * ms[i // features] * ss[i % features] for i, v in enumerate(xs)]
+        return out
+
+
+def test_half_and_double_sequence_change_dim_1_of_every_input_that_has_it(tmp_path):
+    problem = load(tmp_path, SEQUENCE_PROBLEM.replace("TOKENS", "6"))
+    first = problem.make_inputs("cpu", 11)
+    second = problem.make_inputs("cpu", 11 + SECOND_DRAW_OFFSET)
+    half = variant_maker(problem, "half-sequence")(torch.device("cpu"), 11)
+    double = variant_maker(problem, "double-sequence")(torch.device("cpu"), 11)
+    assert [tuple(t.shape) for t in half] == [(2, 3, 4), (2, 3), (4,)]
+    assert [tuple(t.shape) for t in double] == [(2, 12, 4), (2, 12), (4,)]
+    assert torch.equal(half[0], first[0][:, :3]) and torch.equal(half[1], first[1][:, :3]) and half[0].is_contiguous()
+    assert torch.equal(double[0], torch.cat([first[0], second[0]], dim=1)) and torch.equal(double[2], first[2])
+    with pytest.raises(InputsNotApplicable, match="no tensor input has three or more dims"):
+        variant_maker(load(tmp_path, PROBLEM.replace("ROWS", "8")), "half-sequence")(torch.device("cpu"), 0)
+
+
+def test_a_sequence_generic_candidate_verifies_at_every_variant(tmp_path):
+    problem = load(tmp_path, SEQUENCE_PROBLEM.replace("TOKENS", "6"))
+    checks = run_variants(problem, AnySequence, variants=VARIANTS)
+    assert [(c.variant, c.status) for c in checks] == [(v, "verified") for v in VARIANTS], checks
+    assert [c.inputs[0] for c in checks] == [[1, 6, 4], [4, 6, 4], [2, 3, 4], [2, 12, 4]]
+
+
+def test_a_candidate_fixed_in_its_sequence_fails_the_sequence_variants(tmp_path):
+    problem = load(tmp_path, SEQUENCE_PROBLEM.replace("TOKENS", "6"))
+
+    class OnlySixTokens(AnySequence):
+        def forward(self, x, mask, scale):
+            if x.shape[1] != 6:
+                raise RuntimeError(f"compiled for 6 tokens, got {x.shape[1]}")
+            return super().forward(x, mask, scale)
+
+    checks = run_variants(problem, OnlySixTokens, variants=VARIANTS)
+    assert [c.status for c in checks] == ["verified", "verified", "failed", "failed"], checks
+    assert "compiled for 6 tokens, got 3" in checks[2].message
 
 
 def test_the_problems_own_verification_records_its_input_shapes(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernelpilot.harness.variants import VARIANTS
 from kernelpilot.results import NOT_APPLICABLE
 
 from kp_testing import EXAMPLES
@@ -16,6 +17,7 @@ from policy_testing import (
     FEW_LONG_ROWS,
     INTERLEAVED_ROWS,
     RUNTIME_BATCH_EXAMPLES,
+    RUNTIME_SEQUENCE_EXAMPLES,
     SCAN_PROBLEMS,
     SUPPORTED_EXAMPLES,
     assert_every_launch_candidate_verifies,
@@ -145,3 +147,20 @@ def test_runtime_batch_kernels_verify_at_half_and_double_the_batch(tmp_path, jud
     assert [variant for variant, _, _ in checks] == ["half", "double"]
     assert all(status == "verified" or (status == NOT_APPLICABLE and ("disagree" in message or "rejects" in message))
                for _, status, message in checks), checks  # fmt: skip
+
+
+# The sequence as a runtime size too: the kernels generated at the example's (batch, sequence) verify at half and
+# double its dim 1 (the judge's sequence variants), through the same extension, as well as at the batch variants.
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", RUNTIME_SEQUENCE_EXAMPLES)
+def test_runtime_sequence_kernels_verify_at_half_and_double_the_sequence(tmp_path, judge, name):
+    ws = policy_workspace(EXAMPLES / f"{name}.py", tmp_path)
+    build = judge.build(ws.root)
+    assert build.ok, build.log[-3000:]
+    verify = judge.verify(ws.root, build, trials=2, variants=VARIANTS)
+    assert verify.ok, (verify.error_kind, verify.message)
+    checks = {check.variant: (check.status, check.message) for check in verify.variants}
+    assert list(checks) == list(VARIANTS)
+    assert checks["half-sequence"][0] == checks["double-sequence"][0] == "verified", checks
+    assert all(status == "verified" or (status == NOT_APPLICABLE and ("disagree" in message or "rejects" in message))
+               for status, message in checks.values()), checks  # fmt: skip

@@ -1,6 +1,7 @@
-"""The batch as a runtime size (policy/leading.py): which groups take dim 0 at run time, that their kernels and
-bindings are the same code whatever batch they were generated at, that a reduced or otherwise entangled batch stays
-fixed, and (compile-only builds) that the bindings compile and their meta path follows the batch."""
+"""The batch (and the sequence after it) as runtime sizes (policy/leading.py): which groups take dim 0, or dims 0
+and 1, at run time, that their kernels and bindings are the same code whatever sizes they were generated at, that a
+reduced or otherwise entangled batch or sequence stays fixed, and (compile-only builds) that the bindings compile
+and their meta path follows the sizes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kernelpilot.problem import load_problem
 from kp_testing import EXAMPLES, nonempty
 from policy_testing import (
     RUNTIME_BATCH_EXAMPLES,
+    RUNTIME_SEQUENCE_EXAMPLES,
     SUPPORTED_EXAMPLES,
     analysed,
     built_workspace,
@@ -45,6 +47,7 @@ FIXED_BATCH = {
     "softmax_over_batch": ("x", "torch.softmax(x, dim=0)", "torch.randn({b}, 64)"),  # reduced by a row kernel
     "sum_of_a_vector": ("x", "x.sum()", "torch.randn({b})"),  # the whole batch is one row
     "divided_by_the_batch": ("x", "x / x.shape[0]", "torch.randn({b}, 64)"),  # the batch, traced to a number
+    "divided_by_the_tokens": ("x", "x / x.shape[1]", "torch.randn({b}, {b}, 64)"),  # (b, b): also the sequence
     "first_row_broadcast": ("x", "x - x[0]", "torch.randn({b}, 64)"),  # a fixed row of a batched tensor
     "cat_along_batch": ("x, y", "torch.cat([x, y])", "torch.randn({b}, 16), torch.randn({b}, 16)"),
     "view_reshaping_the_batch": ("x", "x.sum(-1).view(2, -1)", "torch.randn({b}, 4)"),
@@ -53,12 +56,35 @@ FIXED_BATCH = {
     "batched_matmul": ("x, y", "torch.bmm(x, y)", "torch.randn({b}, 8, 16), torch.randn({b}, 16, 8)"),  # strided batch
     "matmul_of_a_transposed_input": ("x", "self.fc(x.t())", "torch.randn(32, {b})", "self.fc = nn.Linear(32, 16)"),
 }  # fmt: skip
+# (arguments, returned, inputs with the batch as {b} and the sequence as {t}, __init__ lines): problems whose every
+# group takes the batch and the sequence at run time.
+RUNTIME_SEQUENCE = {
+    "scaled_residual_over_tokens": ("x, r", "torch.relu(x * self.scale + r)", "torch.randn({b}, {t}, 32), torch.randn({b}, {t}, 32)",
+                                    "self.scale = nn.Parameter(torch.rand(32) + 0.5)"),
+    "softmax_over_tokens": ("x", "torch.softmax(x, dim=-1)", "torch.randn({b}, {t}, 32)", ""),
+    "rmsnorm_over_tokens": ("x", "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w", "torch.randn({b}, {t}, 64)",
+                            "self.w = nn.Parameter(torch.rand(64))"),
+    "token_sums": ("x", "x.sum(-1)", "torch.randn({b}, {t}, 24)", ""),
+    "linear_over_tokens_plus_residual": ("x, r", "self.fc(x) + r", "torch.randn({b}, {t}, 32), torch.randn({b}, {t}, 16)",
+                                         "self.fc = nn.Linear(32, 16)"),
+}  # fmt: skip
+# Problems whose sequence must stay fixed (the batch may be free), and why.
+FIXED_SEQUENCE = {
+    "positional_table": ("x", "x + self.pos", "torch.randn({b}, {t}, 32)", "self.pos = nn.Parameter(torch.randn({t}, 32))"),
+    "per_sequence_scale": ("x", "x * self.s", "torch.randn({b}, {t}, 32)", "self.s = nn.Parameter(torch.rand({t}, 1))"),
+    "mean_over_tokens": ("x", "x.mean(1)", "torch.randn({b}, {t}, 32)", ""),  # the sequence is reduced
+    "features_of_a_matrix": ("x", "torch.relu(x) * 3", "torch.randn({b}, 48)", ""),  # a 2-d tensor's dim 1: features
+    "linear_over_rows": ("x", "self.fc(x)", "torch.randn({b}, 32)", "self.fc = nn.Linear(32, 16)"),
+    "tokens_viewed_together": ("x", "x.sum(-1).view(x.shape[0], 2, -1)", "torch.randn({b}, {t}, 4)", ""),
+}  # fmt: skip
 
 
-def _problem(folder: Path, name: str, batch: int, table: dict) -> Path:
+def _problem(folder: Path, name: str, batch: int, table: dict, sequence: int = 6) -> Path:
     arguments, returned, inputs, *init = table[name]
     forward = f"def forward(self, {arguments}):\n    return {returned}"
-    return write_problem(folder, f"{name}_{batch}", forward, inputs.format(b=batch), init[0] if init else "")
+    sizes = {"b": batch, "t": sequence}
+    return write_problem(folder, f"{name}_{batch}_{sequence}", forward, inputs.format(**sizes),
+                         init[0].format(**sizes) if init else "")  # fmt: skip
 
 
 def _code(text: str) -> str:
@@ -108,34 +134,85 @@ def test_elementwise_launcher_takes_the_batch_and_the_binding_checks_only_agreem
 
 
 def test_row_launcher_takes_the_batch_and_rows_follow_it(tmp_path):
-    group, = analysed(_problem(tmp_path, "layernorm", 4, RUNTIME_BATCH)).generated_groups
-    assert group.kind == "row"
+    group, = analysed(_problem(tmp_path, "logsumexp_plus_row_bias", 4, RUNTIME_BATCH)).generated_groups
+    assert group.kind == "row" and group.free_dims == 1
     for config in launch_candidates(group):
         kernel = render_kernel(group, config).content
-        assert "constexpr int64_t kBatchRows = 3;" in kernel and not re.search(r"\bkRows\b", kernel)
+        assert "constexpr int64_t kBatchRows = 1;" in kernel and not re.search(r"\bkRows\b", kernel)
         assert "const int64_t rows = leading * kBatchRows;" in kernel
-    assert 'check_batched(x, "x", torch::kFloat32, {3, 64}, device);' in render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {50}, device);' in render_binding(group).content
+    # Over (batch, tokens, features) the tokens are free too, and rows follow both.
+    group, = analysed(_problem(tmp_path, "layernorm", 4, RUNTIME_BATCH)).generated_groups
+    assert group.kind == "row" and group.free_dims == 2
+    assert "constexpr int64_t kBatchRows = 1;" in render_kernel(group, launch_candidates(group)[0]).content
+    assert 'check_batched(x, "x", torch::kFloat32, {64}, device);' in render_binding(group).content
 
 
 def test_matmul_launcher_builds_a_plan_per_m_and_the_binding_allocates_by_the_batch(tmp_path):
-    group, = analysed(_problem(tmp_path, "linear_over_tokens_plus_residual", 4, RUNTIME_BATCH)).generated_groups
-    assert group.kind == "matmul" and group.leading_free
+    group, = analysed(_problem(tmp_path, "linear_relu", 4, RUNTIME_BATCH)).generated_groups
+    assert group.kind == "matmul" and group.free_dims == 1
     kernel = render_kernel(group, launch_candidates(group)[0]).content
-    assert "constexpr int64_t kRowsPerBatch = 6;" in kernel  # M = 24 = 4 x 6 tokens
+    assert "constexpr int64_t kRowsPerBatch = 1;" in kernel  # M = 4 rows
     assert "const int64_t rows = leading * kRowsPerBatch;" in kernel and "plans[{device, rows}]" in kernel
-    assert "plan.d = make_layout(16, rows, 16, 16 * rows);" in kernel and "std::call_once" not in kernel
+    assert "std::call_once" not in kernel
     binding = render_binding(group).content
-    assert 'check_batched(x, "x", torch::kFloat32, {6, 32}, device);' in binding
-    assert 'check_batched(r, "r", torch::kFloat32, {6, 16}, device);' in binding
+    assert 'check_batched(x, "x", torch::kFloat32, {32}, device);' in binding
     assert 'check_tensor(fc_weight, "fc_weight", torch::kFloat32, {16, 32}, device);' in binding
-    assert "std::vector<c10::SymInt>{batch, c10::SymInt(6), c10::SymInt(16)}" in binding
+    assert "std::vector<c10::SymInt>{batch, c10::SymInt(16)}" in binding
     assert re.search(r"kWorkspaceBytes,\s+x\.size\(0\),", binding)
+
+
+def test_matmul_over_tokens_takes_batch_and_sequence(tmp_path):
+    group, = analysed(_problem(tmp_path, "linear_over_tokens_plus_residual", 4, RUNTIME_SEQUENCE)).generated_groups
+    assert group.kind == "matmul" and group.free_dims == 2
+    kernel = render_kernel(group, launch_candidates(group)[0]).content
+    assert "constexpr int64_t kRowsPerBatch = 1;" in kernel  # M = 24 = 4 x 6 tokens, each a row
+    assert "plan.d = make_layout(16, rows, 16, 16 * rows);" in kernel
+    binding = render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {32}, device);' in binding
+    assert 'check_batched(r, "r", torch::kFloat32, {16}, device);' in binding
+    assert "const c10::SymInt sequence = x.sym_size(1);" in binding and "TORCH_CHECK(r.sym_size(1) == sequence" in binding
+    assert "std::vector<c10::SymInt>{batch, sequence, c10::SymInt(16)}" in binding
+    assert re.search(r"kWorkspaceBytes,\s+x\.size\(0\) \* x\.size\(1\),", binding)
+    assert "Dims 0 and 1 (the batch and the sequence, 4x6 when generated) are runtime sizes" in binding
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME_SEQUENCE))
+def test_runtime_sequence_kernels_and_bindings_are_the_same_code_at_any_batch_and_sequence(tmp_path, name):
+    sizes = ((3, 5), (4, 6), (8, 7), (5, 11))
+    at = {(b, t): analysed(_problem(tmp_path, name, b, RUNTIME_SEQUENCE, t)).generated_groups for b, t in sizes}
+    assert len({len(groups) for groups in at.values()}) == 1
+    for index, group in enumerate(at[(4, 6)]):
+        assert group.free_dims == 2, (group.name, group.kind)
+        for config in launch_candidates(group):
+            assert len({_code(render_kernel(at[bt][index], config).content) for bt in at}) == 1, (group.name, config.label)
+        assert len({_code(render_binding(at[bt][index]).content) for bt in at}) == 1
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_SEQUENCE))
+def test_an_entangled_sequence_stays_fixed(tmp_path, name):
+    groups = nonempty(analysed(_problem(tmp_path, name, 4, FIXED_SEQUENCE)).generated_groups, "generated groups")
+    assert all(group.free_dims < 2 for group in groups), [(g.name, g.free_dims) for g in groups]
+    for group in groups:
+        binding = render_binding(group).content
+        assert "sequence" not in _code(binding)
+
+
+def test_forward_views_a_runtime_sequence_result_by_its_own_dims(tmp_path):
+    path = _problem(tmp_path, "token_sums", 4, RUNTIME_SEQUENCE)
+    (group,) = analysed(path).generated_groups
+    assert group.free_dims == 2
+    model_new = next(f for f in render_all(load_problem(path), analysed(path)) if f.path == "model_new.py").content
+    assert "return out_g0" in model_new
 
 
 def test_the_runtime_batch_examples_are_those_whose_every_kernel_takes_it():
     every = {name for name in SUPPORTED_EXAMPLES
              if all(group.leading_free for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
     assert every == set(RUNTIME_BATCH_EXAMPLES)
+    both = {name for name in SUPPORTED_EXAMPLES
+            if all(group.free_dims == 2 for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
+    assert both == set(RUNTIME_SEQUENCE_EXAMPLES)
 
 
 def test_stacked_per_row_values_keep_the_batch_fixed():
@@ -152,10 +229,11 @@ def test_forward_views_a_runtime_batch_result_by_its_own_dim_0(tmp_path):
 
 @needs_nvcc
 def test_runtime_batch_kernels_compile(tmp_path):
-    for name in sorted(RUNTIME_BATCH):
-        for group in analysed(_problem(tmp_path, name, 4, RUNTIME_BATCH)).generated_groups:
-            for config in launch_candidates(group)[:2]:
-                compile_cu(render_kernel(group, config).content, tmp_path)
+    for table in (RUNTIME_BATCH, RUNTIME_SEQUENCE):
+        for name in sorted(table):
+            for group in analysed(_problem(tmp_path, name, 4, table)).generated_groups:
+                for config in launch_candidates(group)[:2]:
+                    compile_cu(render_kernel(group, config).content, tmp_path)
 
 
 # ------------------------------------------------------------------ a built workspace, loaded on meta tensors
@@ -190,6 +268,24 @@ def test_built_bindings_give_the_output_shape_at_another_batch(runtime_batch_wor
     # The other dims stay fixed: a wrong feature size is refused, in one sentence.
     with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[6, 32\] after its batch"):
         model(torch.empty(4, 6, 31, device="meta"), torch.empty(4, 6, 31, device="meta"))
+
+
+@pytest.mark.cuda_build
+def test_built_bindings_follow_the_sequence_where_it_is_free(runtime_batch_workspace):
+    """The softmax and the Linear take (batch, tokens) at run time; the relu's scale is per token, so it refuses
+    another sequence length, in one sentence."""
+    ws, model = _meta_model(runtime_batch_workspace)
+    ops = getattr(torch.ops, ws.namespace)
+    groups = analysed(ws.model_path).generated_groups
+    assert sorted(group.free_dims for group in groups) == [1, 2, 2]
+    x = torch.empty(3, 11, 32, device="meta")
+    weight, bias = torch.empty(16, 32, device="meta"), torch.empty(16, device="meta")
+    for group in groups:
+        if group.free_dims == 2:
+            arguments = [x, weight, bias] if group.kind == "matmul" else [x]
+            assert tuple(getattr(ops, f"policy_{group.name}")(*arguments).shape)[:2] == (3, 11)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[6, 32\] after its batch"):
+        model(x, torch.empty(3, 11, 32, device="meta"))
 
 
 @pytest.mark.cuda_build

@@ -1,12 +1,18 @@
-"""TRUSTED side: verification at leading-dim variants of the problem's inputs (half and double the batch).
+"""TRUSTED side: verification at leading-dim variants of the problem's inputs (half and double the batch, half and
+double the sequence).
 
-Real layers see several batch sizes, while get_inputs() names one. A variant's inputs come from the problem's own
+Real layers see several batch sizes and sequence lengths, while get_inputs() names one. A variant's inputs come from the problem's own
 get_inputs() draws, so their values mean what the problem's do: "half" keeps the first B // 2 rows of every tensor
 input whose dim 0 is the common leading size B (`leading_size`); "double" concatenates two draws (two seeds) along dim 0. Tensors of
 another leading size, 0-dim tensors and other values stay as the first draw has them. A variant does not apply where
 the tensor inputs disagree on B, where B is too small to halve, or where the reference itself rejects the shapes
 (it raises on them, run on this side before any candidate call). The trials are `verify_candidate`'s own, with the
 variant's inputs in place of the problem's.
+
+The sequence variants do the same along dim 1: the sequence S is the dim-1 size that the tensor inputs of three or
+more dims share (batch, tokens, features); "half-sequence" keeps the first S // 2 steps of every tensor input of two
+or more dims whose dim 1 is S (a mask of (batch, tokens) too), "double-sequence" concatenates two draws along dim 1.
+Where dim 1 means something else (channels), the reference rejects the shapes and the variant does not apply.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 from kernelpilot.harness.verify import SEED_STRIDE, InputsNotApplicable, verify_candidate
 from kernelpilot.results import NOT_APPLICABLE, VariantCheck
 
-VARIANTS = ("half", "double")
+VARIANTS = ("half", "double", "half-sequence", "double-sequence")
 # Trials per variant: two, so that a result computed before the call is caught by the repeated-values guard.
 VARIANT_TRIALS = 2
 # The second draw of "double" comes from this far past the trial's seed, away from the other trials' seeds.
@@ -57,12 +63,43 @@ def double_inputs(first: Sequence[Any], second: Sequence[Any]) -> list:
     return [_rows(a, size, lambda t, b=b: torch.cat([t, b])) for a, b in zip(first, second)]
 
 
+def sequence_size(inputs: Sequence[Any]) -> int:
+    """The sequence length S: the dim-1 size the tensor inputs of three or more dims share; InputsNotApplicable
+    when there is none or they disagree."""
+    sizes = sorted({item.shape[1] for item in inputs if isinstance(item, torch.Tensor) and item.dim() >= 3})
+    if not sizes:
+        raise InputsNotApplicable("no tensor input has three or more dims (batch, sequence, features)")
+    if len(sizes) > 1:
+        raise InputsNotApplicable(f"the tensor inputs disagree on their dim 1 ({', '.join(map(str, sizes))})")
+    return sizes[0]
+
+
+def half_sequence_inputs(inputs: Sequence[Any]) -> list:
+    """The first S // 2 steps along dim 1 of each tensor input whose dim 1 is S; the rest as they are."""
+    size = sequence_size(inputs)
+    if size < 2:
+        raise InputsNotApplicable(f"the sequence length is {size}, which cannot be halved")
+    return [_steps(item, size, lambda t: t[:, : size // 2].contiguous()) for item in inputs]
+
+
+def double_sequence_inputs(first: Sequence[Any], second: Sequence[Any]) -> list:
+    """Two draws' tensor inputs of sequence length S concatenated along dim 1; the rest as the first draw has them."""
+    size = sequence_size(first)
+    if sequence_size(second) != size or len(first) != len(second):
+        raise InputsNotApplicable("two draws of get_inputs() differ in their sequence lengths")
+    return [_steps(a, size, lambda t, b=b: torch.cat([t, b], dim=1)) for a, b in zip(first, second)]
+
+
+_MAKERS = {"half": half_inputs, "half-sequence": half_sequence_inputs}
+_DOUBLERS = {"double": double_inputs, "double-sequence": double_sequence_inputs}
+
+
 def variant_maker(problem: Any, variant: str) -> Callable[[torch.device, int], list]:
     """A function (device, seed) -> the variant's inputs, drawn through the problem's `make_inputs`."""
-    if variant == "half":
-        return lambda device, seed: half_inputs(problem.make_inputs(device, seed))
-    if variant == "double":
-        return lambda device, seed: double_inputs(
+    if variant in _MAKERS:
+        return lambda device, seed: _MAKERS[variant](problem.make_inputs(device, seed))
+    if variant in _DOUBLERS:
+        return lambda device, seed: _DOUBLERS[variant](
             problem.make_inputs(device, seed), problem.make_inputs(device, seed + SECOND_DRAW_OFFSET)
         )
     raise ValueError(f"unknown shape variant {variant!r} (known: {', '.join(VARIANTS)})")
@@ -105,5 +142,11 @@ def _verify_one(problem: Any, model: Any, variant: str, **verifying: Any) -> Var
 
 def _rows(item: Any, size: int, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(item, torch.Tensor) and item.dim() >= 1 and item.shape[0] == size:
+        return change(item)
+    return item
+
+
+def _steps(item: Any, size: int, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(item, torch.Tensor) and item.dim() >= 2 and item.shape[1] == size:
         return change(item)
     return item

@@ -378,8 +378,8 @@ def render_model_new(problem: Problem, analysis: Analysis) -> GeneratedFile:
         {"result": _result_name(group), "function": function_name(group), "arguments": [_python_source(t) for t in group.tensors]}
         for group in groups
     ]
-    runtime_leading = {group.output for group in groups if group.leading_free}
-    returned = [_returned_source(leaf, leaf.source in runtime_leading) for leaf in analysis.outputs]
+    free_dims = {group.output: group.free_dims for group in groups}
+    returned = [_returned_source(leaf, free_dims.get(leaf.source, 0)) for leaf in analysis.outputs]
     if analysis.output_container == "tensor":
         returned_text = returned[0]
     elif analysis.output_container == "list":
@@ -449,14 +449,15 @@ def _python_source(source: Source) -> str:
     return f"getattr(self.get_submodule({module!r}), {attribute!r})"
 
 
-def _returned_source(leaf: Leaf, runtime_leading: bool = False) -> str:
-    """How forward returns a view of a result; `runtime_leading`: the result's dim 0 is a runtime batch, which the
-    view keeps (leading.py allows only such views then)."""
+def _returned_source(leaf: Leaf, free_dims: int = 0) -> str:
+    """How forward returns a view of a result; `free_dims`: the result's first dims that are runtime sizes (the
+    batch, and the sequence), which the view keeps (leading.py allows only such views then)."""
     name = f"out_{leaf.source.name}"
     if leaf.shape == leaf.source.shape:
         return name
-    if runtime_leading:
-        return f"{name}.view({', '.join([f'{name}.shape[0]', *map(str, leaf.shape[1:])])})"
+    if free_dims:
+        free = [f"{name}.shape[{dim}]" for dim in range(free_dims)]
+        return f"{name}.view({', '.join([*free, *map(str, leaf.shape[free_dims:])])})"
     count = math.prod(leaf.shape)
     if leaf.offset or count != math.prod(leaf.source.shape):  # one value per row of a stacked output (merge.py)
         name = f"{name}.view(-1)[{leaf.offset}:{leaf.offset + count}]"

@@ -60,7 +60,7 @@ def elementwise_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "config": config,
         "numel": math.prod(layout.shape),
         "leading": group.leading_free,
-        "batch_numel": math.prod(layout.shape) // group.shape[0] if group.leading_free else None,
+        "batch_numel": math.prod(layout.shape) // group.free_count if group.leading_free else None,
         "shapes": describe_leading(group),
         "vec": layout.vec,
         "accesses": accesses,

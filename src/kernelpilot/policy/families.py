@@ -97,11 +97,13 @@ def render_binding(group: Group) -> GeneratedFile:
         function=function_name(group),
         launcher=launcher_name(group),
         tensors=[
-            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape), "batched": carries}
+            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape), "batched": carries,
+             "rest": list(t.shape[group.free_dims :])}
             for arg, t, carries in zip(names, group.tensors, batched)
         ],
         # The first tensor carrying the runtime batch, which the others must agree with (None: all fixed).
         leading=next((arg for arg, carries in zip(names, batched) if carries), None),
+        free_dims=group.free_dims,
         out_shape=list(group.output.shape),
         out_scalar_type=SCALAR_TYPES[group.output.dtype],
         workspace_bytes=kernel.workspace_bytes,

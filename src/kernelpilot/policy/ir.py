@@ -350,7 +350,17 @@ class Group:
     matmul: Matmul | None = None  # what a matmul group computes
     inner_dims: int = 0  # column groups: how many trailing dims of `shape` follow the reduced ones
     conv: Conv | None = None  # what a conv group computes
-    leading_free: bool = False  # dim 0 of `shape` is a runtime size (leading.py)
+    free_dims: int = 0  # how many leading dims of `shape` are runtime sizes: 1 the batch, 2 batch and sequence (leading.py)
+
+    @property
+    def leading_free(self) -> bool:
+        """Dim 0 of `shape` (and maybe dim 1: `free_dims`) is a runtime size."""
+        return self.free_dims > 0
+
+    @property
+    def free_count(self) -> int:
+        """The product of the free dims' sizes when generated: the runtime count the kernel's launcher takes."""
+        return math.prod(self.shape[: self.free_dims])
 
     @property
     def generated(self) -> bool:

@@ -1,4 +1,4 @@
-"""Which generated groups take their leading dim (dim 0 of the iteration shape: the batch) as a runtime size.
+"""Which generated groups take their leading dims (the batch, and a sequence after it) as runtime sizes.
 
 A kernel generated at batch B is right at any batch B' when the leading dim only repeats the same work: every
 tensor that moves along it (a carrier) is read slab by slab, slab b of the output from slab b of each carrier (a
@@ -17,6 +17,12 @@ that a row kernel reduces; a carrier read at a fixed position along it (x[0] bro
 outside its slab; a cat, pad or triangle whose window cuts the leading dim; stacked per-row values (merge.py),
 whose layout is [values, rows]; a returned view that reshapes dim 0; an elementwise vector width that a runtime
 numel could break; and a constant equal to B or 1/B in the expression (`x / x.shape[0]` is traced to a number).
+
+Dim 1 (a sequence: tokens of (batch, tokens, features)) is a runtime size too where the same holds of the pair:
+the batch is free, a fixed dim follows dim 1 (it is not reduced, and a 2-d tensor's dim 1 is its features), and
+every access walks dims 0 and 1 as one dim (a carrier in order, with dim 1 of the iteration's size; anything else
+broadcast over both: a positional table of (tokens, features) keeps dim 1 fixed). The kernel then sees one
+runtime count, batch x sequence, exactly as it sees a batch; the binding checks the pair and allocates with both.
 """
 
 from __future__ import annotations
@@ -30,9 +36,13 @@ FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan", "matmul")
 
 
 def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
-    """Set `leading_free` on each group whose leading dim may be a runtime size (see the module docstring)."""
+    """Set `free_dims` on each group: 2 where batch and sequence may be runtime sizes, 1 where the batch alone may,
+    else 0 (see the module docstring)."""
     for group in groups:
-        group.leading_free = group.kind in FAMILIES_WITH_RUNTIME_LEADING and _leading_may_vary(group, returned)
+        free = 0
+        if group.kind in FAMILIES_WITH_RUNTIME_LEADING and _leading_may_vary(group, returned):
+            free = 2 if _sequence_may_vary(group, returned) else 1
+        group.free_dims = free
 
 
 def leading_carriers(group: Group) -> list[bool]:
@@ -52,6 +62,10 @@ def describe_leading(group: Group) -> str:
     shape = group.output.shape
     if not group.leading_free:
         return f"Every dim is fixed at generation time ({'x'.join(map(str, shape)) or 'a scalar'})."
+    if group.free_dims == 2:
+        rest = "x".join(map(str, shape[2:]))
+        return (f"Dims 0 and 1 (the batch and the sequence, {shape[0]}x{shape[1]} when generated) are runtime sizes; "
+                f"the others are fixed at {rest}.")
     if len(shape) == 1:
         return f"The output's one dim (the batch, {shape[0]} when generated) is a runtime size."
     rest = "x".join(map(str, shape[1:]))
@@ -64,7 +78,7 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
     batch = group.shape[0]
     if group.matmul is not None:
         return _matmul_rows_follow(group, batch) and all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
-    if not _output_in_slabs(group, batch) or _mentions_batch(group, batch):
+    if not _output_in_slabs(group, batch) or _mentions(group, (batch,)):
         return False
     if group.kind in ("row", "scan") and len(group.shape) - group.row_dims < 1:
         return False  # the leading dim is part of the row: reduced (or scanned) over
@@ -119,9 +133,61 @@ def _output_in_slabs(group: Group, batch: int) -> bool:
     return bool(shape) and shape[0] == batch and math.prod(shape) == written
 
 
-def _mentions_batch(group: Group, batch: int) -> bool:
+def _mentions(group: Group, sizes: tuple[int, ...]) -> bool:
+    """A constant of the expression equals one of `sizes` or its inverse: a size traced to a number."""
     constants = {node.value for node in walk(group.expr) if isinstance(node, Const)}
-    return any(math.isclose(value, batch) or math.isclose(value, 1 / batch) for value in constants)
+    return any(math.isclose(value, size) or math.isclose(value, 1 / size) for value in constants for size in sizes)
+
+
+def _sequence_may_vary(group: Group, returned: list[Leaf]) -> bool:
+    """With the batch free: dim 1 may be a runtime size too (the module docstring's second paragraph)."""
+    if group.matmul is not None:
+        return _matmul_sequence_follows(group, returned)
+    shape = group.shape
+    kept = len(shape) - (group.row_dims if group.kind in ("row", "scan") else 0)  # dims not reduced or scanned
+    if len(shape) < 3 or kept < 2 or shape[1] < 2 or tuple(group.output.shape[:2]) != tuple(shape[:2]):
+        return False
+    if _mentions(group, (shape[1], shape[0] * shape[1])):
+        return False
+    if group.kind == "elementwise" and (math.prod(shape) // (shape[0] * shape[1])) % elementwise_layout(group).vec:
+        return False
+    for access in group.accesses:
+        if access.strides[0] != shape[1] * access.strides[1]:
+            return False  # dims 0 and 1 not walked as one: a tensor that moves along one of them only
+        if access.strides[0] and not _reads_its_step(group, access):
+            return False
+    return all(_keeps_dims(leaf, 2) for leaf in returned if leaf.source == group.output)
+
+
+def _reads_its_step(group: Group, access: Access) -> bool:
+    """A carrier's (b, t) reads only its own slab (b, t): dim 1 of the tensor is the sequence, no window or check
+    cuts it, and every element read lies inside the slab."""
+    tensor, shape = group.tensors[access.tensor], group.shape
+    if len(tensor.shape) < 3 or tensor.shape[1] != shape[1] or access.diagonal is not None:
+        return False
+    if access.bounds is not None and tuple(access.bounds[1]) != (0, shape[1]):
+        return False
+    if access.guard is not None:
+        return all(dim > 1 for terms, _, _ in access.guard.checks for dim, _ in terms)
+    slab = math.prod(tensor.shape[2:])
+    bounds = access.bounds or tuple((0, size) for size in shape)
+    low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[2:], bounds[2:]))
+    high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[2:], bounds[2:]))
+    return 0 <= low and high < slab
+
+
+def _matmul_sequence_follows(group: Group, returned: list[Leaf]) -> bool:
+    """A matmul with a free batch whose output and moving operands are (batch, sequence, ...): our M is
+    batch x sequence x a constant."""
+    matmul, out = group.matmul, group.output.shape
+    if len(out) < 3 or out[1] < 2:
+        return False
+    if any(math.isclose(matmul.alpha, size) or math.isclose(matmul.alpha, 1 / size) for size in (out[1], out[0] * out[1])):
+        return False
+    for leaf in (matmul.a, matmul.residual):
+        if leaf is not None and (len(leaf.source.shape) < 3 or tuple(leaf.source.shape[:2]) != tuple(out[:2])):
+            return False
+    return all(_keeps_dims(leaf, 2) for leaf in returned if leaf.source == group.output)
 
 
 def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
@@ -145,11 +211,16 @@ def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
 
 def _keeps_dim_0(leaf: Leaf) -> bool:
     """A returned view forward can write with a runtime dim 0: the whole output, or a reshape of its other dims."""
+    return _keeps_dims(leaf, 1)
+
+
+def _keeps_dims(leaf: Leaf, count: int) -> bool:
+    """A returned view forward can write with its first `count` dims runtime sizes: a reshape of the others."""
     source = leaf.source
     return (
         leaf.offset == 0
-        and bool(leaf.shape)
-        and leaf.shape[0] == source.shape[0]
+        and len(leaf.shape) >= count
+        and tuple(leaf.shape[:count]) == tuple(source.shape[:count])
         and math.prod(leaf.shape) == math.prod(source.shape)
         and all(a == b for size, a, b in zip(leaf.shape, leaf.strides, contiguous_strides(leaf.shape)) if size > 1)
     )

@@ -3,6 +3,7 @@ candidates (cuBLASLt's best heuristic algorithms) and its template context."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,8 @@ def matmul_context(group: Group, config: MatmulConfig) -> dict[str, Any]:
         "batch": matmul.batch,
         # A runtime batch (leading.py): our M is the batch times this many rows, and plans are built per M.
         "leading": group.leading_free,
-        "rows_per_batch": m // group.output.shape[0] if group.leading_free else m,
+        "free_dims": group.free_dims,
+        "rows_per_batch": m // math.prod(group.output.shape[: group.free_dims]) if group.leading_free else m,
         "shapes": describe_leading(group),
         "lt_a": _lt_operand(matmul.b, "B", index[matmul.b.source]),
         "lt_b": _lt_operand(matmul.a, "A", index[matmul.a.source]),

@@ -206,7 +206,7 @@ def row_launch_context(group: Group, config: LaunchConfig) -> dict[str, Any]:
         "config": config,
         "rows": group.rows,
         "leading": group.leading_free,
-        "batch_rows": group.rows // group.shape[0] if group.leading_free else None,
+        "batch_rows": group.rows // group.free_count if group.leading_free else None,
         "shapes": describe_leading(group),
         "row_length": group.row_length,
         "threads_per_row": config.threads,
