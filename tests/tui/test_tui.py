@@ -26,9 +26,11 @@ from kernelpilot.agent.session import Session, read_records
 from kernelpilot.agent.tool_results import TodoItem
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.config import Settings
+from kernelpilot.harness.variants import VARIANTS
 from kernelpilot.lockfile import LOCK_NAME, read_lock
 from kernelpilot.optimize import AgentRun
 from kernelpilot.results import (
+    NOT_APPLICABLE,
     UNCONFINED,
     UNCONFINED_NOTE,
     BenchResult,
@@ -258,7 +260,9 @@ class VerifyingJudge:
             return judged(problem_id, str(root), 0.25, {"twice": 0.25})
         self.calls.append(judging)
         trials = [TrialResult(seed=100 + index, ok=True) for index in range(judging["trials"])]
-        checks = [VariantCheck(name, "verified", inputs=self.SHAPES[name]) for name in judging["variants"]]
+        checks = [VariantCheck(name, "verified", inputs=self.SHAPES[name]) if name in self.SHAPES
+                  else VariantCheck(name, NOT_APPLICABLE, message="no tensor input has three or more dims")
+                  for name in judging["variants"]]  # fmt: skip
         verify = VerifyResult(ok=True, trials=trials, atol=judging["atol"], rtol=judging["rtol"],
                               input_shapes=[[16, 32]], variants=checks)  # fmt: skip
         return EvalResult(problem_id, str(root), verify=verify, reward=1)
@@ -286,14 +290,14 @@ async def test_accept_commits_the_best_in_a_repository(problem):
         await wait_for(pilot, lambda: lines(app)[-1].startswith("committed"), "the commit")
         head = repo.head.commit
         assert lines(app)[-1] == f"committed {head.hexsha[:7]} {head.summary}"
-        assert "accept: verifying the best at half and double the batch size too, then committing…" in lines(app)
+        assert "accept: verifying the best at half and double the batch and the sequence too, then committing…" in lines(app)
 
     committed = set(head.stats.files)
     assert "kp-double/model_new.py" in committed and "kp-double/kernelpilot.lock.json" in committed
     assert "README.md" not in committed
     # Verified again, as it was (3 trials, its tolerances) and at the variants, not timed again: the run's timing.
     [verifying] = judge.calls
-    assert verifying == {"trials": 3, "atol": 1e-2, "rtol": 1e-2, "bench": False, "variants": ("half", "double")}
+    assert verifying == {"trials": 3, "atol": 1e-2, "rtol": 1e-2, "bench": False, "variants": VARIANTS}
     lock = read_lock(problem.parent / "kp-double" / LOCK_NAME)
     assert [(s.variant, s.inputs) for s in lock.shapes.verified] == [
         ("problem", [[16, 32]]), ("half", [[8, 32]]), ("double", [[32, 32]])]  # fmt: skip

@@ -263,7 +263,7 @@ def accept(
     rtol: float = typer.Option(1e-2, "--rtol", help="Relative tolerance (recorded for `kernelpilot check`)."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda, cuda:N or cpu (cpu only exercises the harness)."),
 ) -> None:
-    """Evaluate the workspace (also at half and double its batch size) and commit its kernels, model_new.py and
+    """Evaluate the workspace (also at half and double its batch size and sequence length) and commit its kernels, model_new.py and
     kernelpilot.lock.json with the numbers and the shapes verified."""
     from kernelpilot.acceptance import accept_candidate
     from kernelpilot.cli.render_eval import render_eval

@@ -365,7 +365,7 @@ class KernelpilotApp(App[None]):
         elif self.best is None or self.workspace is None:
             self._report_accept("No candidate was verified correct, so there is nothing to accept.", refused=True)
         else:
-            self.query_one(Transcript).add_line("accept: verifying the best at half and double the batch size too, "
+            self.query_one(Transcript).add_line("accept: verifying the best at half and double the batch and the sequence too, "
                                                 "then committing…", "watch")  # fmt: skip
             self.run_worker(partial(self._accept, self.workspace, self.best), thread=True, name="accept",
                             group="accept", exclusive=True)  # fmt: skip
