@@ -244,10 +244,11 @@ RUNTIME_BATCH_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
     "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
     "token_logprobs_bf16", "logits_entropy_bf16", "linear_bias_relu", "matmul_gelu", "small_mlp_block",
-    "mlp_up_gelu_bf16", "out_proj_residual_bf16", "coordinate_mlp_relu_fp16",
+    "mlp_up_gelu_bf16", "out_proj_residual_bf16", "coordinate_mlp_relu_fp16", "lora_residual_bf16",
 ]  # fmt: skip
 # ...and those whose every kernel takes the sequence (dim 1 of (batch, tokens, features)) at run time as well.
-RUNTIME_SEQUENCE_EXAMPLES = ["layernorm", "rmsnorm", "softmax_then_mask", "mlp_up_gelu_bf16", "out_proj_residual_bf16"]
+RUNTIME_SEQUENCE_EXAMPLES = ["layernorm", "rmsnorm", "softmax_then_mask", "mlp_up_gelu_bf16", "out_proj_residual_bf16",
+                             "lora_residual_bf16"]  # fmt: skip
 
 
 # Every example is supported now: a sort along the rows is an op the policy does not generate.

@@ -67,6 +67,9 @@ RUNTIME_SEQUENCE = {
     "token_sums": ("x", "x.sum(-1)", "torch.randn({b}, {t}, 24)", ""),
     "linear_over_tokens_plus_residual": ("x, r", "self.fc(x) + r", "torch.randn({b}, {t}, 32), torch.randn({b}, {t}, 16)",
                                          "self.fc = nn.Linear(32, 16)"),
+    # A LoRA: the down projection writes (batch x tokens, rank), the up projection reads it beside (batch, tokens, .).
+    "lora_chain": ("x, r", "r + self.up(self.down(x)) * 0.5", "torch.randn({b}, {t}, 32), torch.randn({b}, {t}, 32)",
+                   "self.down = nn.Linear(32, 4, bias=False)\nself.up = nn.Linear(4, 32, bias=False)"),
 }  # fmt: skip
 # Problems whose sequence must stay fixed (the batch may be free), and why.
 FIXED_SEQUENCE = {
@@ -125,8 +128,8 @@ def test_elementwise_launcher_takes_the_batch_and_the_binding_checks_only_agreem
     assert "constexpr int64_t kBatchNumel = 192;" in kernel  # 6 x 32 elements per batch index
     assert "kNumel" not in kernel and "Dim 0 (the batch, 4 when generated) is a runtime size" in kernel
     binding = render_binding(group).content
-    assert 'check_batched(x, "x", torch::kFloat32, {6, 32}, device);' in binding
-    assert 'check_batched(r, "r", torch::kFloat32, {6, 32}, device);' in binding
+    assert 'check_batched(x, "x", torch::kFloat32, {6, 32}, 1, device);' in binding
+    assert 'check_batched(r, "r", torch::kFloat32, {6, 32}, 1, device);' in binding
     assert 'check_tensor(scale, "scale", torch::kFloat32, {6, 1}, device);' in binding
     assert "TORCH_CHECK(r.sym_size(0) == batch" in binding and "const c10::SymInt batch = x.sym_size(0);" in binding
     assert "std::vector<c10::SymInt>{batch, c10::SymInt(6), c10::SymInt(32)}" in binding
@@ -140,12 +143,12 @@ def test_row_launcher_takes_the_batch_and_rows_follow_it(tmp_path):
         kernel = render_kernel(group, config).content
         assert "constexpr int64_t kBatchRows = 1;" in kernel and not re.search(r"\bkRows\b", kernel)
         assert "const int64_t rows = leading * kBatchRows;" in kernel
-    assert 'check_batched(x, "x", torch::kFloat32, {50}, device);' in render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {50}, 1, device);' in render_binding(group).content
     # Over (batch, tokens, features) the tokens are free too, and rows follow both.
     group, = analysed(_problem(tmp_path, "layernorm", 4, RUNTIME_BATCH)).generated_groups
     assert group.kind == "row" and group.free_dims == 2
     assert "constexpr int64_t kBatchRows = 1;" in render_kernel(group, launch_candidates(group)[0]).content
-    assert 'check_batched(x, "x", torch::kFloat32, {64}, device);' in render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {64}, 2, device);' in render_binding(group).content
 
 
 def test_matmul_launcher_builds_a_plan_per_m_and_the_binding_allocates_by_the_batch(tmp_path):
@@ -156,7 +159,7 @@ def test_matmul_launcher_builds_a_plan_per_m_and_the_binding_allocates_by_the_ba
     assert "const int64_t rows = leading * kRowsPerBatch;" in kernel and "plans[{device, rows}]" in kernel
     assert "std::call_once" not in kernel
     binding = render_binding(group).content
-    assert 'check_batched(x, "x", torch::kFloat32, {32}, device);' in binding
+    assert 'check_batched(x, "x", torch::kFloat32, {32}, 1, device);' in binding
     assert 'check_tensor(fc_weight, "fc_weight", torch::kFloat32, {16, 32}, device);' in binding
     assert "std::vector<c10::SymInt>{batch, c10::SymInt(16)}" in binding
     assert re.search(r"kWorkspaceBytes,\s+x\.size\(0\),", binding)
@@ -169,12 +172,28 @@ def test_matmul_over_tokens_takes_batch_and_sequence(tmp_path):
     assert "constexpr int64_t kRowsPerBatch = 1;" in kernel  # M = 24 = 4 x 6 tokens, each a row
     assert "plan.d = make_layout(16, rows, 16, 16 * rows);" in kernel
     binding = render_binding(group).content
-    assert 'check_batched(x, "x", torch::kFloat32, {32}, device);' in binding
-    assert 'check_batched(r, "r", torch::kFloat32, {16}, device);' in binding
+    assert 'check_batched(x, "x", torch::kFloat32, {32}, 2, device);' in binding
+    assert 'check_batched(r, "r", torch::kFloat32, {16}, 2, device);' in binding
     assert "const c10::SymInt sequence = x.sym_size(1);" in binding and "TORCH_CHECK(r.sym_size(1) == sequence" in binding
     assert "std::vector<c10::SymInt>{batch, sequence, c10::SymInt(16)}" in binding
     assert re.search(r"kWorkspaceBytes,\s+x\.size\(0\) \* x\.size\(1\),", binding)
     assert "Dims 0 and 1 (the batch and the sequence, 4x6 when generated) are runtime sizes" in binding
+
+
+def test_a_chain_through_a_flattened_intermediate_takes_batch_and_sequence(tmp_path):
+    down, up = analysed(_problem(tmp_path, "lora_chain", 4, RUNTIME_SEQUENCE)).generated_groups
+    # The down projection reads x's (batch, tokens) and writes batch x tokens rows of rank 4.
+    assert (down.free_dims, down.carrier_dims) == (1, (2, 0))
+    binding = render_binding(down).content
+    assert 'check_batched(x, "x", torch::kFloat32, {32}, 2, device);' in binding
+    assert "std::vector<c10::SymInt>{batch * sequence, c10::SymInt(4)}" in binding
+    assert re.search(r"kWorkspaceBytes,\s+x\.size\(0\) \* x\.size\(1\),", binding)
+    # The up projection reads those rows beside r's (batch, tokens) and writes (batch, tokens, 32).
+    assert up.free_dims == 2 and sorted(up.carrier_dims) == [0, 1, 2]
+    binding = render_binding(up).content
+    assert 'check_batched(g0, "g0", torch::kFloat32, {4}, 1, device);' in binding
+    assert "must hold as many rows in their free dims" in binding
+    assert "std::vector<c10::SymInt>{batch, sequence, c10::SymInt(32)}" in binding
 
 
 @pytest.mark.parametrize("name", sorted(RUNTIME_SEQUENCE))
@@ -183,7 +202,7 @@ def test_runtime_sequence_kernels_and_bindings_are_the_same_code_at_any_batch_an
     at = {(b, t): analysed(_problem(tmp_path, name, b, RUNTIME_SEQUENCE, t)).generated_groups for b, t in sizes}
     assert len({len(groups) for groups in at.values()}) == 1
     for index, group in enumerate(at[(4, 6)]):
-        assert group.free_dims == 2, (group.name, group.kind)
+        assert 2 in group.carrier_dims, (group.name, group.kind, group.carrier_dims)
         for config in launch_candidates(group):
             assert len({_code(render_kernel(at[bt][index], config).content) for bt in at}) == 1, (group.name, config.label)
         assert len({_code(render_binding(at[bt][index]).content) for bt in at}) == 1
@@ -194,8 +213,7 @@ def test_an_entangled_sequence_stays_fixed(tmp_path, name):
     groups = nonempty(analysed(_problem(tmp_path, name, 4, FIXED_SEQUENCE)).generated_groups, "generated groups")
     assert all(group.free_dims < 2 for group in groups), [(g.name, g.free_dims) for g in groups]
     for group in groups:
-        binding = render_binding(group).content
-        assert "sequence" not in _code(binding)
+        assert "const c10::SymInt sequence" not in render_binding(group).content
 
 
 def test_forward_views_a_runtime_sequence_result_by_its_own_dims(tmp_path):
@@ -211,7 +229,7 @@ def test_the_runtime_batch_examples_are_those_whose_every_kernel_takes_it():
              if all(group.leading_free for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
     assert every == set(RUNTIME_BATCH_EXAMPLES)
     both = {name for name in SUPPORTED_EXAMPLES
-            if all(group.free_dims == 2 for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
+            if all(2 in group.carrier_dims for group in analysed(EXAMPLES / f"{name}.py").generated_groups)}  # fmt: skip
     assert both == set(RUNTIME_SEQUENCE_EXAMPLES)
 
 
@@ -312,5 +330,5 @@ def test_a_forward_argument_named_batch_does_not_shadow_the_bindings_batch(tmp_p
                          "torch.randn(4, 8)")  # fmt: skip
     (group,) = analysed(path).generated_groups
     binding = render_binding(group).content
-    assert 'check_batched(t0_batch, "t0_batch", torch::kFloat32, {8}, device);' in binding
+    assert 'check_batched(t0_batch, "t0_batch", torch::kFloat32, {8}, 1, device);' in binding
     assert "const c10::SymInt batch = t0_batch.sym_size(0);" in binding

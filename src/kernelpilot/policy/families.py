@@ -27,7 +27,7 @@ from kernelpilot.policy.columns import ColumnConfig, column_candidates, column_c
 from kernelpilot.policy.convolution import ConvConfig, conv_binding_context, conv_candidates, conv_context
 from kernelpilot.policy.elementwise import elementwise_candidates, elementwise_context
 from kernelpilot.policy.ir import Analysis, Group
-from kernelpilot.policy.leading import describe_leading, leading_carriers
+from kernelpilot.policy.leading import describe_leading
 from kernelpilot.policy.matmul import MatmulConfig, matmul_candidates, matmul_context
 from kernelpilot.policy.row import row_candidates, row_context
 from kernelpilot.policy.scan import scan_candidates, scan_context
@@ -89,7 +89,11 @@ def render_binding(group: Group) -> GeneratedFile:
     """kernels/policy_<group>_binding.cpp: checks, allocation, launcher call, registration."""
     kernel = family(group)
     names = argument_names(group.tensors)
-    batched = leading_carriers(group)
+    frees = group.carrier_dims or (0,) * len(group.tensors)
+    # The tensor whose free dims the output is allocated with: one with as many free dims as the output, else (an
+    # output of batch x tokens rows) the first that moves, whose free dims' product is the row count.
+    carriers = [(arg, free) for arg, free in zip(names, frees) if free]
+    leading = next((c for c in carriers if c[1] == group.free_dims), carriers[0] if carriers else (None, 0))
     content = template_environment("templates").get_template("policy/binding.cpp.j2").render(
         stem=kernel_stem(group),
         description=group.describe(),
@@ -97,12 +101,13 @@ def render_binding(group: Group) -> GeneratedFile:
         function=function_name(group),
         launcher=launcher_name(group),
         tensors=[
-            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape), "batched": carries,
-             "rest": list(t.shape[group.free_dims :])}
-            for arg, t, carries in zip(names, group.tensors, batched)
+            {"arg": arg, "scalar_type": SCALAR_TYPES[t.dtype], "shape": list(t.shape), "batched": free > 0,
+             "free": free, "rest": list(t.shape[free:])}
+            for arg, t, free in zip(names, group.tensors, frees)
         ],
-        # The first tensor carrying the runtime batch, which the others must agree with (None: all fixed).
-        leading=next((arg for arg, carries in zip(names, batched) if carries), None),
+        # The tensor carrying the runtime sizes that the others must agree with (None: all fixed), and its free dims.
+        leading=leading[0],
+        leading_free=leading[1],
         free_dims=group.free_dims,
         out_shape=list(group.output.shape),
         out_scalar_type=SCALAR_TYPES[group.output.dtype],

@@ -351,6 +351,7 @@ class Group:
     inner_dims: int = 0  # column groups: how many trailing dims of `shape` follow the reduced ones
     conv: Conv | None = None  # what a conv group computes
     free_dims: int = 0  # how many leading dims of `shape` are runtime sizes: 1 the batch, 2 batch and sequence (leading.py)
+    carrier_dims: tuple[int, ...] = ()  # per tensor: its leading dims that are runtime sizes (0: fixed) (leading.py)
 
     @property
     def leading_free(self) -> bool:

@@ -7,10 +7,12 @@ B' at run time, the binding checks that the carriers agree on it (their other di
 fixed), and the output is allocated with it. Everything that is not proved so keeps B fixed, which the binding
 then checks as before: a fixed kernel fails loudly at another batch, a wrong one would not.
 
-A matmul (cuBLASLt, not batched) takes it where its M rows are the batch's slabs: our A is a whole contiguous
-tensor whose dim 0 is the output's (x of a Linear, or x viewed as (B * T, K)), so M = B * T follows B; B (the
-weight) and the bias do not move along it; a residual is a whole contiguous tensor like the output. The launcher then
-builds cuBLASLt's plan for each M it meets.
+A matmul (cuBLASLt, not batched) takes it where its M rows are the leading dims' slabs: our A, any residual and the
+output are whole contiguous tensors read in order, B (the weight) and the bias do not move along them, and each of
+A, the residual and the output holds the same count of rows in its first one or two dims: x of a Linear over
+(batch, features) or (batch, tokens, features), or a chain through an intermediate flattened to (batch x tokens,
+rank), as a LoRA's down projection writes and its up projection reads. The launcher then builds cuBLASLt's plan
+for each M it meets, and the binding checks that the tensors agree on their row count.
 
 What keeps it fixed: a family other than elementwise, row, scan and matmul (column reductions, cuDNN); a leading dim
 that a row kernel reduces; a carrier read at a fixed position along it (x[0] broadcast over the batch) or reaching
@@ -36,25 +38,18 @@ FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan", "matmul")
 
 
 def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
-    """Set `free_dims` on each group: 2 where batch and sequence may be runtime sizes, 1 where the batch alone may,
-    else 0 (see the module docstring)."""
+    """Set `free_dims` on each group (2 where batch and sequence may be runtime sizes, 1 where the batch alone may,
+    else 0) and `carrier_dims`, the free leading dims of each of its tensors (see the module docstring)."""
     for group in groups:
+        if group.kind == "matmul":
+            group.free_dims, group.carrier_dims = _matmul_prefixes(group, returned)
+            continue
         free = 0
         if group.kind in FAMILIES_WITH_RUNTIME_LEADING and _leading_may_vary(group, returned):
             free = 2 if _sequence_may_vary(group, returned) else 1
+        moving = {access.tensor for access in group.accesses if access.strides[0] != 0}
         group.free_dims = free
-
-
-def leading_carriers(group: Group) -> list[bool]:
-    """For each tensor of the group: whether it moves along the leading dim (its dim 0 is the runtime size)."""
-    carriers = [False] * len(group.tensors)
-    if group.leading_free and group.matmul is not None:
-        moving = {leaf.source for leaf in (group.matmul.a, group.matmul.residual) if leaf is not None}
-        return [source in moving for source in group.tensors]
-    if group.leading_free:
-        for access in group.accesses:
-            carriers[access.tensor] |= access.strides[0] != 0
-    return carriers
+        group.carrier_dims = tuple(free if index in moving else 0 for index in range(len(group.tensors)))
 
 
 def describe_leading(group: Group) -> str:
@@ -76,8 +71,6 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
     if not group.shape or group.shape[0] < 2 or isinstance(group.expr, Stack):
         return False
     batch = group.shape[0]
-    if group.matmul is not None:
-        return _matmul_rows_follow(group, batch) and all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
     if not _output_in_slabs(group, batch) or _mentions(group, (batch,)):
         return False
     if group.kind in ("row", "scan") and len(group.shape) - group.row_dims < 1:
@@ -95,24 +88,46 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
     return all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
 
 
-def _matmul_rows_follow(group: Group, batch: int) -> bool:
-    """A plain (not batched) matmul whose M rows are `batch` slabs of whole contiguous tensors: A, the output and
-    any residual; B and the bias read the same elements at any batch."""
-    matmul = group.matmul
+def _matmul_prefixes(group: Group, returned: list[Leaf]) -> tuple[int, tuple[int, ...]]:
+    """(the output's free leading dims, each tensor's) for a plain matmul whose M rows follow them, else all 0."""
+    fixed = (0, (0,) * len(group.tensors))
+    matmul, out = group.matmul, tuple(group.output.shape)
     m, n, k = matmul.mnk
-    if math.isclose(matmul.alpha, batch) or math.isclose(matmul.alpha, 1 / batch):
-        return False  # the batch traced to a number (`x @ w / x.shape[0]`)
-    if matmul.batch != 1 or m % batch or group.output.shape[0] != batch or math.prod(group.output.shape) != m * n:
-        return False
-    if not _whole_rows(matmul.a, batch, m, k) or (matmul.residual and not _whole_rows(matmul.residual, batch, m, n)):
-        return False
-    moving = {matmul.a.source} | ({matmul.residual.source} if matmul.residual else set())
-    return not any(leaf.source in moving for leaf in (matmul.b, matmul.bias) if leaf is not None)
+    moving = [leaf for leaf in (matmul.a, matmul.residual) if leaf is not None]
+    sources = {leaf.source for leaf in moving}
+    if matmul.batch != 1 or math.prod(out) != m * n or any(leaf.source in sources for leaf in (matmul.b, matmul.bias) if leaf):
+        return fixed
+    if not _whole(matmul.a, m, k) or (matmul.residual is not None and not _whole(matmul.residual, m, n)):
+        return fixed
+    for free in (2, 1):
+        count = math.prod(out[:free])
+        if len(out) <= free or min(out[:free]) < 2 or m % count:
+            continue
+        prefixes = {leaf.source: _prefix_of(tuple(leaf.source.shape), count, free, out) for leaf in moving}
+        if None in prefixes.values() or (free == 2 and 2 not in prefixes.values()):
+            continue  # the output's two dims are allocated from a tensor that has them
+        sizes = {count, *out[:free], *(size for s in sources for size in s.shape[: prefixes[s]])}
+        if any(math.isclose(matmul.alpha, size) or math.isclose(matmul.alpha, 1 / size) for size in sizes):
+            continue  # a size traced to a number (`x @ w / x.shape[0]`)
+        if all(_keeps_dims(leaf, free) for leaf in returned if leaf.source == group.output):
+            return free, tuple(prefixes.get(source, 0) for source in group.tensors)
+    return fixed
 
 
-def _whole_rows(leaf: Leaf, batch: int, rows: int, cols: int) -> bool:
-    """`leaf` is its whole source read in order, rows of `cols` (as (rows, cols) or in the output's shape), and the
-    source's dim 0 is the batch."""
+def _prefix_of(shape: tuple[int, ...], count: int, free: int, out: tuple[int, ...]) -> int | None:
+    """How many leading dims of a moving tensor (1 or 2, the output's `free` first) hold the output's `count` rows,
+    with a fixed dim after them; two that match the output's own two where it has two free."""
+    for dims in (free, 3 - free):
+        if len(shape) <= dims or min(shape[:dims]) < 2 or math.prod(shape[:dims]) != count:
+            continue
+        if dims == 2 and free == 2 and shape[:2] != out[:2]:
+            continue
+        return dims
+    return None
+
+
+def _whole(leaf: Leaf, rows: int, cols: int) -> bool:
+    """`leaf` is its whole source read in order, rows of `cols` (as (rows, cols) or in the source's shape)."""
     source = leaf.source
     return (
         leaf.offset == 0
@@ -121,7 +136,6 @@ def _whole_rows(leaf: Leaf, batch: int, rows: int, cols: int) -> bool:
         and math.prod(leaf.shape) == rows * cols
         and all(a == b for size, a, b in zip(leaf.shape, leaf.strides, contiguous_strides(leaf.shape)) if size > 1)
         and bool(source.shape)
-        and source.shape[0] == batch
         and math.prod(source.shape) == rows * cols
     )
 
@@ -141,8 +155,6 @@ def _mentions(group: Group, sizes: tuple[int, ...]) -> bool:
 
 def _sequence_may_vary(group: Group, returned: list[Leaf]) -> bool:
     """With the batch free: dim 1 may be a runtime size too (the module docstring's second paragraph)."""
-    if group.matmul is not None:
-        return _matmul_sequence_follows(group, returned)
     shape = group.shape
     kept = len(shape) - (group.row_dims if group.kind in ("row", "scan") else 0)  # dims not reduced or scanned
     if len(shape) < 3 or kept < 2 or shape[1] < 2 or tuple(group.output.shape[:2]) != tuple(shape[:2]):
@@ -174,20 +186,6 @@ def _reads_its_step(group: Group, access: Access) -> bool:
     low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[2:], bounds[2:]))
     high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[2:], bounds[2:]))
     return 0 <= low and high < slab
-
-
-def _matmul_sequence_follows(group: Group, returned: list[Leaf]) -> bool:
-    """A matmul with a free batch whose output and moving operands are (batch, sequence, ...): our M is
-    batch x sequence x a constant."""
-    matmul, out = group.matmul, group.output.shape
-    if len(out) < 3 or out[1] < 2:
-        return False
-    if any(math.isclose(matmul.alpha, size) or math.isclose(matmul.alpha, 1 / size) for size in (out[1], out[0] * out[1])):
-        return False
-    for leaf in (matmul.a, matmul.residual):
-        if leaf is not None and (len(leaf.source.shape) < 3 or tuple(leaf.source.shape[:2]) != tuple(out[:2])):
-            return False
-    return all(_keeps_dims(leaf, 2) for leaf in returned if leaf.source == group.output)
 
 
 def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
