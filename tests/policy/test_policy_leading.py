@@ -247,11 +247,12 @@ def test_forward_views_a_runtime_batch_result_by_its_own_dim_0(tmp_path):
 
 @needs_nvcc
 def test_runtime_batch_kernels_compile(tmp_path):
-    for table in (RUNTIME_BATCH, RUNTIME_SEQUENCE):
-        for name in sorted(table):
-            for group in analysed(_problem(tmp_path, name, 4, table)).generated_groups:
-                for config in launch_candidates(group)[:2]:
-                    compile_cu(render_kernel(group, config).content, tmp_path)
+    # (The kernels of RUNTIME_SEQUENCE are these templates' runtime path too, with other constants: the bindings,
+    # which differ, are compiled in the built workspace below.)
+    for name in sorted(RUNTIME_BATCH):
+        for group in analysed(_problem(tmp_path, name, 4, RUNTIME_BATCH)).generated_groups:
+            for config in launch_candidates(group)[:2]:
+                compile_cu(render_kernel(group, config).content, tmp_path)
 
 
 # ------------------------------------------------------------------ a built workspace, loaded on meta tensors
@@ -259,12 +260,15 @@ def test_runtime_batch_kernels_compile(tmp_path):
 
 @pytest.fixture(scope="module")
 def runtime_batch_workspace(tmp_path_factory):
-    """A compile-only build of a problem with an elementwise, a row and a matmul kernel that take the batch at run
-    time (the matmul's M is the batch times 6 tokens)."""
+    """A compile-only build of a problem with an elementwise kernel that takes the batch at run time (its scale is
+    per token), a row and a matmul kernel that take batch and tokens, and a LoRA chain through a flattened (batch x
+    tokens, 4) intermediate (two matmuls whose tensors hold the rows in one dim or in two)."""
     folder = tmp_path_factory.mktemp("runtime_batch")
-    path = write_problem(folder, "three_kernels", "def forward(self, x, r):\n    return torch.relu(x * self.scale + r), "
-                         "torch.softmax(x, dim=-1), self.fc(x)", "torch.randn(4, 6, 32), torch.randn(4, 6, 32)",
-                         "self.scale = nn.Parameter(torch.rand(6, 1) + 0.5)\nself.fc = nn.Linear(32, 16)")  # fmt: skip
+    path = write_problem(folder, "five_kernels", "def forward(self, x, r):\n    return torch.relu(x * self.scale + r), "
+                         "torch.softmax(x, dim=-1), self.fc(x), r + self.up(self.down(x)) * 0.5",
+                         "torch.randn(4, 6, 32), torch.randn(4, 6, 32)",
+                         "self.scale = nn.Parameter(torch.rand(6, 1) + 0.5)\nself.fc = nn.Linear(32, 16)\n"
+                         "self.down = nn.Linear(32, 4, bias=False)\nself.up = nn.Linear(4, 32, bias=False)")  # fmt: skip
     return built_workspace(path, folder)
 
 
@@ -282,26 +286,30 @@ def test_built_bindings_give_the_output_shape_at_another_batch(runtime_batch_wor
         inputs = [torch.empty(batch, 6, 32, device="meta") for _ in range(2)]
         with torch.no_grad():
             outputs = model(*inputs)
-        assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16)]
+        assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16), (batch, 6, 32)]
     # The other dims stay fixed: a wrong feature size is refused, in one sentence.
-    with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[6, 32\] after its batch"):
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[32\] after its batch and sequence"):
         model(torch.empty(4, 6, 31, device="meta"), torch.empty(4, 6, 31, device="meta"))
 
 
 @pytest.mark.cuda_build
 def test_built_bindings_follow_the_sequence_where_it_is_free(runtime_batch_workspace):
-    """The softmax and the Linear take (batch, tokens) at run time; the relu's scale is per token, so it refuses
-    another sequence length, in one sentence."""
+    """The softmax, the Linear and the LoRA chain take (batch, tokens) at run time; the relu's scale is per token,
+    so it refuses another sequence length, in one sentence."""
     ws, model = _meta_model(runtime_batch_workspace)
     ops = getattr(torch.ops, ws.namespace)
     groups = analysed(ws.model_path).generated_groups
-    assert sorted(group.free_dims for group in groups) == [1, 2, 2]
-    x = torch.empty(3, 11, 32, device="meta")
-    weight, bias = torch.empty(16, 32, device="meta"), torch.empty(16, device="meta")
-    for group in groups:
-        if group.free_dims == 2:
-            arguments = [x, weight, bias] if group.kind == "matmul" else [x]
-            assert tuple(getattr(ops, f"policy_{group.name}")(*arguments).shape)[:2] == (3, 11)
+    assert sorted(group.carrier_dims for group in groups) == [(1, 0, 1), (1, 0, 2), (2,), (2, 0), (2, 0, 0)]
+    by_ops = {tuple(group.ops): getattr(ops, f"policy_{group.name}") for group in groups}
+    x, r = torch.empty(3, 11, 32, device="meta"), torch.empty(3, 11, 32, device="meta")
+    softmax = next(op for names, op in by_ops.items() if "aten._softmax" in names)
+    assert tuple(softmax(x).shape) == (3, 11, 32)
+    down, up = [next(g for g in groups if g.carrier_dims == dims) for dims in ((2, 0), (1, 0, 2))]
+    rows = getattr(ops, f"policy_{down.name}")(x, torch.empty(4, 32, device="meta"))
+    assert tuple(rows.shape) == (33, 4)  # batch x tokens rows
+    assert tuple(getattr(ops, f"policy_{up.name}")(rows, torch.empty(32, 4, device="meta"), r).shape) == (3, 11, 32)
+    with pytest.raises(RuntimeError, match=r"must hold as many rows in their free dims"):
+        getattr(ops, f"policy_{up.name}")(rows[:30], torch.empty(32, 4, device="meta"), r)
     with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[6, 32\] after its batch"):
         model(x, torch.empty(3, 11, 32, device="meta"))
 
@@ -309,9 +317,10 @@ def test_built_bindings_follow_the_sequence_where_it_is_free(runtime_batch_works
 @pytest.mark.cuda_build
 def test_built_binding_refuses_tensors_that_disagree_on_the_batch(runtime_batch_workspace):
     ws, model = _meta_model(runtime_batch_workspace)
-    operator = getattr(torch.ops, ws.namespace).policy_g0
+    (relu,) = [group.name for group in analysed(ws.model_path).generated_groups if "aten.relu" in group.ops]
+    operator = getattr(getattr(torch.ops, ws.namespace), f"policy_{relu}")
     scale = torch.empty(6, 1, device="meta")
-    with pytest.raises(RuntimeError, match=r"policy_g0: r and x must agree on dim 0 \(the batch\), got 5 and 4"):
+    with pytest.raises(RuntimeError, match=rf"policy_{relu}: r and x must agree on dim 0 \(the batch\), got 5 and 4"):
         operator(torch.empty(4, 6, 32, device="meta"), scale, torch.empty(5, 6, 32, device="meta"))
 
 
@@ -322,7 +331,7 @@ def test_built_model_traces_with_a_symbolic_batch(runtime_batch_workspace):
     with torch.no_grad():
         for batch in (3, 7):
             outputs = compiled(torch.empty(batch, 6, 32, device="meta"), torch.empty(batch, 6, 32, device="meta"))
-            assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16)]
+            assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16), (batch, 6, 32)]
 
 
 def test_a_forward_argument_named_batch_does_not_shadow_the_bindings_batch(tmp_path):
