@@ -145,15 +145,21 @@ ROUNDING_AT_ITS_OWN_SHAPES = {"lora_residual_bf16"}
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [name for name in RUNTIME_BATCH_EXAMPLES if name not in ROUNDING_AT_ITS_OWN_SHAPES])
 def test_runtime_batch_kernels_verify_at_half_and_double_the_batch(tmp_path, judge, name):
-    ws = policy_workspace(EXAMPLES / f"{name}.py", tmp_path)
+    checks = _verified_at_variants(judge, EXAMPLES / f"{name}.py", tmp_path, ("half", "double"))
+    assert list(checks) == ["half", "double"]
+    assert all(status == "verified" or (status == NOT_APPLICABLE and ("disagree" in message or "rejects" in message))
+               for status, message in checks.values()), checks  # fmt: skip
+
+
+def _verified_at_variants(judge, path, folder, variants) -> dict[str, tuple[str, str]]:
+    """The policy's kernels for `path` built once and verified at its own shapes (which must pass) and `variants`:
+    variant -> (status, message)."""
+    ws = policy_workspace(path, folder)
     build = judge.build(ws.root)
     assert build.ok, build.log[-3000:]
-    verify = judge.verify(ws.root, build, trials=2, variants=("half", "double"))
+    verify = judge.verify(ws.root, build, trials=2, variants=variants)
     assert verify.ok, (verify.error_kind, verify.message)
-    checks = [(check.variant, check.status, check.message) for check in verify.variants]
-    assert [variant for variant, _, _ in checks] == ["half", "double"]
-    assert all(status == "verified" or (status == NOT_APPLICABLE and ("disagree" in message or "rejects" in message))
-               for _, status, message in checks), checks  # fmt: skip
+    return {check.variant: (check.status, check.message) for check in verify.variants}
 
 
 # The sequence as a runtime size too: the kernels generated at the example's (batch, sequence) verify at half and
@@ -161,12 +167,7 @@ def test_runtime_batch_kernels_verify_at_half_and_double_the_batch(tmp_path, jud
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [name for name in RUNTIME_SEQUENCE_EXAMPLES if name not in ROUNDING_AT_ITS_OWN_SHAPES])
 def test_runtime_sequence_kernels_verify_at_half_and_double_the_sequence(tmp_path, judge, name):
-    ws = policy_workspace(EXAMPLES / f"{name}.py", tmp_path)
-    build = judge.build(ws.root)
-    assert build.ok, build.log[-3000:]
-    verify = judge.verify(ws.root, build, trials=2, variants=VARIANTS)
-    assert verify.ok, (verify.error_kind, verify.message)
-    checks = {check.variant: (check.status, check.message) for check in verify.variants}
+    checks = _verified_at_variants(judge, EXAMPLES / f"{name}.py", tmp_path, VARIANTS)
     assert list(checks) == list(VARIANTS)
     assert checks["half-sequence"][0] == checks["double-sequence"][0] == "verified", checks
     assert all(status == "verified" or (status == NOT_APPLICABLE and ("disagree" in message or "rejects" in message))
@@ -180,9 +181,5 @@ def test_a_lora_chain_verifies_at_every_variant(tmp_path, judge):
     path = write_problem(tmp_path, "lora_chain_fp32", "def forward(self, x, r):\n    return r + self.up(self.down(x)) * 0.5",
                          "torch.randn(4, 96, 256), torch.randn(4, 96, 256)",
                          "self.down = nn.Linear(256, 8, bias=False)\nself.up = nn.Linear(8, 256, bias=False)")  # fmt: skip
-    ws = policy_workspace(path, tmp_path)
-    build = judge.build(ws.root)
-    assert build.ok, build.log[-3000:]
-    verify = judge.verify(ws.root, build, trials=2, variants=VARIANTS)
-    assert verify.ok, (verify.error_kind, verify.message)
-    assert [(check.variant, check.status) for check in verify.variants] == [(v, "verified") for v in VARIANTS], verify.variants
+    checks = _verified_at_variants(judge, path, tmp_path, VARIANTS)
+    assert [(variant, status) for variant, (status, _) in checks.items()] == [(v, "verified") for v in VARIANTS], checks

@@ -39,55 +39,68 @@ def leading_size(inputs: Sequence[Any]) -> int:
     is no batch: it changes with the variant only where its size happens to be B, and the reference judges that."""
     tensors = [item for item in inputs if isinstance(item, torch.Tensor) and item.dim() >= 1]
     batched = [item for item in tensors if item.dim() >= 2] or tensors
-    sizes = sorted({item.shape[0] for item in batched})
-    if not sizes:
-        raise InputsNotApplicable("the problem has no tensor input with a leading dimension")
-    if len(sizes) > 1:
-        raise InputsNotApplicable(f"the tensor inputs disagree on their leading size ({', '.join(map(str, sizes))})")
-    return sizes[0]
+    return _common([item.shape[0] for item in batched], "leading size",
+                   "the problem has no tensor input with a leading dimension")  # fmt: skip
 
 
 def half_inputs(inputs: Sequence[Any]) -> list:
     """The first B // 2 rows of each tensor input whose dim 0 is B; the rest as they are."""
-    size = leading_size(inputs)
-    if size < 2:
-        raise InputsNotApplicable(f"the leading size is {size}, which cannot be halved")
-    return [_rows(item, size, lambda t: t[: size // 2].clone()) for item in inputs]
+    return _half(inputs, 0)
 
 
 def double_inputs(first: Sequence[Any], second: Sequence[Any]) -> list:
     """Two draws' tensor inputs of leading size B concatenated along dim 0; the rest as the first draw has them."""
-    size = leading_size(first)
-    if leading_size(second) != size or len(first) != len(second):
-        raise InputsNotApplicable("two draws of get_inputs() differ in their leading sizes")
-    return [_rows(a, size, lambda t, b=b: torch.cat([t, b])) for a, b in zip(first, second)]
+    return _double(first, second, 0)
 
 
 def sequence_size(inputs: Sequence[Any]) -> int:
     """The sequence length S: the dim-1 size the tensor inputs of three or more dims share; InputsNotApplicable
     when there is none or they disagree."""
-    sizes = sorted({item.shape[1] for item in inputs if isinstance(item, torch.Tensor) and item.dim() >= 3})
-    if not sizes:
-        raise InputsNotApplicable("no tensor input has three or more dims (batch, sequence, features)")
-    if len(sizes) > 1:
-        raise InputsNotApplicable(f"the tensor inputs disagree on their dim 1 ({', '.join(map(str, sizes))})")
-    return sizes[0]
+    return _common([item.shape[1] for item in inputs if isinstance(item, torch.Tensor) and item.dim() >= 3], "dim 1",
+                   "no tensor input has three or more dims (batch, sequence, features)")  # fmt: skip
+
+
+def _common(sizes: list[int], what: str, none: str) -> int:
+    """The one size in `sizes`; InputsNotApplicable (`none`) when there is none, or when they disagree."""
+    distinct = sorted(set(sizes))
+    if not distinct:
+        raise InputsNotApplicable(none)
+    if len(distinct) > 1:
+        raise InputsNotApplicable(f"the tensor inputs disagree on their {what} ({', '.join(map(str, distinct))})")
+    return distinct[0]
 
 
 def half_sequence_inputs(inputs: Sequence[Any]) -> list:
     """The first S // 2 steps along dim 1 of each tensor input whose dim 1 is S; the rest as they are."""
-    size = sequence_size(inputs)
-    if size < 2:
-        raise InputsNotApplicable(f"the sequence length is {size}, which cannot be halved")
-    return [_steps(item, size, lambda t: t[:, : size // 2].contiguous()) for item in inputs]
+    return _half(inputs, 1)
 
 
 def double_sequence_inputs(first: Sequence[Any], second: Sequence[Any]) -> list:
     """Two draws' tensor inputs of sequence length S concatenated along dim 1; the rest as the first draw has them."""
-    size = sequence_size(first)
-    if sequence_size(second) != size or len(first) != len(second):
-        raise InputsNotApplicable("two draws of get_inputs() differ in their sequence lengths")
-    return [_steps(a, size, lambda t, b=b: torch.cat([t, b], dim=1)) for a, b in zip(first, second)]
+    return _double(first, second, 1)
+
+
+# dim -> (what its size is called, how the inputs' common size along it is found)
+_SIZES: dict[int, tuple[str, Callable[[Sequence[Any]], int]]] = {
+    0: ("leading size", leading_size),
+    1: ("sequence length", sequence_size),
+}
+
+
+def _half(inputs: Sequence[Any], dim: int) -> list:
+    name, size_of = _SIZES[dim]
+    size = size_of(inputs)
+    if size < 2:
+        raise InputsNotApplicable(f"the {name} is {size}, which cannot be halved")
+    return [_along(item, dim, size, lambda t: t.narrow(dim, 0, size // 2).clone()) for item in inputs]
+
+
+def _double(first: Sequence[Any], second: Sequence[Any], dim: int) -> list:
+    name, size_of = _SIZES[dim]
+    size = size_of(first)
+    if size_of(second) != size or len(first) != len(second):
+        raise InputsNotApplicable(f"two draws of get_inputs() differ in their {name}s")
+    return [_along(a, dim, size, lambda t, b=b: torch.cat([t, b], dim=dim)) for a, b in zip(first, second)]
 
 
 _MAKERS = {"half": half_inputs, "half-sequence": half_sequence_inputs}
@@ -140,13 +153,8 @@ def _verify_one(problem: Any, model: Any, variant: str, **verifying: Any) -> Var
                         error_kind=result.error_kind)  # fmt: skip
 
 
-def _rows(item: Any, size: int, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(item, torch.Tensor) and item.dim() >= 1 and item.shape[0] == size:
-        return change(item)
-    return item
-
-
-def _steps(item: Any, size: int, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(item, torch.Tensor) and item.dim() >= 2 and item.shape[1] == size:
+def _along(item: Any, dim: int, size: int, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`change(item)` for a tensor whose size along `dim` is `size`; anything else as it is."""
+    if isinstance(item, torch.Tensor) and item.dim() > dim and item.shape[dim] == size:
         return change(item)
     return item
