@@ -174,7 +174,7 @@ class ModelNew(nn.Module):
 RUN_SETTINGS = Settings(trials=3, atol=3e-3, rtol=2e-3)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: one build, even when other modules' tests run between its tests
 def judged_on_cpu(tmp_path_factory):
     from kernelpilot.harness.judge import Judge
 

@@ -377,8 +377,10 @@ def test_the_sandbox_environment_keeps_the_toolchain_and_drops_credentials(tmp_p
     assert not {"OPENAI_API_KEY", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"} & set(sandboxed)
     for name in ("HOME", "KERNELPILOT_CACHE_DIR", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert Path(sandboxed[name]).is_relative_to(tmp_path), name
-    # torch.compile compiles in the sandbox itself: worker processes started under the confinement cannot use CUDA.
+    # On a GPU torch.compile compiles in the sandbox itself: worker processes started under the confinement cannot
+    # use CUDA. On the CPU inductor keeps its own choice.
     assert sandboxed["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in sandbox_environment(env, tmp_path, cuda=False)
 
 
 def test_verify_reports_where_the_candidates_load_went(worker, tmp_path):

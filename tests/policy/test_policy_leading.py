@@ -258,7 +258,9 @@ def test_runtime_batch_kernels_compile(tmp_path):
 # ------------------------------------------------------------------ a built workspace, loaded on meta tensors
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: its tests then share one xdist worker and one build, even when other modules' tests run between
+# them there (a module-scoped fixture is built again after each such interruption).
+@pytest.fixture(scope="session")
 def runtime_batch_workspace(tmp_path_factory):
     """A compile-only build of a problem with an elementwise kernel that takes the batch at run time (its scale is
     per token), a row and a matmul kernel that take batch and tokens, and a LoRA chain through a flattened (batch x

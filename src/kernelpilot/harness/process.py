@@ -181,7 +181,8 @@ class Worker:
             self._log_offset = log.tell()
             child_env, child_device = _child_environment(self.device)
             if self.sandboxed:  # a home of its own, beside its log
-                child_env = sandbox_environment(child_env, self.log_path.with_suffix(".home"))
+                child_env = sandbox_environment(child_env, self.log_path.with_suffix(".home"),
+                                                cuda=child_device != "cpu")  # fmt: skip
             command = [sys.executable, "-m", self.module, "--device", child_device, *self.module_args,
                        "--requests-fd", str(requests_read), "--replies-fd", str(replies_write)]  # fmt: skip
             self._proc = subprocess.Popen(
@@ -306,9 +307,10 @@ _SANDBOX_ENV_PREFIXES = ("CUDA", "NVIDIA", "TORCH_CUDA", "PYTORCH_CUDA", "CUBLAS
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
-def sandbox_environment(env: dict[str, str], private_dir: Path) -> dict[str, str]:
+def sandbox_environment(env: dict[str, str], private_dir: Path, *, cuda: bool = True) -> dict[str, str]:
     """A sandbox's environment: toolchain and device settings only, every cache and temp folder its own (under
-    `private_dir`), and the folders it may write (its own and the judge's shared-tensor folder)."""
+    `private_dir`), and the folders it may write (its own and the judge's shared-tensor folder). `cuda`: the
+    sandbox uses a GPU (torch.compile then compiles in the sandbox's own process)."""
     from kernelpilot.harness.confine import WRITABLE_ENV
     from kernelpilot.harness.shared import SHARED_DIR_ENV
 
@@ -320,11 +322,13 @@ def sandbox_environment(env: dict[str, str], private_dir: Path) -> dict[str, str
         kept[name] = str(private_dir / sub)
     writable = [str(private_dir)] + ([env[SHARED_DIR_ENV]] if env.get(SHARED_DIR_ENV) else [])
     kept[WRITABLE_ENV] = os.pathsep.join(writable)
-    # torch.compile compiles in this process, not in a pool of worker processes: a process started after the
-    # confinement cannot initialise CUDA (the driver's start-up writes outside the allowed folders), and inductor's
-    # workers need the device for some kernels, so their jobs failed with "SubprocException" (seen on an H200:
-    # KernelBench L2 6, 8 and 96 lost their torch.compile baseline while plain torch.compile ran them).
-    kept[COMPILE_THREADS_ENV] = "1"
+    # On a GPU, torch.compile compiles in this process, not in a pool of worker processes: a process started after
+    # the confinement cannot initialise CUDA (the driver's start-up writes outside the allowed folders), and
+    # inductor's workers need the device for some kernels, so their jobs failed with "SubprocException" (seen on an
+    # H200: KernelBench L2 6, 8 and 96 lost their torch.compile baseline while plain torch.compile ran them). On the
+    # CPU the workers need no device, and compiling C++ kernels in parallel is faster.
+    if cuda:
+        kept[COMPILE_THREADS_ENV] = "1"
     return kept
 
 
