@@ -258,8 +258,8 @@ def test_runtime_batch_kernels_compile(tmp_path):
 # ------------------------------------------------------------------ a built workspace, loaded on meta tensors
 
 
-# Session-scoped: its tests then share one xdist worker and one build, even when other modules' tests run between
-# them there (a module-scoped fixture is built again after each such interruption).
+# Session-scoped: one build per test process, even when other modules' tests run between its tests there (a
+# module-scoped fixture is built again after each such interruption).
 @pytest.fixture(scope="session")
 def runtime_batch_workspace(tmp_path_factory):
     """A compile-only build of a problem with an elementwise kernel that takes the batch at run time (its scale is
