@@ -28,8 +28,8 @@ def unconfine_sandboxes(set_attribute=setattr) -> None:
 
     made = process.sandbox_environment
 
-    def without_writable_folders(env: dict[str, str], private_dir: Path) -> dict[str, str]:
-        return {name: value for name, value in made(env, private_dir).items() if name != WRITABLE_ENV}
+    def without_writable_folders(env: dict[str, str], private_dir: Path, **settings) -> dict[str, str]:
+        return {name: value for name, value in made(env, private_dir, **settings).items() if name != WRITABLE_ENV}
 
     set_attribute(process, "sandbox_environment", without_writable_folders)
 
