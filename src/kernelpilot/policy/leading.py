@@ -85,7 +85,7 @@ def _leading_may_vary(group: Group, returned: list[Leaf]) -> bool:
         return False
     if not all(_reads_its_slab(group, access, batch) for access in moving):
         return False
-    return all(_keeps_dim_0(leaf) for leaf in returned if leaf.source == group.output)
+    return all(_keeps_dims(leaf, 1) for leaf in returned if leaf.source == group.output)
 
 
 def _matmul_prefixes(group: Group, returned: list[Leaf]) -> tuple[int, tuple[int, ...]]:
@@ -181,11 +181,7 @@ def _reads_its_step(group: Group, access: Access) -> bool:
         return False
     if access.guard is not None:
         return all(dim > 1 for terms, _, _ in access.guard.checks for dim, _ in terms)
-    slab = math.prod(tensor.shape[2:])
-    bounds = access.bounds or tuple((0, size) for size in shape)
-    low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[2:], bounds[2:]))
-    high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[2:], bounds[2:]))
-    return 0 <= low and high < slab
+    return _within_slab(access, access.bounds or tuple((0, size) for size in shape), math.prod(tensor.shape[2:]), 2)
 
 
 def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
@@ -202,14 +198,15 @@ def _reads_its_slab(group: Group, access: Access, batch: int) -> bool:
         return False
     if access.guard is not None:  # it reads inside the tensor only: slab b, unless a check involves the batch
         return all(dim > 0 for terms, _, _ in access.guard.checks for dim, _ in terms)
-    low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[1:], bounds[1:]))
-    high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[1:], bounds[1:]))
+    return _within_slab(access, bounds, slab, 1)
+
+
+def _within_slab(access: Access, bounds: tuple, slab: int, first: int) -> bool:
+    """Every element the access reads for one index of the dims before `first` lies in [0, slab) past that index's
+    start: the offsets of the dims from `first` on, at their bounds' ends."""
+    low = access.offset + sum(stride * start for stride, (start, _) in zip(access.strides[first:], bounds[first:]))
+    high = access.offset + sum(stride * (end - 1) for stride, (_, end) in zip(access.strides[first:], bounds[first:]))
     return 0 <= low and high < slab
-
-
-def _keeps_dim_0(leaf: Leaf) -> bool:
-    """A returned view forward can write with a runtime dim 0: the whole output, or a reshape of its other dims."""
-    return _keeps_dims(leaf, 1)
 
 
 def _keeps_dims(leaf: Leaf, count: int) -> bool:
