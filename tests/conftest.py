@@ -74,8 +74,11 @@ def _ours(function) -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # Runs after the folder conftests' pytest_itemcollected (which add `slow`) and before `-m` deselects.
+    # Runs after the folder conftests' pytest_itemcollected (which add `slow`), and first among this hook's
+    # implementations: before `-m` deselects, and before xdist's worker appends each test's group to its node id
+    # (which is how loadgroup sends a group to one worker; a group marked after that is ignored).
     gpu = _has_gpu()
     cuda_reason = _cuda_build_reason()
     xdist = config.pluginmanager.hasplugin("xdist")
