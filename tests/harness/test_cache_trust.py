@@ -202,8 +202,26 @@ def test_a_spare_started_ahead_is_the_first_sandbox_handed_out(tmp_path, monkeyp
             launched.append(self)
 
     monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
-    pool = sandbox_client.SandboxPool("cpu", tmp_path)
+    pool = sandbox_client.SandboxPool("cpu", tmp_path, spares=True)
     pool.prelaunch()
     pool.prelaunch()
     assert len(launched) == 1
     assert pool.take() is launched[0] and len(launched) == 2  # the next spare starts as this one is taken
+    pool.close()
+
+
+def test_a_cpu_judge_starts_no_spare_that_would_run_beside_the_timed_candidate(tmp_path, monkeypatch):
+    from kernelpilot.harness import sandbox_client
+
+    launched = []
+
+    class Recording(HelloOnly):
+        def launch(self) -> None:
+            launched.append(self)
+
+    monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
+    pool = sandbox_client.SandboxPool("cpu", tmp_path)
+    pool.prelaunch()
+    assert launched == []
+    assert pool.take() is launched[0] and len(launched) == 1, "started when needed, and no spare after it"
+    assert sandbox_client.SandboxPool("cuda", tmp_path).spares

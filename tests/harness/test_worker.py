@@ -240,6 +240,23 @@ def test_close_stops_the_worker(tmp_path):
     assert (tmp_path / "worker.log").exists(), "a log the caller named is kept"
 
 
+def test_a_killed_worker_leaves_no_sandbox_folder_behind(tmp_path, monkeypatch):
+    """A worker killed at once (a step past its time, or close with no grace) cannot clean up after itself: the
+    folder its sandboxes write in is the caller's to remove."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    worker = Worker("cpu", log_path=tmp_path / "worker.log")
+    worker.start()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("kernelpilot-sandboxes-")], "the worker's folder"
+    worker.close(grace_s=0)
+    assert not worker.running
+    assert [p.name for p in scratch.iterdir()] == []
+
+
 @pytest.mark.slow
 def test_a_sandbox_is_killed_at_close_while_a_worker_exits_in_order(tmp_path):
     import signal

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,9 @@ from kernelpilot.errors import KernelpilotError
 MAX_REPLY_BYTES = 64 << 20
 STARTUP_TIMEOUT_S = 180.0  # importing torch on a cold disk can take a minute
 LOG_TAIL_LINES = 25
+# The folder a worker process keeps its sandboxes' homes and logs in: made by the caller before the start and
+# removed by it after the end, since a worker killed mid-step cannot clean up.
+SCRATCH_ENV = "KERNELPILOT_WORKER_SCRATCH"
 
 
 class WorkerStartError(KernelpilotError):
@@ -87,6 +91,7 @@ class Worker:
         self._log_offset = 0
         self._next_id = 0
         self._finalizer: weakref.finalize | None = None
+        self._scratch: Path | None = None  # the running process's folder for its sandboxes (SCRATCH_ENV)
 
     # -- public
 
@@ -183,6 +188,9 @@ class Worker:
             if self.sandboxed:  # a home of its own, beside its log
                 child_env = sandbox_environment(child_env, self.log_path.with_suffix(".home"),
                                                 cuda=child_device != "cpu")  # fmt: skip
+            else:
+                self._scratch = Path(tempfile.mkdtemp(prefix="kernelpilot-sandboxes-"))
+                child_env[SCRATCH_ENV] = str(self._scratch)
             command = [sys.executable, "-m", self.module, "--device", child_device, *self.module_args,
                        "--requests-fd", str(requests_read), "--replies-fd", str(replies_write)]  # fmt: skip
             self._proc = subprocess.Popen(
@@ -196,7 +204,7 @@ class Worker:
             )
         os.close(requests_read)
         os.close(replies_write)
-        self._finalizer = weakref.finalize(self, _kill_group, self._proc)
+        self._finalizer = weakref.finalize(self, _end, self._proc, self._scratch)
 
     def _await_hello(self) -> None:
         try:
@@ -267,7 +275,9 @@ class Worker:
             _close_fd(fd)
         self._requests_fd = self._replies_fd = -1
         self._buffer = b""
-        self._proc = None
+        if self._scratch is not None:  # the process is gone (killed, or found dead)
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        self._proc = self._scratch = None
         self.info = {}
 
 
@@ -330,6 +340,13 @@ def sandbox_environment(env: dict[str, str], private_dir: Path, *, cuda: bool = 
     if cuda:
         kept[COMPILE_THREADS_ENV] = "1"
     return kept
+
+
+def _end(proc: subprocess.Popen, scratch: Path | None) -> None:
+    """Kill the process's group and remove the folder it was given."""
+    _kill_group(proc)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

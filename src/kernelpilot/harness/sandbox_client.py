@@ -113,14 +113,18 @@ class Sandbox:
 class SandboxPool:
     """Hands out fresh sandboxes, keeping one spare started ahead so a turn does not wait for torch's import.
 
+    On the CPU device no spare is kept (`spares`): the spare's start (torch's import, seconds of CPU) would run on
+    the cores the candidate is being verified and timed on, and disturb its timing.
+
     `confined` stays True while every sandbox handed out said, before any candidate code ran in it, that Landlock
     confines its writes (and the kernel has Landlock at all): what the judge's cache trusts (`worker.py`).
     """
 
-    def __init__(self, device: str, log_dir: Path):
+    def __init__(self, device: str, log_dir: Path, *, spares: bool | None = None):
         from kernelpilot.harness.confine import landlock_available
 
         self.device, self.log_dir = device, log_dir
+        self.spares = device != "cpu" if spares is None else spares
         self._spare: Sandbox | None = None
         self._handed_out: list[Sandbox] = []
         self.confined = landlock_available()
@@ -131,10 +135,7 @@ class SandboxPool:
     def prelaunch(self) -> None:
         """Start the spare now, without waiting for it, where none is starting yet: the first verification then
         finds it ready (torch's import and CUDA's start, about 3 s on an H200, overlap the build instead)."""
-        with self.lock:
-            if self._spare is None:
-                self._spare = Sandbox(self.device, log_dir=self.log_dir)
-                self._spare.launch()
+        self._launch_spare()
 
     def take(self) -> Sandbox:
         """A started sandbox (the spare, if one is ready), and the next spare launched."""
@@ -174,7 +175,7 @@ class SandboxPool:
 
     def _launch_spare(self) -> None:
         with self.lock:
-            if self._spare is None:
+            if self._spare is None and self.spares:
                 self._spare = Sandbox(self.device, log_dir=self.log_dir)
                 self._spare.launch()
 

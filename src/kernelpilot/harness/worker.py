@@ -41,12 +41,15 @@ class WorkerState:
     MAX_CLEAN = 2  # problems whose clean reference sandboxes stay warm
 
     def __init__(self, device: str):
+        from kernelpilot.harness.process import SCRATCH_ENV
         from kernelpilot.harness.sandbox_client import SandboxPool
         from kernelpilot.harness.shared import SHARED_DIR_ENV
 
         self.device = device
         self.problems: dict[tuple[str, str], Any] = {}
-        self.log_dir = Path(tempfile.mkdtemp(prefix="kernelpilot-sandboxes-"))
+        # The caller's folder for this process (removed by it even when this process is killed), else its own.
+        scratch = os.environ.get(SCRATCH_ENV)
+        self.log_dir = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix="kernelpilot-sandboxes-"))
         shared = self.log_dir / "shared"
         shared.mkdir()
         os.environ[SHARED_DIR_ENV] = str(shared)  # SharedArena's files (CPU) go here, the one folder sandboxes share
