@@ -9,7 +9,7 @@ to `build/versions/<content hash>/`, a new path per build, so one long-lived pro
 `KernelResources`, cached per source so every build reports the resources of all kernels. A source that
 includes cublasLt.h (cudnn.h) gets cuBLASLt's (cuDNN's) headers, and the library links it, from the CUDA toolkit
 or from the nvidia pip packages torch depends on; other builds are unchanged. One builder at a time works in a build folder
-(`build_lock`), and each successful build prunes `build/versions/` to the most recent few (`prune_versions`).
+(`build_lock`). The versions, their pruning and the builds of sources built before are `build_versions.py`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -30,10 +29,11 @@ import sysconfig
 import time
 import types
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelpilot.build_versions import prune_versions, publish_version, record_sources, reused_version, sources_key
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.compiler_output import EdgeLog, edge_logs, parse_diagnostics, parse_ptxas
 from kernelpilot.pch import include_flags
@@ -49,8 +49,6 @@ _ARCH_ENV_HINT = "Say which GPU to build for, e.g. export TORCH_CUDA_ARCH_LIST=9
 
 BUILD_LOCK_NAME = "build.lock"
 LOCK_TIMEOUT_S = 600.0  # generous: a cold build of a few bindings takes about a minute on two cores
-KEEP_VERSIONS = 8
-_VERSION_NAME = re.compile(r"[0-9a-f]{16}")  # what _publish_version names a version folder
 
 # ------------------------------------------------------------------------------------------ toolchain
 
@@ -479,20 +477,6 @@ def _load_resources(build_dir: Path, sources: list[Path]) -> list[KernelResource
     return resources
 
 
-def _publish_version(build_dir: Path) -> Path:
-    """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built."""
-    library = build_dir / f"{EXTENSION_NAME}.so"
-    digest = hashlib.sha256(library.read_bytes()).hexdigest()[:16]
-    versioned = build_dir / "versions" / digest / library.name
-    if not versioned.is_file():
-        versioned.parent.mkdir(parents=True, exist_ok=True)
-        partial = versioned.with_name(versioned.name + ".partial")
-        shutil.copyfile(library, partial)
-        os.replace(partial, versioned)  # atomic: a concurrent loader never sees half a library
-    os.utime(versioned.parent)  # a build back to older content makes that version recent again for pruning
-    return versioned
-
-
 def build_workspace(
     root: Path,
     *,
@@ -521,8 +505,14 @@ def build_workspace(
 def _build_locked(
     root: Path, build_dir: Path, sources: list[Path], arch: str, toolchain: _Toolchain, jobs: int, verbose: bool
 ) -> BuildResult:
-    """Write build.ninja, run ninja, publish the library and prune old versions; the caller holds the build lock."""
-    _write_if_changed(build_dir / "build.ninja", _render_ninja(root, sources, toolchain, arch))
+    """Write build.ninja, run ninja, publish the library and prune old versions; the caller holds the build lock.
+    Sources a kept version was built from are not compiled again: that version is the build."""
+    ninja_text = _render_ninja(root, sources, toolchain, arch)
+    _write_if_changed(build_dir / "build.ninja", ninja_text)
+    key = sources_key(root, ninja_text)
+    reused = reused_version(root, build_dir, key, arch) if key is not None else None
+    if reused is not None:
+        return reused
     _drop_objects_without_resources(build_dir, sources)
 
     returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs, verbose)
@@ -530,8 +520,11 @@ def _build_locked(
     _save_resources(root, build_dir, edges)
     diagnostics = [_relative_to(root, d) for d in parse_diagnostics(log)]
     ok = returncode == 0
-    library = _publish_version(build_dir) if ok else None
+    library = publish_version(build_dir) if ok else None
+    resources = _load_resources(build_dir, sources)
     if library is not None:
+        if key is not None:
+            record_sources(library.parent, key, resources)
         prune_versions(library.parent.parent, pinned=[library.parent])
     return BuildResult(
         ok=ok,
@@ -542,7 +535,7 @@ def _build_locked(
         compiled=[e.subject for e in edges if e.action == "compile"],
         linked=any(e.action == "link" and not e.failed for e in edges),
         diagnostics=diagnostics,
-        resources=_load_resources(build_dir, sources),
+        resources=resources,
         log=log,
         error=None if ok else _failure_summary(diagnostics),
     )
@@ -615,27 +608,6 @@ def _acquire(descriptor: int, path: Path, timeout_s: float) -> None:
             sys.stderr.write(f"waiting for another build to release {path}\n")
             announced = True
         time.sleep(min(0.1, remaining))
-
-
-def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Iterable[Path] = ()) -> list[Path]:
-    """Delete the version folders of `versions_dir` but the `keep` most recently built and the `pinned` ones.
-
-    Only folders named as _publish_version names them are considered; anything else in `versions_dir` stays.
-    Deleting a library that a running process has loaded is safe on Linux: unlinking removes only the name,
-    and the process's mapping keeps the file's data until it is unmapped. Returns the folders deleted.
-    """
-    if not versions_dir.is_dir():
-        return []
-    versions = [
-        folder for folder in versions_dir.iterdir()
-        if _VERSION_NAME.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink()
-    ]
-    versions.sort(key=lambda folder: (folder.stat().st_mtime_ns, folder.name), reverse=True)
-    kept = {folder.name for folder in versions[:keep]} | {Path(folder).name for folder in pinned}
-    stale = [folder for folder in versions if folder.name not in kept]
-    for folder in stale:
-        shutil.rmtree(folder)
-    return stale
 
 
 # ---------------------------------------------------------------------------------------- loading

@@ -99,6 +99,7 @@ class BuildResult:
     log: str = ""
     seconds: float = 0.0
     error: str | None = None  # one sentence when ok is False
+    reused: bool = False  # these very sources were built before: `library` is that build, nothing was compiled
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -3,6 +3,7 @@ model reads them, and the path guard (nothing outside the workspace, only the fi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,21 @@ def test_write_creates_and_overwrites_editable_files(ctx):
     assert (root / "kernels" / "softmax.cu").read_text() == "// v2\n"
     call(ctx, "Write", path="notes/plan.md", content="# plan\n")
     assert (root / "notes" / "plan.md").read_text() == "# plan\n"
+
+
+def test_writing_what_a_file_already_holds_leaves_it_untouched(ctx):
+    """So the incremental build does not recompile it: the policy writes every kernel of each configuration it
+    tries, and most of them are the same as before."""
+    path = ctx.workspace.root / "kernels" / "softmax.cu"
+    call(ctx, "Write", path="kernels/softmax.cu", content="// v1\n")
+    os.utime(path, (1_000_000, 1_000_000))
+    same = call(ctx, "Write", path="kernels/softmax.cu", content="// v1\n")
+    assert same.text == "Left kernels/softmax.cu as it was: it already holds this content (1 lines)."
+    assert same.data["unchanged"] and not same.data["created"] and same.data["diff"] == ""
+    assert path.stat().st_mtime == 1_000_000
+    changed = call(ctx, "Write", path="kernels/softmax.cu", content="// v2\n")
+    assert changed.text.startswith("Overwrote") and not changed.data["unchanged"]
+    assert path.stat().st_mtime > 1_000_000
 
 
 @pytest.mark.parametrize(

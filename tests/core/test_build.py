@@ -20,10 +20,11 @@ from kernelpilot.build import (
     build_workspace,
     find_cublaslt,
     load_extension,
-    prune_versions,
     resolve_arch,
 )
+from kernelpilot.build_versions import SOURCES_RECORD, prune_versions, publish_version
 from kernelpilot.cli import app
+from kernelpilot.agent.observations import build_text
 from kernelpilot.cli.render_build import render_build
 from kernelpilot.compiler_output import parse_diagnostics, parse_ptxas
 from kernelpilot.toolkit import _toolkit_of, resolve_cuda_home
@@ -424,6 +425,10 @@ def test_edited_binding_recompiles_only_the_binding(built):
 def test_lost_resource_cache_recompiles_the_cu_to_report_it_again(built):
     root, _ = built
     (root / "build" / "resources" / "scale.cu.json").unlink()
+    reused = build_workspace(root, arch=ARCH)  # the version of these sources keeps its own report
+    assert reused.reused and [k.source for k in reused.resources] == ["kernels/scale.cu"]
+    for record in (root / "build" / "versions").glob(f"*/{SOURCES_RECORD}"):
+        record.unlink()
 
     result = build_workspace(root, arch=ARCH)
 
@@ -451,8 +456,62 @@ def test_compile_error_is_a_result_pointing_at_file_and_line_and_a_fix_recovers(
     assert failed.error.startswith("1 error in kernels/scale.cu (first: scale.cu:")
     assert "FAILED" in failed.log
 
-    recovered = build_workspace(root, arch=ARCH)
-    assert recovered.ok and recovered.compiled == ["kernels/scale.cu"]
+    recovered = build_workspace(root, arch=ARCH)  # the sources of the last good build: that build, compiled again
+    assert recovered.ok and recovered.reused and recovered.compiled == [] and Path(recovered.library).is_file()
+
+
+@pytest.mark.cuda_build
+def test_sources_built_before_are_that_build_with_nothing_compiled(built):
+    """The policy tries configurations and writes the fastest back: that content was built a few builds ago."""
+    root, _ = built
+    cu = root / "kernels" / "scale.cu"
+    first = build_workspace(root, arch=ARCH)
+    original = cu.read_text()
+    _edit(cu, "if (i < n)", "if (i < n && a == a)")
+    other = build_workspace(root, arch=ARCH)
+    assert other.ok and other.compiled == ["kernels/scale.cu"] and other.library != first.library
+    cu.write_text(original)
+
+    back = build_workspace(root, arch=ARCH)
+
+    assert back.ok and back.reused and back.compiled == [] and not back.linked
+    assert back.library == first.library and back.resources == first.resources
+    assert "Build ok" in build_text(back) and "that build is reused" in build_text(back)
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    render_build(console, back)
+    assert f"these sources were built before: reused versions/{Path(first.library).parent.name}" in console.export_text()
+    # It is the newest build again (what model_new.py loads), and the next edit compiles as ever.
+    from kernelpilot.ops import _newest_library
+
+    assert _newest_library(root) == Path(first.library)
+    _edit(cu, "if (i < n)", "if (i < n && a == a)")
+    assert build_workspace(root, arch=ARCH).library == other.library
+    cu.write_text(original)
+    assert build_workspace(root, arch=ARCH).library == first.library
+
+
+@pytest.mark.cuda_build
+def test_an_unreadable_record_or_another_file_under_kernels_builds_again(built):
+    """A version's record names its sources by a key of build.ninja and every file under kernels/; a version
+    whose record is unreadable is not reused."""
+    root, _ = built
+    first = build_workspace(root, arch=ARCH)
+    version = Path(first.library).parent
+    cu = root / "kernels" / "scale.cu"
+    original = cu.read_text()
+    _edit(cu, "if (i < n)", "if (n > i)")
+    assert not build_workspace(root, arch=ARCH).reused
+    cu.write_text(original)
+    (version / SOURCES_RECORD).write_text("{not json")
+    again = build_workspace(root, arch=ARCH)
+    assert again.ok and not again.reused and again.compiled == ["kernels/scale.cu"]
+    (root / "kernels" / "notes.txt").write_text("any file under kernels/ is part of the key")
+    try:
+        assert not build_workspace(root, arch=ARCH).reused
+    finally:
+        (root / "kernels" / "notes.txt").unlink()
 
 
 @pytest.mark.cuda_build
@@ -606,13 +665,13 @@ def test_publishing_an_older_library_again_makes_its_version_the_newest(tmp_path
     library = build_dir / "kp_kernels.so"
     library.parent.mkdir()
     library.write_bytes(b"first")
-    first = build._publish_version(build_dir)
+    first = publish_version(build_dir)
     os.utime(first.parent, (1_000_000, 1_000_000))
     library.write_bytes(b"second")
-    second = build._publish_version(build_dir)
+    second = publish_version(build_dir)
     library.write_bytes(b"first")  # the source edit undone: the same content, the same version folder
 
-    assert build._publish_version(build_dir) == first
+    assert publish_version(build_dir) == first
     assert prune_versions(build_dir / "versions", keep=1) == [second.parent]
 
 

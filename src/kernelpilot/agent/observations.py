@@ -77,6 +77,8 @@ def read_text(read: FileRead) -> str:
 
 
 def written_text(written: FileWritten) -> str:
+    if written.unchanged:
+        return f"Left {written.path} as it was: it already holds this content ({written.lines} lines)."
     return f"{'Created' if written.created else 'Overwrote'} {written.path} ({written.lines} lines)."
 
 
@@ -131,6 +133,8 @@ def verify_outcome_text(outcome: VerifyOutcome) -> str:
 def build_text(build: BuildResult) -> str:
     """A build for the model: verdict, what recompiled, errors (file:line: message), per-kernel resources."""
     recompiled = ", ".join(build.compiled) or "nothing (up to date)"
+    if build.reused:
+        recompiled = "nothing (these sources were built before; that build is reused)"
     if build.ok:
         lines = [f"Build ok for sm_{build.arch.replace('.', '')} in {build.seconds:.1f} s; recompiled: {recompiled}."]
     else:

@@ -56,12 +56,14 @@ class FileRead:
 
 @dataclass
 class FileWritten:
-    """Write: a file created or overwritten, and the diff from what it held before."""
+    """Write: a file created or overwritten, and the diff from what it held before; `unchanged`: it already held
+    that content and was not written (its time stays, so the incremental build does not recompile it)."""
 
     path: str
     created: bool
     lines: int
     diff: str = ""
+    unchanged: bool = False
 
 
 @dataclass

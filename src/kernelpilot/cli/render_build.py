@@ -40,9 +40,16 @@ def _status_line(result: BuildResult) -> str:
         head = f"[bold green]built[/] {result.extension_name} for sm_{result.arch.replace('.', '')}"
     else:
         head = f"[bold red]build failed:[/] {result.error}"
+    if result.reused:
+        return f"{head}  [dim]these sources were built before: reused {_short(result.library)} in {result.seconds:.1f} s[/]"
     recompiled = ", ".join(result.compiled) if result.compiled else "nothing"
     linked = "; linked" if result.linked else ""
     return f"{head}  [dim]recompiled {recompiled}{linked} in {result.seconds:.1f} s[/]"
+
+
+def _short(library: str | None) -> str:
+    """build/versions/<hash>/kp_kernels.so -> versions/<hash>."""
+    return "/".join(Path(library).parts[-3:-1]) if library else "?"
 
 
 def _location(d: Diagnostic) -> str:

@@ -185,10 +185,13 @@ class WriteTool(CheckedTool):
         if path.is_dir():
             raise RecoverableError(f"{name} is a folder, not a file.")
         created = not path.exists()
+        lines = len(args["content"].splitlines())
+        if not created and path.read_bytes() == args["content"].encode("utf-8"):
+            return FileWritten(name, False, lines, unchanged=True)  # untouched: the build need not recompile it
         before = "" if created else path.read_text(encoding="utf-8", errors="replace")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(args["content"], encoding="utf-8")
-        return FileWritten(name, created, len(args["content"].splitlines()), unified_diff(name, before, args["content"]))
+        return FileWritten(name, created, lines, unified_diff(name, before, args["content"]))
 
 
 class MultiEditTool(CheckedTool):

@@ -1,0 +1,110 @@
+"""A workspace's built versions: each linked library copied to build/versions/<content hash>/ (a path unique to its
+content, so one process can load build after build), the most recent few kept, and each one's record of the
+sources it was built from, so that a build of the same sources again (the policy writing its fastest
+configuration back, a fix that restores the last good source) is that version, with nothing compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from kernelpilot.results import BuildResult, KernelResources, from_dict, to_dict
+from kernelpilot.workspace import EXTENSION_NAME
+
+KEEP_VERSIONS = 8
+_VERSION_NAME = re.compile(r"[0-9a-f]{16}")  # what publish_version names a version folder
+
+
+def publish_version(build_dir: Path) -> Path:
+    """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built."""
+    library = build_dir / f"{EXTENSION_NAME}.so"
+    digest = hashlib.sha256(library.read_bytes()).hexdigest()[:16]
+    versioned = build_dir / "versions" / digest / library.name
+    if not versioned.is_file():
+        versioned.parent.mkdir(parents=True, exist_ok=True)
+        partial = versioned.with_name(versioned.name + ".partial")
+        shutil.copyfile(library, partial)
+        os.replace(partial, versioned)  # atomic: a concurrent loader never sees half a library
+    os.utime(versioned.parent)  # a build back to older content makes that version recent again for pruning
+    return versioned
+
+
+def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Iterable[Path] = ()) -> list[Path]:
+    """Delete the version folders of `versions_dir` but the `keep` most recently built and the `pinned` ones.
+
+    Only folders named as publish_version names them are considered; anything else in `versions_dir` stays.
+    Deleting a library that a running process has loaded is safe on Linux: unlinking removes only the name,
+    and the process's mapping keeps the file's data until it is unmapped. Returns the folders deleted.
+    """
+    if not versions_dir.is_dir():
+        return []
+    versions = [
+        folder for folder in versions_dir.iterdir()
+        if _VERSION_NAME.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink()
+    ]
+    versions.sort(key=lambda folder: (folder.stat().st_mtime_ns, folder.name), reverse=True)
+    kept = {folder.name for folder in versions[:keep]} | {Path(folder).name for folder in pinned}
+    stale = [folder for folder in versions if folder.name not in kept]
+    for folder in stale:
+        shutil.rmtree(folder)
+    return stale
+
+
+SOURCES_RECORD = "sources.json"  # in a version folder: the key of the sources it was built from, and their resources
+_OUTSIDE_INCLUDE = re.compile(r'#\s*include\s*"(?:/|[^"]*\.\.)')
+
+
+def sources_key(root: Path, ninja_text: str) -> str | None:
+    """What a build's output depends on: build.ninja (compilers, flags, include and library paths, architecture),
+    torch's version and every file under kernels/, by name and content. None when a source includes a file
+    outside kernels/ by a quoted path (the key would not see it changing), so that build always runs ninja."""
+    import torch
+
+    digest = hashlib.sha256(ninja_text.encode())
+    digest.update(torch.__version__.encode())
+    kernels = root / "kernels"
+    for path in sorted(p for p in kernels.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        text = data.decode(errors="replace")
+        if path.suffix in (".cu", ".cpp", ".cuh", ".h", ".hpp") and _OUTSIDE_INCLUDE.search(text):
+            return None
+        name = path.relative_to(kernels).as_posix().encode()
+        digest.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def record_sources(version: Path, key: str, resources: list[KernelResources]) -> None:
+    record = version / SOURCES_RECORD
+    partial = record.with_name(record.name + ".partial")
+    partial.write_text(json.dumps({"key": key, "resources": [to_dict(r) for r in resources]}))
+    os.replace(partial, record)
+
+
+def reused_version(root: Path, build_dir: Path, key: str, arch: str) -> BuildResult | None:
+    """The kept version built from exactly these sources, as this build's result (marked just built, so it is the
+    newest for loading and pruning), or None. A search that goes back to a configuration it built before (the
+    policy writing its fastest back, a fix that restores the last good source) so compiles nothing."""
+    versions = build_dir / "versions"
+    if not versions.is_dir():
+        return None
+    for folder in versions.iterdir():
+        library = folder / f"{EXTENSION_NAME}.so"
+        if not (_VERSION_NAME.fullmatch(folder.name) and library.is_file()):
+            continue
+        try:
+            record = json.loads((folder / SOURCES_RECORD).read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("key") != key:
+            continue
+        os.utime(folder)
+        resources = [from_dict(KernelResources, item) for item in record.get("resources", [])]
+        return BuildResult(ok=True, workspace=str(root), extension_name=EXTENSION_NAME, arch=arch, library=str(library),
+                           resources=resources, reused=True)  # fmt: skip
+    return None
