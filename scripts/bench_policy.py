@@ -37,7 +37,7 @@ from kernelpilot.policy.policy import kernel_shares
 from kernelpilot.policy.search import LaunchSearch
 from kernelpilot.problem import load_problem
 from kernelpilot.results import EvalResult, from_dict, to_dict
-from kernelpilot.workspace import init_workspace
+from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 
 
 def prepare(problem_path: Path, root: Path) -> dict:
@@ -49,6 +49,8 @@ def prepare(problem_path: Path, root: Path) -> dict:
         row["note"] = analysis.blockers()
         return row
     ws, _ = init_workspace(problem_path, root / problem_path.stem)
+    for name in EXAMPLE_KERNELS:  # as the policy leaves its workspace: without the scaffold's example
+        (ws.root / name).unlink(missing_ok=True)
     for file in render_all(ws.problem(), analysis):
         (ws.root / file.path).write_text(file.content)
     row["workspace"] = str(ws.root)

@@ -369,6 +369,7 @@ def test_optimize_with_no_model_writes_a_verified_kernel_faster_than_torch_compi
     assert summary["model"] == "builtin" and summary["best"]["verify"]["ok"]
     assert summary["best"]["reward"] == 3, summary["best"]["bench"]
     assert output.is_file() and "kp_ops.policy_g0(x)" in output.read_text()
+    assert not list((tmp_path / "ws" / "kernels").glob("example_*")), "the policy removed the scaffold's example"
 
 
 def _finished_run(candidate_ms: float, compile_ms: float | None, bench_message: str = ""):

@@ -168,10 +168,12 @@ def assert_every_launch_candidate_compiles(
 
 def policy_workspace(problem_path: Path, folder: Path, faithful: bool = False):
     """A workspace for the problem under `folder`, holding the policy's files (first launch configurations; the
-    rounding-faithful form with `faithful`)."""
-    from kernelpilot.workspace import init_workspace
+    rounding-faithful form with `faithful`) and, as the policy leaves it, not the scaffold's example kernel."""
+    from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 
     ws, _ = init_workspace(problem_path, folder / "ws")
+    for name in EXAMPLE_KERNELS:
+        (ws.root / name).unlink()
     write_policy_files(ws, faithful)
     return ws
 

@@ -482,3 +482,27 @@ def test_a_search_longer_than_a_model_context_window_runs_each_try_once(tmp_path
     profiles = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []
                 if c["function"]["name"] == "Profile"]
     assert len(profiles) == 1 + tries
+
+
+def test_the_policy_removes_the_scaffolds_example_kernel_when_it_writes_its_own(tmp_path):
+    """Left in, `init`'s example would be compiled into every build and register its op beside the policy's."""
+    from kernelpilot.agent import ToolContext
+    from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
+
+    ws, _ = init_workspace(EXAMPLES / "layernorm.py", tmp_path / "ws")
+    assert all((ws.root / name).is_file() for name in EXAMPLE_KERNELS)
+    policy = BuiltinPolicy(ws.model_path)
+    messages = [{"role": "user", "content": "Optimise it."}]
+    messages.append(assistant_message(policy.query(messages, SCHEMAS)))  # the plan
+    messages.append({"role": "tool", "tool_call_id": messages[-1]["tool_calls"][0]["id"], "content": "ok"})
+    write = policy.query(messages, SCHEMAS)
+    assert [c.name for c in write.tool_calls][-1] == "Bash" and "example kernel" in write.content
+    tools = {tool.name: tool for tool in default_tools()}
+    ctx = ToolContext(workspace=ws, judge=None)
+    for call in write.tool_calls:
+        tools[call.name].run(call.arguments, ctx)
+    assert not any((ws.root / name).exists() for name in EXAMPLE_KERNELS)
+    assert (ws.root / "kernels" / "policy_g0.cu").is_file()
+    # Without Bash (or once they are gone) the write step is Writes only.
+    no_bash = tool_schemas([tool for tool in default_tools() if tool.name != "Bash"])
+    assert {c.name for c in BuiltinPolicy(ws.model_path).query(messages[:-1] + messages[-1:], no_bash).tool_calls} == {"Write"}

@@ -89,7 +89,8 @@ class BuiltinPolicy:
     def query(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
         steps = _steps(messages, self.judge_results)
         faithful = any(step.stage == FAITHFUL_STAGE for step in steps)
-        run = _Run(self._plan(faithful), steps, _tool_names(tools), fallback=lambda: self._plan(True))
+        run = _Run(self._plan(faithful), steps, _tool_names(tools), fallback=lambda: self._plan(True),
+                   workspace=self.problem_path.parent)  # fmt: skip
         return run.next_reply(1 + max((s.number for s in steps), default=0))
 
     def _plan(self, faithful: bool = False) -> _Plan:
@@ -193,8 +194,10 @@ def problem_line(result: JudgeResult | None) -> str:
 class _Run:
     """The next reply, given the plan and what earlier replies got back."""
 
-    def __init__(self, plan: _Plan, steps: list[_Step], tools: set[str], fallback: Callable[[], _Plan] | None = None):
+    def __init__(self, plan: _Plan, steps: list[_Step], tools: set[str], fallback: Callable[[], _Plan] | None = None,
+                 workspace: Path | None = None):  # fmt: skip
         self.plan = plan
+        self.workspace = workspace
         self.steps = steps
         self.tools = tools
         self.fallback = fallback  # the faithful plan, analysed only when a mismatch asks for it
@@ -262,7 +265,22 @@ class _Run:
         from kernelpilot.policy.families import render_all
 
         files = render_all(self.plan.problem, self.plan.analysis)
-        return self._reply("write", "Write the generated files.", [("Write", _write_args(f)) for f in files])
+        calls = [("Write", _write_args(f)) for f in files]
+        content = "Write the generated files."
+        examples = self._starter_examples()
+        if examples and "Bash" in self.tools:
+            # Compiled in, the scaffold's example would register its op beside ours and cost a compile per build.
+            calls.append(("Bash", {"command": "rm -f " + " ".join(examples)}))
+            content += " Remove the scaffold's example kernel, which the answer does not use."
+        return self._reply("write", content, calls)
+
+    def _starter_examples(self) -> list[str]:
+        """The example kernel files `init` scaffolded that are still in the workspace."""
+        from kernelpilot.workspace import EXAMPLE_KERNELS
+
+        if self.workspace is None:
+            return []
+        return [name for name in EXAMPLE_KERNELS if (self.workspace / name).is_file()]
 
     def _faithful_fallback(self, verified: JudgeResult | None) -> _Plan | None:
         """The plan to write after a mismatch of the first answer, or None: only once, only for a mismatch (a
