@@ -29,11 +29,13 @@ def resolve_model(
     *,
     problem_path: Path | None = None,
     judge_results: Mapping[str, JudgeResult] | None = None,
+    workspace: Path | None = None,
 ) -> Model:
     """The model the settings name, else the built-in policy, else ModelError saying how to configure one.
 
-    The built-in policy is given the problem (`problem_path`) and the judge tools' typed results by call id
-    (`judge_results`, which the loop fills as the run goes); a language model reads only the conversation.
+    The built-in policy is given the problem (`problem_path`), the workspace it writes in, and the judge tools' typed
+    results by call id (`judge_results`, which the loop fills as the run goes); a language model reads only the
+    conversation.
     """
     if model:
         return LiteLLMModel(model, api_base=api_base, api_key=api_key)
@@ -53,4 +55,4 @@ def resolve_model(
     if problem_path is None:
         raise ModelError("No model is configured, and the built-in policy needs the problem to work on.",
                          hint=_NO_MODEL_HINT)  # fmt: skip
-    return BuiltinPolicy(problem_path, judge_results if judge_results is not None else {})
+    return BuiltinPolicy(problem_path, judge_results if judge_results is not None else {}, workspace=workspace)

@@ -198,7 +198,7 @@ def _checks(problem_path: Path, settings: Settings, resume: bool, session_id: st
     judged = JudgeRecord()
     # The built-in policy, when no model is named, works on this problem and reads the judge's typed results.
     model = resolve_model(settings.model, settings.api_base, settings.api_key, problem_path=Path(problem_path),
-                          judge_results=judged.by_call)  # fmt: skip
+                          judge_results=judged.by_call, workspace=root)  # fmt: skip
     if commit:
         require_committable(root)  # before the run's minutes, not after
     return problem, model, root, judged

@@ -487,11 +487,13 @@ def test_a_search_longer_than_a_model_context_window_runs_each_try_once(tmp_path
 def test_the_policy_removes_the_scaffolds_example_kernel_when_it_writes_its_own(tmp_path):
     """Left in, `init`'s example would be compiled into every build and register its op beside the policy's."""
     from kernelpilot.agent import ToolContext
+    from kernelpilot.models import resolve_model
     from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
 
     ws, _ = init_workspace(EXAMPLES / "layernorm.py", tmp_path / "ws")
     assert all((ws.root / name).is_file() for name in EXAMPLE_KERNELS)
-    policy = BuiltinPolicy(ws.model_path)
+    # As `optimize` makes it: the user's problem file, and the workspace the run writes in.
+    policy = resolve_model(None, None, None, problem_path=EXAMPLES / "layernorm.py", workspace=ws.root)
     messages = [{"role": "user", "content": "Optimise it."}]
     messages.append(assistant_message(policy.query(messages, SCHEMAS)))  # the plan
     messages.append({"role": "tool", "tool_call_id": messages[-1]["tool_calls"][0]["id"], "content": "ok"})
@@ -505,4 +507,4 @@ def test_the_policy_removes_the_scaffolds_example_kernel_when_it_writes_its_own(
     assert (ws.root / "kernels" / "policy_g0.cu").is_file()
     # Without Bash (or once they are gone) the write step is Writes only.
     no_bash = tool_schemas([tool for tool in default_tools() if tool.name != "Bash"])
-    assert {c.name for c in BuiltinPolicy(ws.model_path).query(messages[:-1] + messages[-1:], no_bash).tool_calls} == {"Write"}
+    assert {c.name for c in BuiltinPolicy(ws.model_path).query(messages, no_bash).tool_calls} == {"Write"}

@@ -81,8 +81,11 @@ class BuiltinPolicy:
     # conversation would start the search again. So its window holds any conversation.
     context_window = sys.maxsize
 
-    def __init__(self, problem_path: str | Path, judge_results: Mapping[str, JudgeResult] | None = None):
+    def __init__(self, problem_path: str | Path, judge_results: Mapping[str, JudgeResult] | None = None,
+                 workspace: str | Path | None = None):  # fmt: skip
+        """`workspace`: the folder the run writes in (default: the problem's, as for a workspace's model.py)."""
         self.problem_path = Path(problem_path)
+        self.workspace = Path(workspace) if workspace is not None else self.problem_path.parent
         self.judge_results = judge_results if judge_results is not None else {}  # call id -> the judge's result
         self._plans: dict[bool, _Plan] = {}  # faithful -> the plan
 
@@ -90,7 +93,7 @@ class BuiltinPolicy:
         steps = _steps(messages, self.judge_results)
         faithful = any(step.stage == FAITHFUL_STAGE for step in steps)
         run = _Run(self._plan(faithful), steps, _tool_names(tools), fallback=lambda: self._plan(True),
-                   workspace=self.problem_path.parent)  # fmt: skip
+                   workspace=self.workspace)  # fmt: skip
         return run.next_reply(1 + max((s.number for s in steps), default=0))
 
     def _plan(self, faithful: bool = False) -> _Plan:
