@@ -57,6 +57,7 @@ def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Ite
 
 
 SOURCES_RECORD = "sources.json"  # in a version folder: the key of the sources it was built from, and their resources
+_SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h", ".hpp")  # files whose #include lines are read
 _OUTSIDE_INCLUDE = re.compile(r'#\s*include\s*"(?:/|[^"]*\.\.)')
 
 
@@ -71,8 +72,7 @@ def sources_key(root: Path, ninja_text: str) -> str | None:
     kernels = root / "kernels"
     for path in sorted(p for p in kernels.rglob("*") if p.is_file()):
         data = path.read_bytes()
-        text = data.decode(errors="replace")
-        if path.suffix in (".cu", ".cpp", ".cuh", ".h", ".hpp") and _OUTSIDE_INCLUDE.search(text):
+        if path.suffix in _SOURCE_SUFFIXES and _OUTSIDE_INCLUDE.search(data.decode(errors="replace")):
             return None
         name = path.relative_to(kernels).as_posix().encode()
         digest.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little") + data)

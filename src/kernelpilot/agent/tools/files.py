@@ -186,9 +186,10 @@ class WriteTool(CheckedTool):
             raise RecoverableError(f"{name} is a folder, not a file.")
         created = not path.exists()
         lines = len(args["content"].splitlines())
-        if not created and path.read_bytes() == args["content"].encode("utf-8"):
+        held = b"" if created else path.read_bytes()
+        if not created and held == args["content"].encode("utf-8"):
             return FileWritten(name, False, lines, unchanged=True)  # untouched: the build need not recompile it
-        before = "" if created else path.read_text(encoding="utf-8", errors="replace")
+        before = held.decode("utf-8", errors="replace")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(args["content"], encoding="utf-8")
         return FileWritten(name, created, lines, unified_diff(name, before, args["content"]))
