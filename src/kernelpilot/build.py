@@ -33,7 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelpilot.build_versions import prune_versions, publish_version, record_sources, reused_version, sources_key
+from kernelpilot.build_versions import (Cache, prune_versions, publish_version, record_sources, reused_version,
+                                       sources_key)
 from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.compiler_output import EdgeLog, edge_logs, parse_diagnostics, parse_ptxas
 from kernelpilot.pch import include_flags
@@ -95,7 +96,7 @@ def _gencode(arch: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Toolchain:
+class Toolchain:
     """The programs a build runs."""
 
     cuda_home: Path
@@ -104,12 +105,12 @@ class _Toolchain:
     ninja: str
 
 
-def _find_toolchain() -> _Toolchain:
+def find_toolchain() -> Toolchain:
     cuda_home = resolve_cuda_home()
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise BuildError(f"The C++ compiler {cxx!r} is not on PATH.", hint="install g++ or set CXX to a C++ compiler")
-    return _Toolchain(cuda_home=cuda_home, nvcc=cuda_home / "bin" / "nvcc", cxx=cxx, ninja=_find_ninja())
+    return Toolchain(cuda_home=cuda_home, nvcc=cuda_home / "bin" / "nvcc", cxx=cxx, ninja=_find_ninja())
 
 
 def _find_ninja() -> str:
@@ -269,13 +270,19 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
-def _compile_flags(root: Path, toolchain: _Toolchain, torch_flags: _TorchFlags) -> list[str]:
+# The workspace's own paths as the compilers see them, relative to the build folder ninja runs in: build.ninja then
+# names nothing of where the workspace is, so a copy of it with its build folder builds nothing again (the builds
+# ahead, `build_ahead.py`), and a moved workspace keeps its objects.
+KERNELS_FROM_BUILD = "../kernels"
+
+
+def _compile_flags(toolchain: Toolchain, torch_flags: _TorchFlags) -> list[str]:
     """Defines and include paths shared by g++ and nvcc."""
     includes = [*torch_flags.include_dirs, str(toolchain.cuda_home / "include")]
     return [
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         *torch_flags.abi_defines,
-        f"-I{root / 'kernels'}",
+        f"-I{KERNELS_FROM_BUILD}",
         *(arg for path in includes for arg in ("-isystem", path)),
     ]
 
@@ -287,7 +294,7 @@ def _cxx_flags(common: list[str]) -> list[str]:
     return [*common, "-O1", "-fPIC", "-std=c++20"]
 
 
-def _cuda_flags(common: list[str], arch: str, toolchain: _Toolchain, torch_flags: _TorchFlags) -> list[str]:
+def _cuda_flags(common: list[str], arch: str, toolchain: Toolchain, torch_flags: _TorchFlags) -> list[str]:
     # No --use_fast_math: it changes results (denormals, division, transcendentals) and verification must
     # judge the kernel as written. -Xptxas -v feeds the resource report; -lineinfo feeds profilers.
     host = ["-ccbin", toolchain.cxx] if "CXX" in os.environ else []
@@ -308,7 +315,7 @@ def _cuda_flags(common: list[str], arch: str, toolchain: _Toolchain, torch_flags
     ]
 
 
-def _link_flags(toolchain: _Toolchain, torch_flags: _TorchFlags) -> list[str]:
+def _link_flags(toolchain: Toolchain, torch_flags: _TorchFlags) -> list[str]:
     cuda_lib = toolchain.cuda_home / "lib64"
     if not cuda_lib.is_dir():
         cuda_lib = toolchain.cuda_home / "lib"
@@ -327,7 +334,7 @@ def _link_flags(toolchain: _Toolchain, torch_flags: _TorchFlags) -> list[str]:
 # --------------------------------------------------------------------------------------- build.ninja
 
 
-def _kernel_sources(ws: Workspace) -> list[Path]:
+def kernel_sources(ws: Workspace) -> list[Path]:
     """What to compile; any folder with kernels/ will do (no manifest needed), so tests and scripts can build."""
     if not ws.root.is_dir():
         raise WorkspaceError(
@@ -346,6 +353,11 @@ def _kernel_sources(ws: Workspace) -> list[Path]:
     return sources
 
 
+def _from_build(root: Path, source: Path) -> str:
+    """kernels/foo.cu as the build folder sees it: ../kernels/foo.cu."""
+    return f"{KERNELS_FROM_BUILD}/{source.relative_to(root / 'kernels').as_posix()}"
+
+
 def _object_name(source: Path) -> str:
     """kernels/foo.cu -> foo.cu.o: one object per source, so a .cu and a .cpp of one stem never collide."""
     return f"{source.name}.o"
@@ -359,15 +371,15 @@ def _ninja_value(args: list[str]) -> str:
     return shlex.join(args).replace("$", "$$")
 
 
-def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: str) -> str:
+def render_ninja(root: Path, sources: list[Path], toolchain: Toolchain, arch: str) -> str:
     torch_flags = _torch_flags()
-    common = _compile_flags(root, toolchain, torch_flags)
+    common = _compile_flags(toolchain, torch_flags)
     # The libraries each source calls (by the headers it includes), found once per build.
     callers = {library: [source for source in sources if library.included_by(source)] for library in LIBRARIES}
     found = {library: find_library(library, toolchain.cuda_home) for library in LIBRARIES if callers[library]}
     link_flags = _link_flags(toolchain, torch_flags) + [flag for lib in found.values() for flag in _library_link_flags(lib)]
     # torch's headers precompiled once for every workspace (pch.py), with the flags minus this workspace's -I.
-    pch = include_flags(toolchain.cxx, [f for f in _cxx_flags(common) if f != f"-I{root / 'kernels'}"], sources)
+    pch = include_flags(toolchain.cxx, [f for f in _cxx_flags(common) if f != f"-I{KERNELS_FROM_BUILD}"], sources)
     lines = [
         "# Written by kernelpilot's build.py; rewritten only when its content changes.",
         "ninja_required_version = 1.3",
@@ -398,7 +410,7 @@ def _render_ninja(root: Path, sources: list[Path], toolchain: _Toolchain, arch: 
     for source in sources:
         rule = "compile_cuda" if source.suffix == ".cu" else "compile_cxx"
         objects.append(_ninja_path(_object_name(source)))
-        lines.append(f"build {objects[-1]}: {rule} {_ninja_path(str(source))}")
+        lines.append(f"build {objects[-1]}: {rule} {_ninja_path(_from_build(root, source))}")
         lines.append(f"  source = {source.relative_to(root).as_posix().replace('$', '$$')}")
         includes = [str(found[lib].include_dir) for lib in found if source in callers[lib]]
         if includes:
@@ -484,33 +496,38 @@ def build_workspace(
     jobs: int | None = None,
     verbose: bool = False,
     lock_timeout_s: float = LOCK_TIMEOUT_S,
+    cache: Cache = None,
 ) -> BuildResult:
     """Build `root/kernels/*` into `root/build/kp_kernels.so`, recompiling only what changed.
 
     A build waits up to `lock_timeout_s` for another one of the same workspace to finish, then finds its work
-    done. A compile error is not an exception: the result has ok=False, the diagnostics and the log. A missing
+    done. `cache` holds the signed records of the versions built (`build_versions.py`; None: the default cache
+    folder). A compile error is not an exception: the result has ok=False, the diagnostics and the log. A missing
     toolchain, a folder that is not a workspace, or a lock wait that times out raises a KernelpilotError.
     """
     started = time.perf_counter()
     ws = Workspace(Path(root).resolve())
-    sources = _kernel_sources(ws)
+    sources = kernel_sources(ws)
     arch = resolve_arch(arch)
-    toolchain = _find_toolchain()
+    toolchain = find_toolchain()
     with build_lock(ws.build_dir, timeout_s=lock_timeout_s):
-        result = _build_locked(ws.root, ws.build_dir, sources, arch, toolchain, jobs or os.cpu_count() or 1, verbose)
+        result = build_locked(ws.root, ws.build_dir, sources, arch, toolchain, jobs or os.cpu_count() or 1, verbose,
+                              cache=cache)  # fmt: skip
     result.seconds = round(time.perf_counter() - started, 3)
     return result
 
 
-def _build_locked(
-    root: Path, build_dir: Path, sources: list[Path], arch: str, toolchain: _Toolchain, jobs: int, verbose: bool
+def build_locked(
+    root: Path, build_dir: Path, sources: list[Path], arch: str, toolchain: Toolchain, jobs: int, verbose: bool,
+    *, reuse: bool = True, cache: Cache = None,
 ) -> BuildResult:
     """Write build.ninja, run ninja, publish the library and prune old versions; the caller holds the build lock.
-    Sources a kept version was built from are not compiled again: that version is the build."""
-    ninja_text = _render_ninja(root, sources, toolchain, arch)
+    Sources a kept version was built from are not compiled again: that version is the build (with `reuse`; without,
+    ninja brings the build folder's objects up to date all the same)."""
+    ninja_text = render_ninja(root, sources, toolchain, arch)
     _write_if_changed(build_dir / "build.ninja", ninja_text)
     key = sources_key(root, ninja_text)
-    reused = reused_version(root, build_dir, key, arch) if key is not None else None
+    reused = reused_version(root, build_dir, key, arch, cache) if key is not None and reuse else None
     if reused is not None:
         return reused
     _drop_objects_without_resources(build_dir, sources)
@@ -518,13 +535,13 @@ def _build_locked(
     returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs, verbose)
     edges = edge_logs(log)
     _save_resources(root, build_dir, edges)
-    diagnostics = [_relative_to(root, d) for d in parse_diagnostics(log)]
+    diagnostics = [_relative_to(root, build_dir, d) for d in parse_diagnostics(log)]
     ok = returncode == 0
     library = publish_version(build_dir) if ok else None
     resources = _load_resources(build_dir, sources)
     if library is not None:
         if key is not None:
-            record_sources(library.parent, key, resources)
+            record_sources(library.parent, key, resources, cache)
         prune_versions(library.parent.parent, pinned=[library.parent])
     return BuildResult(
         ok=ok,
@@ -541,11 +558,12 @@ def _build_locked(
     )
 
 
-def _relative_to(root: Path, diagnostic: Diagnostic) -> Diagnostic:
-    """Paths inside the workspace shown as kernels/foo.cu rather than absolute."""
-    if diagnostic.file and Path(diagnostic.file).is_absolute():
-        with contextlib.suppress(ValueError):
-            diagnostic.file = Path(diagnostic.file).resolve().relative_to(root).as_posix()
+def _relative_to(root: Path, build_dir: Path, diagnostic: Diagnostic) -> Diagnostic:
+    """Paths inside the workspace shown as kernels/foo.cu, rather than absolute or relative to the build folder (the
+    compilers' working folder)."""
+    if diagnostic.file:
+        with contextlib.suppress(ValueError, OSError):
+            diagnostic.file = (build_dir / diagnostic.file).resolve().relative_to(root.resolve()).as_posix()
     return diagnostic
 
 

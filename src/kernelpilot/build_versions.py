@@ -2,6 +2,10 @@
 content, so one process can load build after build), the most recent few kept, and each one's record of the
 sources it was built from, so that a build of the same sources again (the policy writing its fastest
 configuration back, a fix that restores the last good source) is that version, with nothing compiled.
+
+The record that counts is the builder's, signed in its cache folder (the judge's own for the judge's builds), not
+the one in the workspace: the agent's tools write the workspace, and could plant a library under the record of
+sources it was not built from (tests/adversarial/test_planted_builds.py).
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from kernelpilot.harness.cache import MemoryCache, load_entry, store_entry
 from kernelpilot.results import BuildResult, KernelResources, from_dict, to_dict
 from kernelpilot.workspace import EXTENSION_NAME
 
-KEEP_VERSIONS = 8
+# The most recently built versions kept: room for a search's builds ahead (build_ahead.MAX_AHEAD) and a few more.
+KEEP_VERSIONS = 24
+Cache = Path | MemoryCache | None  # where the signed records are: a cache folder, a judge's memory, the default
 _VERSION_NAME = re.compile(r"[0-9a-f]{16}")  # what publish_version names a version folder
 
 
@@ -56,7 +63,12 @@ def prune_versions(versions_dir: Path, *, keep: int = KEEP_VERSIONS, pinned: Ite
     return stale
 
 
-SOURCES_RECORD = "sources.json"  # in a version folder: the key of the sources it was built from, and their resources
+SOURCES_RECORD = "sources.json"  # in a version folder: the key of the sources it was built from (a hint, see below)
+# The builder's signed record of each library it built, in its cache folder (harness/cache.py), by the library's
+# SHA-256: the sources key it was built from and its kernels' resources. The workspace's own sources.json, which the
+# agent's tools can write, only says which version folders to check; a version is reused only where the signed record
+# of its library's content names the same sources.
+RECORD_KIND = "build"
 _SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h", ".hpp")  # files whose #include lines are read
 _OUTSIDE_INCLUDE = re.compile(r'#\s*include\s*"(?:/|[^"]*\.\.)')
 
@@ -79,32 +91,50 @@ def sources_key(root: Path, ninja_text: str) -> str | None:
     return digest.hexdigest()
 
 
-def record_sources(version: Path, key: str, resources: list[KernelResources]) -> None:
+def record_sources(version: Path, key: str, resources: list[KernelResources], cache: Cache = None) -> None:
+    """Record that `version` was built from the sources of `key`: signed in `cache` (None: the default cache folder),
+    and as a hint in the version folder."""
+    resources_data = [to_dict(r) for r in resources]
+    store_entry(RECORD_KIND, {"library": _digest(version / f"{EXTENSION_NAME}.so")},
+                {"key": key, "resources": resources_data}, cache)  # fmt: skip
     record = version / SOURCES_RECORD
     partial = record.with_name(record.name + ".partial")
-    partial.write_text(json.dumps({"key": key, "resources": [to_dict(r) for r in resources]}))
+    partial.write_text(json.dumps({"key": key}))
     os.replace(partial, record)
 
 
-def reused_version(root: Path, build_dir: Path, key: str, arch: str) -> BuildResult | None:
-    """The kept version built from exactly these sources, as this build's result (marked just built, so it is the
-    newest for loading and pruning), or None. A search that goes back to a configuration it built before (the
-    policy writing its fastest back, a fix that restores the last good source) so compiles nothing."""
-    versions = build_dir / "versions"
-    if not versions.is_dir():
+def built_from(version: Path, key: str, cache: Cache = None) -> dict | None:
+    """The signed record of the version folder's library when it says the library was built from the sources of
+    `key` (its "resources" are the kernels' ptxas reports); None otherwise: not a version folder, a hint naming
+    other sources, or a library with no signed record (planted, changed, or recorded in another cache)."""
+    library = version / f"{EXTENSION_NAME}.so"
+    if not (_VERSION_NAME.fullmatch(version.name) and library.is_file()):
         return None
-    for folder in versions.iterdir():
-        library = folder / f"{EXTENSION_NAME}.so"
-        if not (_VERSION_NAME.fullmatch(folder.name) and library.is_file()):
-            continue
-        try:
-            record = json.loads((folder / SOURCES_RECORD).read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("key") != key:
-            continue
-        os.utime(folder)
-        resources = [from_dict(KernelResources, item) for item in record.get("resources", [])]
-        return BuildResult(ok=True, workspace=str(root), extension_name=EXTENSION_NAME, arch=arch, library=str(library),
-                           resources=resources, reused=True)  # fmt: skip
-    return None
+    try:
+        if json.loads((version / SOURCES_RECORD).read_text()).get("key") != key:
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    record = load_entry(RECORD_KIND, {"library": _digest(library)}, cache)
+    return record if isinstance(record, dict) and record.get("key") == key else None
+
+
+def _digest(library: Path) -> str:
+    return hashlib.sha256(library.read_bytes()).hexdigest()
+
+
+def reused_version(root: Path, build_dir: Path, key: str, arch: str, cache: Cache = None) -> BuildResult | None:
+    """The kept version built from exactly these sources (the newest, where builds of them differ in their bytes, as
+    nvcc's output does), as this build's result, marked just built so it is the newest for loading and pruning; or
+    None. A search that goes back to a configuration it built before (the policy writing its fastest back, a fix
+    that restores the last good source) so compiles nothing."""
+    versions = build_dir / "versions"
+    records = {folder: built_from(folder, key, cache) for folder in versions.iterdir()} if versions.is_dir() else {}
+    matching = [folder for folder, record in records.items() if record is not None]
+    if not matching:
+        return None
+    folder = max(matching, key=lambda folder: (folder.stat().st_mtime_ns, folder.name))
+    os.utime(folder)
+    resources = [from_dict(KernelResources, item) for item in records[folder].get("resources", [])]
+    return BuildResult(ok=True, workspace=str(root), extension_name=EXTENSION_NAME, arch=arch,
+                       library=str(folder / f"{EXTENSION_NAME}.so"), resources=resources, reused=True)  # fmt: skip
