@@ -84,6 +84,19 @@ class KernelResources:
 
 
 @dataclass
+class AheadBuilds:
+    """Other versions of a workspace's kernel files built side by side after its build, so that a later build of any
+    of them compiles nothing (`build_ahead.py`)."""
+
+    asked: int  # versions asked for
+    built: int = 0  # compiled now
+    kept_before: int = 0  # already a kept version (or the same as another one asked for)
+    failed: list[int] = field(default_factory=list)  # the asked versions (0-based) that did not compile
+    compiled: list[str] = field(default_factory=list)  # the sources each version's build compiled, all together
+    seconds: float = 0.0
+
+
+@dataclass
 class BuildResult:
     """Outcome of building a workspace's extension."""
 
@@ -100,6 +113,7 @@ class BuildResult:
     seconds: float = 0.0
     error: str | None = None  # one sentence when ok is False
     reused: bool = False  # these very sources were built before: `library` is that build, nothing was compiled
+    ahead: AheadBuilds | None = None  # the other versions of the kernels built with it (`build_ahead.py`), if asked
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -23,7 +23,7 @@ SPEC = {  # tool -> (properties, required), as the agent's interface fixes them
     "Write": ({"path", "content"}, {"path", "content"}),
     "MultiEdit": ({"path", "edits"}, {"path", "edits"}),
     "TodoWrite": ({"todos"}, {"todos"}),
-    "Compile": (set(), set()),
+    "Compile": ({"ahead"}, set()),
     "Verify": ({"trials"}, set()),
     "Profile": ({"slower_than_ms"}, set()),
     "Ncu": ({"kernel"}, set()),
@@ -80,7 +80,8 @@ def test_find_tool_names_the_valid_tools_for_an_unknown_one():
         ("Verify", {"trials": 100}, "`trials` must be at most 20"),
         ("Profile", {"slower_than_ms": 0}, "`slower_than_ms` must be more than 0, not 0"),
         ("Profile", {"slower_than_ms": "3 ms"}, "`slower_than_ms` must be a number, not string"),
-        ("Compile", {"clean": True}, "Compile: unknown argument `clean`; it takes: no arguments"),
+        ("Compile", {"clean": True}, "Compile: unknown argument `clean`; it takes: ahead"),
+        ("Compile", {"ahead": {"kernels/a.cu": "x"}}, "Compile: `ahead` must be an array, not object"),
         ("Finish", {}, "Finish: the argument `summary` is required"),
     ],
 )  # fmt: skip

@@ -4,6 +4,7 @@ its CSV parsing, and on a GPU the whole chain with the example kernel."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 
@@ -169,6 +170,8 @@ class ModelNew(nn.Module):
         return x * self.scale
 """
 
+EXTRA_CPP = "int kp_extra() {{ return {}; }}\n"
+
 # The run's settings, which Verify and Profile must judge with (the judge's defaults are 5 trials, 1e-2 and 1e-2).
 # Only the tolerances show here: the guard stops the torch candidate after its first trial.
 RUN_SETTINGS = Settings(trials=3, atol=3e-3, rtol=2e-3)
@@ -188,6 +191,13 @@ def judged_on_cpu(tmp_path_factory):
         ctx.judge = judge
         outputs = {name: call(ctx, name) for name in ("Compile", "Verify", "Profile")}
         good_build = ctx.judged.build
+        # A file of the candidate's and another version of it, built ahead; then that version written and built.
+        extra = root / "kernels" / "extra.cpp"
+        extra.write_text(EXTRA_CPP.format(1))
+        outputs["ahead Compile"] = call(ctx, "Compile", ahead=[{"kernels/extra.cpp": EXTRA_CPP.format(2)}])
+        extra.write_text(EXTRA_CPP.format(2))
+        outputs["Compile of a version built ahead"] = call(ctx, "Compile")
+        extra.unlink()
         (root / "kernels" / "broken.cpp").write_text("int broken() {\n  return undefined_name;\n}\n")
         outputs["broken Compile"] = call(ctx, "Compile")
         outputs["broken Verify"] = call(ctx, "Verify", trials=2)
@@ -207,6 +217,28 @@ def test_a_judge_tool_answers_its_typed_result_as_the_model_reads_it(judged_on_c
     output = judged_on_cpu[1][name]
     assert isinstance(output.result, result_type) and output.text == render(output.result)
     assert output.text.startswith(first_words) and shown in output.text
+
+
+@pytest.mark.cuda_build
+def test_compile_builds_versions_ahead_in_the_judge_and_a_later_build_of_one_compiles_nothing(judged_on_cpu):
+    _, outputs, _ = judged_on_cpu
+    ahead = outputs["ahead Compile"]
+    assert ahead.result.ahead.built == 1 and ahead.result.ahead.compiled == ["kernels/extra.cpp"]
+    assert "\nBuilt ahead: 1 version(s) in " in ahead.text and ahead.text.splitlines()[0].endswith("kernels/extra.cpp.")
+    later = outputs["Compile of a version built ahead"]
+    assert later.result.reused and "recompiled: nothing (these sources were built before" in later.text
+
+
+@pytest.mark.parametrize(
+    "ahead, refusal",
+    [([{"kernels/kp_module.cpp": "x"}], "Compile: `ahead[0]` cannot be built: kernels/kp_module.cpp cannot change"),
+     ([{"kernels/a.cu": "x"}, {"model_new.py": "x"}], "`ahead[1]` cannot be built: 'model_new.py' is not a file under"),
+     ([{"kernels/a.cu": "x"}] * 17, "Compile builds at most 16 versions ahead, not 17"),
+     ([{"kernels/a.cu": 1}], "`ahead[0]` cannot be built: the content of 'kernels/a.cu' is not text")],
+)  # fmt: skip
+def test_compile_refuses_versions_it_cannot_build_ahead_in_one_sentence(ctx, ahead, refusal):
+    with pytest.raises(RecoverableError, match=re.escape(refusal)):
+        call(ctx, "Compile", ahead=ahead)
 
 
 @pytest.mark.cuda_build

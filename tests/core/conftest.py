@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from build_testing import ARCH, scale_workspace
 from capture_testing import write_user_package
 
 
@@ -47,3 +48,13 @@ def pytest_itemcollected(item):
     # Called for the items of this folder only (a collection hook through the item's own path).
     if item.originalname in SLOW:
         item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """One workspace (build_testing's scale kernel), cold-built once for the build tests and the builds ahead; each
+    test leaves it built and its sources as they were."""
+    from kernelpilot.build import build_workspace
+
+    root = scale_workspace(tmp_path_factory.mktemp("scale_ws"))
+    return root, build_workspace(root, arch=ARCH)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from build_testing import ARCH, edit, write
 from typer.testing import CliRunner
 
 from kernelpilot import build
@@ -32,19 +33,6 @@ from kernelpilot.errors import BuildError, WorkspaceError
 from kernelpilot.results import BuildResult, from_dict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ARCH = "9.0"
-
-
-def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text).lstrip())
-    return path
-
-
-def _edit(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text, f"{path.name} no longer contains {old!r}"
-    path.write_text(text.replace(old, new))
 
 
 # ------------------------------------------------------------------------------ real compiler output
@@ -60,7 +48,7 @@ def nvcc() -> Path:
 
 def _nvcc_output(nvcc: Path, tmp_path: Path, name: str, source: str, *flags: str) -> str:
     """Compile one .cu for sm_90 with -Xptxas -v; return everything nvcc printed."""
-    cu = _write(tmp_path / name, source)
+    cu = write(tmp_path / name, source)
     run = subprocess.run(
         [str(nvcc), "-c", "-arch=sm_90", "-Xptxas", "-v", *flags, str(cu), "-o", str(cu.with_suffix(".o"))],
         capture_output=True,
@@ -206,7 +194,7 @@ def gxx() -> str:
 
 
 def test_gcc_errors_and_warnings_carry_line_and_column(gxx, tmp_path):
-    source = _write(tmp_path / "binding.cpp", "int f() { int x = 1\n  return x; }\nint g(int y) { int z; return y; }\n")
+    source = write(tmp_path / "binding.cpp", "int f() { int x = 1\n  return x; }\nint g(int y) { int z; return y; }\n")
     run = subprocess.run(
         [gxx, "-Wall", "-c", str(source), "-o", str(tmp_path / "binding.o")],
         capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"},
@@ -221,7 +209,7 @@ def test_gcc_errors_and_warnings_carry_line_and_column(gxx, tmp_path):
 
 
 def test_undefined_reference_at_link_is_an_ld_error(gxx, tmp_path):
-    source = _write(tmp_path / "main.cpp", "int missing_launcher();\nint main() { return missing_launcher(); }\n")
+    source = write(tmp_path / "main.cpp", "int missing_launcher();\nint main() { return missing_launcher(); }\n")
     run = subprocess.run([gxx, str(source), "-o", str(tmp_path / "main")], capture_output=True, text=True)
 
     (error,) = [d for d in parse_diagnostics(run.stderr) if d.tool == "ld"]
@@ -269,14 +257,14 @@ def test_cuda_home_pointing_nowhere_is_a_build_error(monkeypatch, tmp_path):
 
 def test_cublaslt_comes_from_the_toolkit_first_then_from_the_nvidia_packages(monkeypatch, tmp_path):
     package = tmp_path / "site-packages" / "nvidia" / "cu13"
-    _write(package / "include" / "cublasLt.h", "")
+    write(package / "include" / "cublasLt.h", "")
     for name in ("libcublasLt.so.12", "libcublasLt.so.13", "libcublasLt.so.13.1.0.3"):
-        _write(package / "lib" / name, "")
+        write(package / "lib" / name, "")
     monkeypatch.setattr(build, "_nvidia_package_folders", lambda: [package])
     found = find_cublaslt(tmp_path / "toolkit")
     assert found.include_dir == package / "include" and found.library.name == "libcublasLt.so.13"
-    _write(tmp_path / "toolkit" / "include" / "cublasLt.h", "")
-    _write(tmp_path / "toolkit" / "lib64" / "libcublasLt.so", "")
+    write(tmp_path / "toolkit" / "include" / "cublasLt.h", "")
+    write(tmp_path / "toolkit" / "lib64" / "libcublasLt.so", "")
     assert find_cublaslt(tmp_path / "toolkit").library == tmp_path / "toolkit" / "lib64" / "libcublasLt.so"
 
 
@@ -288,71 +276,13 @@ def test_missing_cublaslt_is_one_sentence_with_a_hint(monkeypatch, tmp_path):
 
 
 def test_a_wrapper_script_nvcc_leads_to_the_real_toolkit(nvcc, tmp_path):
-    wrapper = _write(tmp_path / "bin" / "nvcc", f'#!/bin/sh\nexec "{nvcc}" "$@"\n')
+    wrapper = write(tmp_path / "bin" / "nvcc", f'#!/bin/sh\nexec "{nvcc}" "$@"\n')
     wrapper.chmod(0o755)
 
     assert _toolkit_of(wrapper).resolve() == nvcc.parent.parent.resolve()
 
 
 # -------------------------------------------------------------------------------- real builds
-
-SCALE_H = """
-    #pragma once
-    #include <cstdint>
-    #include <cuda_runtime.h>
-    void launch_scale(const float* x, float* y, float a, int64_t n, cudaStream_t stream);
-"""
-
-TUNING_H = """
-    #pragma once
-    constexpr int kThreads = 256;
-"""
-
-SCALE_CU = """
-    #include "scale.h"
-    #include "tuning.h"
-
-    __global__ void scale_kernel(const float* x, float* y, float a, int64_t n) {
-      const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-      if (i < n) y[i] = x[i] * a;
-    }
-
-    void launch_scale(const float* x, float* y, float a, int64_t n, cudaStream_t stream) {
-      scale_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, y, a, n);
-    }
-"""
-
-SCALE_BINDING_CPP = """
-    #include <torch/library.h>
-    #include <torch/types.h>
-    #include "scale.h"
-
-    torch::Tensor scale(const torch::Tensor& x, double a) {
-      TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "scale: x must be a float32 CUDA tensor");
-      torch::Tensor y = torch::empty_like(x);
-      launch_scale(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<float>(a), x.numel(), nullptr);
-      return y;
-    }
-
-    TORCH_LIBRARY(kp_build_test, m) { m.def("scale", &scale); }
-"""
-
-
-def _scale_workspace(root: Path) -> Path:
-    """A folder with kernels/ only: a torch-free .cu and its headers, and a binding that registers an op."""
-    for name, text in [
-        ("scale.h", SCALE_H), ("tuning.h", TUNING_H), ("scale.cu", SCALE_CU), ("scale_binding.cpp", SCALE_BINDING_CPP)
-    ]:
-        _write(root / "kernels" / name, text)
-    return root
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, BuildResult]:
-    """One workspace, cold-built once; each test leaves it built and its sources as they were."""
-    root = _scale_workspace(tmp_path_factory.mktemp("scale_ws"))
-    return root, build_workspace(root, arch=ARCH)
-
 
 @pytest.mark.cuda_build
 def test_cold_build_compiles_every_source_links_and_reports_resources(built):
@@ -386,7 +316,7 @@ def test_unchanged_workspace_recompiles_nothing_and_keeps_resources(built):
 @pytest.mark.cuda_build
 def test_edited_cu_recompiles_only_it_and_relinks_to_a_new_version(built):
     root, first = built
-    _edit(root / "kernels" / "scale.cu", "x[i] * a;", "a * x[i];")
+    edit(root / "kernels" / "scale.cu", "x[i] * a;", "a * x[i];")
 
     result = build_workspace(root, arch=ARCH)
 
@@ -400,7 +330,7 @@ def test_edited_cu_recompiles_only_it_and_relinks_to_a_new_version(built):
 @pytest.mark.cuda_build
 def test_header_change_recompiles_only_its_dependents(built):
     root, _ = built
-    _edit(root / "kernels" / "tuning.h", "kThreads = 256", "kThreads = 128")
+    edit(root / "kernels" / "tuning.h", "kThreads = 256", "kThreads = 128")
 
     result = build_workspace(root, arch=ARCH)
 
@@ -412,7 +342,7 @@ def test_header_change_recompiles_only_its_dependents(built):
 def test_edited_binding_recompiles_only_the_binding(built):
     root, _ = built
     binding = root / "kernels" / "scale_binding.cpp"
-    _edit(binding, 'm.def("scale", &scale);', 'm.def("scale(Tensor x, float a) -> Tensor", &scale);')
+    edit(binding, 'm.def("scale", &scale);', 'm.def("scale(Tensor x, float a) -> Tensor", &scale);')
 
     result = build_workspace(root, arch=ARCH)
 
@@ -467,7 +397,7 @@ def test_sources_built_before_are_that_build_with_nothing_compiled(built):
     cu = root / "kernels" / "scale.cu"
     first = build_workspace(root, arch=ARCH)
     original = cu.read_text()
-    _edit(cu, "if (i < n)", "if (i < n && a == a)")
+    edit(cu, "if (i < n)", "if (i < n && a == a)")
     other = build_workspace(root, arch=ARCH)
     assert other.ok and other.compiled == ["kernels/scale.cu"] and other.library != first.library
     cu.write_text(original)
@@ -486,7 +416,7 @@ def test_sources_built_before_are_that_build_with_nothing_compiled(built):
     from kernelpilot.ops import _newest_library
 
     assert _newest_library(root) == Path(first.library)
-    _edit(cu, "if (i < n)", "if (i < n && a == a)")
+    edit(cu, "if (i < n)", "if (i < n && a == a)")
     assert build_workspace(root, arch=ARCH).library == other.library
     cu.write_text(original)
     assert build_workspace(root, arch=ARCH).library == first.library
@@ -501,7 +431,7 @@ def test_an_unreadable_record_or_another_file_under_kernels_builds_again(built):
     version = Path(first.library).parent
     cu = root / "kernels" / "scale.cu"
     original = cu.read_text()
-    _edit(cu, "if (i < n)", "if (n > i)")
+    edit(cu, "if (i < n)", "if (n > i)")
     assert not build_workspace(root, arch=ARCH).reused
     cu.write_text(original)
     (version / SOURCES_RECORD).write_text("{not json")
@@ -562,7 +492,7 @@ def test_build_of_a_folder_without_kernels_raises_a_workspace_error(tmp_path):
 
 def _version_module(root: Path, version: int) -> Path:
     """A torch-free C++ source whose kp_version() returns `version`: a cheap build."""
-    return _write(root / "kernels" / "module.cpp", f'extern "C" int kp_version() {{ return {version}; }}\n')
+    return write(root / "kernels" / "module.cpp", f'extern "C" int kp_version() {{ return {version}; }}\n')
 
 
 def test_loading_a_failed_build_is_a_build_error():
@@ -729,7 +659,7 @@ def test_scaffolded_example_runs_and_an_edited_build_loads_in_the_same_process(s
     x = torch.randn(1000, 1003, device="cuda")  # odd size: the vector loop and the scalar tail both run
     torch.testing.assert_close(first_ops.scale_shift(x, 1.5, -0.25), x * 1.5 - 0.25)
 
-    _edit(scaffolded / "kernels" / "example_scale_shift.cu", "vector_count, a, b);", "vector_count, a, b + 1.0f);")
+    edit(scaffolded / "kernels" / "example_scale_shift.cu", "vector_count, a, b);", "vector_count, a, b + 1.0f);")
     second = build_workspace(scaffolded)
     assert second.ok, second.log
     assert second.compiled == ["kernels/example_scale_shift.cu"]

@@ -138,10 +138,13 @@ def test_policy_plans_writes_compiles_verifies_profiles_searches_and_finishes(la
     # The second candidate is the fastest.
     tools = ScriptedTools(times_ms=(3.0, 2.0) + (2.5,) * (len(candidates) - 2))
     messages = converse(policy_for(layernorm_workspace, tools), tools)
-    tries = [["Write", "Profile"]] * (len(candidates) - 1)
+    # The first try builds the other configurations ahead, all at once, so the later tries compile nothing.
+    tries = [["Write", "Compile", "Profile"]] + [["Write", "Profile"]] * (len(candidates) - 2)
     assert actions(messages) == [
         ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Profile"], *tries, ["Write", "Verify"], ["Finish"],
     ]  # fmt: skip
+    (ahead,) = [c.arguments["ahead"] for c in tools.calls if c.name == "Compile" and c.arguments]
+    assert ahead == [{"kernels/policy_g0.cu": render_kernel(group, c).content} for c in candidates[2:]]
     # Each try carries the time to beat (the best so far): a configuration far slower is stopped early, untimed.
     bounds = [c.arguments for c in tools.calls if c.name == "Profile"]
     assert bounds == [{}, {"slower_than_ms": 3.0}] + [{"slower_than_ms": 2.0}] * (len(candidates) - 2)
@@ -161,7 +164,8 @@ def test_policy_stops_the_search_near_speed_of_light_and_says_so(layernorm_works
     messages = converse(policy_for(layernorm_workspace, tools), tools)
     # The fastest is the configuration just profiled (verified, then timed): nothing to write back and verify again.
     assert actions(messages) == [
-        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Profile"], ["Write", "Profile"], ["Finish"],
+        ["TodoWrite"], ["Write", "Write", "Write"], ["Compile"], ["Profile"], ["Write", "Compile", "Profile"],
+        ["Finish"],
     ]  # fmt: skip
     assert written(messages, "kernels/policy_g0.cu")[-1] == render_kernel(group, launch_candidates(group)[1]).content
     summary = tools.calls[-1].arguments["summary"]
@@ -230,12 +234,15 @@ def test_policy_falls_back_to_the_faithful_kernels_after_a_mismatch_and_says_why
     fused, faithful = analyze(problem), analyze(problem, faithful=True)
     tools = ScriptedTools(verify_failures=(LORA_MISMATCH,))
     messages = converse(policy_for(lora_workspace, tools), tools)
-    tries = sum(len(launch_candidates(g)) - 1 for g in faithful.generated_groups)  # the faithful plan's search
+    tries = []  # the faithful plan's search: a group's first try builds its other configurations ahead
+    for group in faithful.generated_groups:
+        count = len(launch_candidates(group)) - 1
+        tries += [["Write"] * 3 + ["Compile"] * (k == 0 < count - 1) + ["Profile"] for k in range(count)]
     files = len(render_all(problem, fused)), len(render_all(problem, faithful))
     assert files[1] == files[0] + 2  # one more kernel and its binding
     assert actions(messages) == [
         ["TodoWrite"], ["Write"] * files[0], ["Compile"], ["Profile"], ["Write"] * files[1], ["Compile"],
-        ["Profile"], *[["Write"] * 3 + ["Profile"]] * tries, ["Write"] * 3 + ["Verify"], ["Finish"],
+        ["Profile"], *tries, ["Write"] * 3 + ["Verify"], ["Finish"],
     ]  # fmt: skip
     fallback = next(m for m in messages if m["role"] == "assistant" and "faithful" in m["tool_calls"][0]["id"])
     assert FAITHFUL_SENTENCE in fallback["content"]
@@ -254,7 +261,7 @@ def test_policy_resumes_a_fallback_on_the_faithful_kernels(lora_workspace):
     # plan's third group (the first Profile result is the fused answer's mismatch).
     cut = [i for i, m in enumerate(messages) if m["role"] == "tool" and m["content"].startswith("Profile:")][1]
     tool_calls = policy_for(lora_workspace, tools).query(messages[: cut + 1], SCHEMAS).tool_calls
-    assert [c.name for c in tool_calls] == ["Write"] * 3 + ["Profile"]
+    assert [c.name for c in tool_calls] == ["Write"] * 3 + ["Compile", "Profile"]
     assert [c.arguments["path"] for c in tool_calls[:3]] == [f"kernels/policy_g{i}.cu" for i in range(3)]
 
 
@@ -301,7 +308,7 @@ class TypedJudge:
         self.times = list(times_ms)
         self.vs_compile = vs_compile
 
-    def build(self, root):
+    def build(self, root, ahead=()):
         return built()
 
     def verify(self, root, build, trials=5, atol=1e-2, rtol=1e-2):
@@ -330,7 +337,7 @@ def test_the_loop_hands_the_policy_the_judges_typed_results_and_a_resume_rebuild
     assert "Verified correct" in finish and "2 ms" in finish  # the second configuration was the fastest
     # A resumed session rebuilds every judge call's typed result from the transcript.
     rebuilt = Session.resume(ws.root).state.judged_calls
-    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 2 + count  # Compile, Profiles, Verify
+    assert rebuilt.keys() == judged.by_call.keys() and len(rebuilt) == 3 + count  # 2 Compiles, Profiles, Verify
     assert all(type(rebuilt[key]) is type(result) for key, result in judged.by_call.items())
     assert [candidate_ms(r) for r in rebuilt.values()] == [candidate_ms(r) for r in judged.by_call.values()]
 

@@ -26,6 +26,7 @@ from kernelpilot.agent.tool_results import (
 from kernelpilot.results import (
     HARNESS_ERROR,
     SLOWER,
+    AheadBuilds,
     BenchResult,
     BuildResult,
     Diagnostic,
@@ -150,6 +151,8 @@ def build_text(build: BuildResult) -> str:
     warnings = [d for d in build.diagnostics if d.severity == "warning"]
     if warnings:
         lines.append(f"Warnings ({len(warnings)}), first: {diagnostic_line(warnings[0])}")
+    if build.ahead is not None:
+        lines.append(ahead_text(build.ahead))
     if build.resources:
         lines.append("Kernels (ptxas): registers, shared memory, stack, spill stores/loads")
         for kernel in build.resources:
@@ -158,6 +161,17 @@ def build_text(build: BuildResult) -> str:
             lines.append(f"  {kernel.kernel}: {kernel.registers} regs, {kernel.shared_bytes} B smem, "
                          f"{kernel.stack_bytes} B stack, {spills}")  # fmt: skip
     return "\n".join(lines)
+
+
+def ahead_text(ahead: AheadBuilds) -> str:
+    """The builds ahead in one line: how many compiled, were built before, failed (by 0-based index)."""
+    parts = [f"{ahead.built} compiled"]
+    if ahead.kept_before:
+        parts.append(f"{ahead.kept_before} built before")
+    if ahead.failed:
+        parts.append(f"{len(ahead.failed)} failed to compile (ahead[{', '.join(map(str, ahead.failed))}]; writing one "
+                     "and building shows its errors)")
+    return f"Built ahead: {ahead.asked} version(s) in {ahead.seconds:.1f} s: {', '.join(parts)}."
 
 
 def compiler_errors(build: BuildResult) -> list[Diagnostic]:

@@ -12,7 +12,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,10 +96,14 @@ class Judge:
         with self._steps:
             self.worker.call("prepare", args, timeout=self.timeouts.build)
 
-    def build(self, ws_root: Path | str) -> BuildResult:
-        """Build the workspace's extension incrementally, in the worker."""
+    def build(self, ws_root: Path | str, ahead: Sequence[Mapping[str, str]] = ()) -> BuildResult:
+        """Build the workspace's extension incrementally, in the worker; then, when it built, the `ahead` versions of
+        its kernel files ({path: content} each) side by side, so that writing one of them later compiles nothing
+        (`build_ahead.py`; the result's `ahead` counts them)."""
         ws = _open(ws_root)
-        args = {"workspace": str(ws.root), "arch": self.arch, "jobs": self.jobs}
+        args = {"workspace": str(ws.root), "arch": self.arch, "jobs": self.jobs, "cache_dir": _str_or_none(self.cache_dir)}
+        if ahead:
+            args["ahead"] = [dict(version) for version in ahead]
         reply = self._call("build", args, self.timeouts.build)
         if reply.ok:
             return from_dict(BuildResult, reply.result)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kernelpilot.agent import JudgeResult, ModelReply, ToolCall, VerifyOutcome
 from kernelpilot.agent.failure import judged_failure
 from kernelpilot.agent.observations import speedup_text
+from kernelpilot.build_ahead import MAX_AHEAD
 from kernelpilot.policy.search import MIN_SHARE, LaunchSearch
 from kernelpilot.results import BuildResult, EvalResult
 
@@ -332,12 +333,27 @@ class _Run:
             # Profile builds, verifies and times: a configuration that breaks the kernel gets no time, and one whose
             # calls are far slower than the best so far is stopped after two trials, untimed.
             bound = {"slower_than_ms": search.best_ms} if search.best_ms is not None else {}
-            calls = [("Write", _write_args(f)) for f in self._kernels(search.choice(*next_try))] + [("Profile", bound)]
-            return self._reply(_try_stage(*next_try), f"Time {group_name} with {config.label}.", calls)
+            calls = [("Write", _write_args(f)) for f in self._kernels(search.choice(*next_try))]
+            content = f"Time {group_name} with {config.label}."
+            ahead = self._ahead(search, group_name, index)
+            if ahead:  # the group's first try: build its other configurations now, side by side
+                calls.append(("Compile", {"ahead": ahead}))
+                content += f" Build the group's other {len(ahead)} configuration(s) ahead, all at once."
+            return self._reply(_try_stage(*next_try), content, calls + [("Profile", bound)])
         if self.steps and self._timings()[2] == self.steps[-1].stage:
             # The fastest configuration is the one just profiled (verified, then timed): the workspace holds it.
             return self._finish(self._success_summary(verified=True))
         return self._final(0)
+
+    def _ahead(self, search: LaunchSearch, group_name: str, index: int) -> list[dict[str, str]]:
+        """At a group's first try (with Compile to ask): the group's file at each of its later tries, with the other
+        groups at their best so far, as they will be; empty otherwise."""
+        later = [i for name, i in search.tries[search.recorded + 1:] if name == group_name][:MAX_AHEAD]
+        first = next(i for name, i in search.tries if name == group_name)
+        if index != first or not later or "Compile" not in self.tools:
+            return []
+        group = next(g for g in self.plan.groups if g.name == group_name)
+        return [{f.path: f.content for f in self._kernels({group_name: i}, [group])} for i in later]
 
     def _final_choices(self) -> list[dict[str, int]]:
         """What to write back, in order of preference: the fastest configurations, then the first ones."""
@@ -358,10 +374,11 @@ class _Run:
             return self._final(index + 1)
         return self._finish(self._failure("failed verification when written back", step.results.get("Verify")))
 
-    def _kernels(self, choice: dict[str, int]) -> list[GeneratedFile]:
+    def _kernels(self, choice: dict[str, int], groups: list[Group] | None = None) -> list[GeneratedFile]:
         from kernelpilot.policy.families import render_kernel
 
-        return [render_kernel(g, self.plan.candidates[g.name][choice[g.name]]) for g in self.plan.groups]
+        groups = self.plan.groups if groups is None else groups
+        return [render_kernel(g, self.plan.candidates[g.name][choice[g.name]]) for g in groups]
 
     # ------------------------------------------------------------------------------------- summaries
 

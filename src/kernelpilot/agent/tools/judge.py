@@ -7,6 +7,7 @@ from typing import Any
 
 from kernelpilot.agent import RecoverableError, ToolContext, VerifyOutcome
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
+from kernelpilot.build_ahead import MAX_AHEAD, check_version
 from kernelpilot.results import BuildResult, EvalResult
 
 MAX_TRIALS = 20
@@ -23,9 +24,11 @@ def judging_settings(ctx: ToolContext) -> dict[str, Any]:
     return {"trials": ctx.settings.trials, "atol": ctx.settings.atol, "rtol": ctx.settings.rtol}
 
 
-def build_candidate(ctx: ToolContext, tool_name: str) -> BuildResult:
-    """Build the workspace (incremental: only changed sources recompile) and remember the result."""
-    build = require_judge(ctx, tool_name).build(ctx.workspace.root)
+def build_candidate(ctx: ToolContext, tool_name: str, ahead: list[dict[str, str]] | None = None) -> BuildResult:
+    """Build the workspace (incremental: only changed sources recompile), and the `ahead` versions if it built;
+    remember the result."""
+    judge = require_judge(ctx, tool_name)
+    build = judge.build(ctx.workspace.root, ahead=ahead) if ahead else judge.build(ctx.workspace.root)
     ctx.judged.note(build)
     return build
 
@@ -35,12 +38,28 @@ class CompileTool(CheckedTool):
     description = (
         "Build kernels/ into the workspace's library of torch ops (incremental: only changed files recompile). "
         "Returns ok or failed, the files recompiled, compiler errors as file:line: message, and per-kernel "
-        "registers, shared memory and spills from ptxas. Compile after editing kernels, before Verify."
+        "registers, shared memory and spills from ptxas. Compile after editing kernels, before Verify. "
+        f"With `ahead` (at most {MAX_AHEAD}), other versions of kernel files you will try next are compiled too, side "
+        "by side and all at once; writing one of them later and building compiles nothing."
     )
-    parameters = object_schema({})
+    parameters = object_schema({
+        "ahead": {
+            "type": "array",
+            "description": "versions to build ahead, each an object of path -> full content, e.g. "
+                           '[{"kernels/add.cu": "..."}]; the workspace\'s files stay as they are',
+            "items": {"type": "object", "additionalProperties": {"type": "string"}},
+        }
+    })  # fmt: skip
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> BuildResult:
-        return build_candidate(ctx, self.name)
+        ahead = args.get("ahead") or []
+        if len(ahead) > MAX_AHEAD:
+            raise RecoverableError(f"Compile builds at most {MAX_AHEAD} versions ahead, not {len(ahead)}; ask for the "
+                                   "ones the next turns will try.")  # fmt: skip
+        for index, version in enumerate(ahead):
+            if (problem := check_version(version)) is not None:
+                raise RecoverableError(f"Compile: `ahead[{index}]` cannot be built: {problem}.")
+        return build_candidate(ctx, self.name, ahead)
 
 
 class VerifyTool(CheckedTool):

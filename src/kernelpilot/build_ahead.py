@@ -1,0 +1,168 @@
+"""Builds ahead: other versions of a workspace's kernel files, compiled side by side now, so that a later build of
+any of them is a kept version with nothing compiled (`build_versions.reused_version`).
+
+A search over launch configurations writes one .cu after another and builds each: 3-4 s of nvcc on one core per
+try. Asked for ahead, the versions compile at once, one core each, while nothing is being timed (the judge's Compile
+step, never a Profile's timing).
+
+Each version is built in a copy of the workspace under build/ahead/<n>/: kernels/ with the version's files written
+over it, and the build folder's objects, ninja logs and ptxas reports with their times kept, so ninja compiles only
+the files the version changes, then links. build.ninja names no path of the workspace (build.py), so the copy's
+build has the key that a build of the same files in the workspace would have. Its version folder moves into the
+workspace's build/versions/, and build/ahead/ is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+from kernelpilot.build import (Toolchain, build_lock, build_locked, find_toolchain, kernel_sources, render_ninja,
+                               resolve_arch)
+from kernelpilot.build_versions import KEEP_VERSIONS, Cache, built_from, prune_versions, sources_key
+from kernelpilot.errors import WorkspaceError
+from kernelpilot.results import AheadBuilds, BuildResult
+from kernelpilot.workspace import PROTECTED_FILES, PROTECTED_REASON, Workspace
+
+# At most this many versions per request: with the workspace's own and the kept ones, they fit in KEEP_VERSIONS.
+MAX_AHEAD = 16
+# The files a version may give: kernel sources and headers under kernels/.
+SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h", ".hpp")
+AHEAD_DIR = "ahead"  # in the build folder
+# What a copy's build folder needs from the workspace's so that ninja recompiles only what the version changed.
+_BUILD_STATE = (".ninja_log", ".ninja_deps")
+
+
+def check_version(version: Mapping[str, str]) -> str | None:
+    """Why `version` ({path: content}, paths like kernels/foo.cu) cannot be built ahead, in one sentence, or None."""
+    if not version:
+        return "a version gives no file"
+    for path, content in version.items():
+        parts = PurePosixPath(path).parts
+        if len(parts) < 2 or parts[0] != "kernels" or ".." in parts or PurePosixPath(path).is_absolute():
+            return f"{path!r} is not a file under kernels/ (give paths like kernels/foo.cu)"
+        if PurePosixPath(path).suffix not in SOURCE_SUFFIXES:
+            return f"{path!r} is not a kernel source or header ({', '.join(SOURCE_SUFFIXES)})"
+        if PurePosixPath(path).as_posix() in PROTECTED_FILES:
+            return f"{path} cannot change: {PROTECTED_REASON}"
+        if not isinstance(content, str):
+            return f"the content of {path!r} is not text"
+    return None
+
+
+def build_ahead(root: Path, versions: Sequence[Mapping[str, str]], *, arch: str | None = None,
+                jobs: int | None = None, cache: Cache = None) -> AheadBuilds:  # fmt: skip
+    """Build each of `versions` (workspace-relative path -> content, written over the workspace's kernels/) into the
+    workspace's kept versions, up to `jobs` at once; the workspace's own files are left as they are. `cache` holds
+    the signed records of the versions (`build_versions.py`), as for `build_workspace`.
+
+    The copies start from the workspace's objects, so the workspace must build: where it does not, nothing is built
+    ahead (every version counts as failed). A version that fails to compile is only counted (its build in the
+    workspace will show the errors). Raises WorkspaceError for a version that `check_version` refuses or for more
+    than MAX_AHEAD versions.
+    """
+    started = time.perf_counter()
+    if len(versions) > MAX_AHEAD:
+        raise WorkspaceError(f"{len(versions)} versions were asked to be built ahead; at most {MAX_AHEAD} are built "
+                             "at once.", hint="ask for the ones the next turns will try")  # fmt: skip
+    for version in versions:
+        if (problem := check_version(version)) is not None:
+            raise WorkspaceError(f"A version to build ahead is refused: {problem}.")
+    ws = Workspace(Path(root).resolve())
+    arch = resolve_arch(arch)
+    toolchain = find_toolchain()
+    report = AheadBuilds(asked=len(versions))
+    ahead_dir = ws.build_dir / AHEAD_DIR
+    with build_lock(ws.build_dir):
+        # A build that reused a kept version ran no ninja, so its objects may be behind the sources: bring them up
+        # to date once here rather than in every copy (usually there is nothing to do).
+        own = build_locked(ws.root, ws.build_dir, kernel_sources(ws), arch, toolchain, jobs or os.cpu_count() or 1,
+                           False, reuse=False, cache=cache)  # fmt: skip
+        if not own.ok:
+            report.failed = list(range(len(versions)))
+        else:
+            try:
+                copies = _copies(ws, versions, ahead_dir, arch, toolchain, cache, report)
+                _build_copies(ws, copies, arch, toolchain, jobs, cache, report)
+            finally:
+                shutil.rmtree(ahead_dir, ignore_errors=True)
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _build_copies(ws: Workspace, copies: list[tuple[int, Workspace]], arch: str, toolchain: Toolchain,
+                  jobs: int | None, cache: Cache, report: AheadBuilds) -> None:  # fmt: skip
+    """Build the copies, up to `jobs` at once, one job each; move each library into the workspace's versions."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(copies), jobs or os.cpu_count() or 1))) as pool:
+        builds = list(pool.map(lambda copy: _build_copy(copy, arch, toolchain, cache), [copy for _, copy in copies]))
+    for (index, _), result in zip(copies, builds):
+        report.compiled += result.compiled
+        if result.ok and result.library:
+            _adopt(Path(result.library).parent, ws.build_dir / "versions")
+            report.built += 1
+        else:
+            report.failed.append(index)
+    prune_versions(ws.build_dir / "versions", keep=KEEP_VERSIONS)
+
+
+def _copies(ws: Workspace, versions: Sequence[Mapping[str, str]], ahead_dir: Path, arch: str, toolchain: Toolchain,
+            cache: Cache, report: AheadBuilds) -> list[tuple[int, Workspace]]:  # fmt: skip
+    """A copy of the workspace per version still to build, as (index, copy). A version that is already a kept
+    version, or the same as an earlier one, gets none and is counted in `report.kept_before`."""
+    shutil.rmtree(ahead_dir, ignore_errors=True)
+    copies: list[tuple[int, Workspace]] = []
+    keys: set[str] = set()
+    for index, version in enumerate(versions):
+        copy = Workspace(ahead_dir / str(index))
+        shutil.copytree(ws.kernels_dir, copy.kernels_dir, copy_function=shutil.copy2)
+        for relative, content in version.items():
+            target = copy.root / relative
+            if target.is_file() and target.read_text(errors="replace") == content:
+                continue  # unchanged: it keeps its time, so its object is not compiled again
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        key = sources_key(copy.root, render_ninja(copy.root, kernel_sources(copy), toolchain, arch))
+        if key is not None and (key in keys or _kept(ws.build_dir / "versions", key, cache)):
+            report.kept_before += 1
+            shutil.rmtree(copy.root)
+            continue
+        if key is not None:
+            keys.add(key)
+        _copy_build_state(ws.build_dir, copy.build_dir)
+        copies.append((index, copy))
+    return copies
+
+
+def _kept(versions_dir: Path, key: str, cache: Cache) -> bool:
+    """Whether a kept version was built from the sources of `key` (read only: its time is not touched)."""
+    return versions_dir.is_dir() and any(built_from(folder, key, cache) for folder in versions_dir.iterdir())
+
+
+def _copy_build_state(build_dir: Path, target: Path) -> None:
+    """The objects, ninja's logs and the ptxas reports of `build_dir`, times kept; not the linked library or the
+    versions."""
+    target.mkdir(parents=True)
+    for path in build_dir.iterdir():
+        if path.is_file() and (path.name.endswith(".o") or path.name in _BUILD_STATE):
+            shutil.copy2(path, target / path.name)
+    if (build_dir / "resources").is_dir():
+        shutil.copytree(build_dir / "resources", target / "resources", copy_function=shutil.copy2)
+
+
+def _build_copy(copy: Workspace, arch: str, toolchain: Toolchain, cache: Cache) -> BuildResult:
+    """Build a copy with one job (no lock: the copy is this request's alone); its record is signed in `cache`."""
+    return build_locked(copy.root, copy.build_dir, kernel_sources(copy), arch, toolchain, 1, False, cache=cache)
+
+
+def _adopt(version: Path, versions_dir: Path) -> None:
+    """Move a copy's version folder into the workspace's versions (a folder of that name is the same library)."""
+    target = versions_dir / version.name
+    if target.is_dir():
+        os.utime(target)
+        return
+    versions_dir.mkdir(parents=True, exist_ok=True)
+    os.replace(version, target)  # one rename on one file system: a loader never sees half a folder
