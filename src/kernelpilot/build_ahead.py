@@ -1,15 +1,17 @@
-"""Builds ahead: other versions of a workspace's kernel files, compiled side by side now, so that a later build of
-any of them is a kept version with nothing compiled (`build_versions.reused_version`).
+"""Builds ahead: other versions of a workspace's kernel files, compiled side by side with its build, so that a later
+build of any of them is a kept version with nothing compiled (`build_versions.reused_version`).
 
 A search over launch configurations writes one .cu after another and builds each: 3-4 s of nvcc on one core per
-try. Asked for ahead, the versions compile at once, one core each, while nothing is being timed (the judge's Compile
-step, never a Profile's timing).
+try. Asked for ahead, the versions compile at once, one core each, beside the workspace's own build and while nothing
+is being timed (the judge's Compile step, never a Profile's timing), so a Compile with versions ahead takes about as
+long as one without.
 
 Each version is built in a copy of the workspace under build/ahead/<n>/: kernels/ with the version's files written
 over it, and the build folder's objects, ninja logs and ptxas reports with their times kept, so ninja compiles only
-the files the version changes, then links. build.ninja names no path of the workspace (build.py), so the copy's
-build has the key that a build of the same files in the workspace would have. Its version folder moves into the
-workspace's build/versions/, and build/ahead/ is removed.
+the files the version changes (and any the workspace's own build compiles), then links. build.ninja names no path
+of the workspace (build.py), so the copy's build has the key that a build of the same files in the workspace would
+have. Its version folder moves into the workspace's build/versions/ with its signed record, and build/ahead/ is
+removed.
 """
 
 from __future__ import annotations
@@ -54,16 +56,16 @@ def check_version(version: Mapping[str, str]) -> str | None:
     return None
 
 
-def build_ahead(root: Path, versions: Sequence[Mapping[str, str]], *, arch: str | None = None,
-                jobs: int | None = None, cache: Cache = None) -> AheadBuilds:  # fmt: skip
-    """Build each of `versions` (workspace-relative path -> content, written over the workspace's kernels/) into the
-    workspace's kept versions, up to `jobs` at once; the workspace's own files are left as they are. `cache` holds
-    the signed records of the versions (`build_versions.py`), as for `build_workspace`.
+def build_with_ahead(root: Path, versions: Sequence[Mapping[str, str]], *, arch: str | None = None,
+                     jobs: int | None = None, cache: Cache = None) -> BuildResult:  # fmt: skip
+    """Build the workspace as `build_workspace` does and, side by side with it, each of `versions` (workspace-relative
+    path -> content, written over a copy of kernels/) into its kept versions; the result's `ahead` counts them. Up to
+    `jobs` builds run at once (default: every core), the workspace's with `jobs` jobs, each version's with one.
 
-    The copies start from the workspace's objects, so the workspace must build: where it does not, nothing is built
-    ahead (every version counts as failed). A version that fails to compile is only counted (its build in the
-    workspace will show the errors). Raises WorkspaceError for a version that `check_version` refuses or for more
-    than MAX_AHEAD versions.
+    Each copy starts from the workspace's objects as they are before its build, so it compiles the files its
+    version changes and any file the workspace's build compiles too (an edit the copy does not override). A version
+    that fails to compile is only counted: its build in the workspace will show the errors. Raises WorkspaceError
+    for a version that `check_version` refuses or for more than MAX_AHEAD versions.
     """
     started = time.perf_counter()
     if len(versions) > MAX_AHEAD:
@@ -73,32 +75,31 @@ def build_ahead(root: Path, versions: Sequence[Mapping[str, str]], *, arch: str 
         if (problem := check_version(version)) is not None:
             raise WorkspaceError(f"A version to build ahead is refused: {problem}.")
     ws = Workspace(Path(root).resolve())
+    sources = kernel_sources(ws)
     arch = resolve_arch(arch)
     toolchain = find_toolchain()
+    cores = jobs or os.cpu_count() or 1
     report = AheadBuilds(asked=len(versions))
     ahead_dir = ws.build_dir / AHEAD_DIR
     with build_lock(ws.build_dir):
-        # A build that reused a kept version ran no ninja, so its objects may be behind the sources: bring them up
-        # to date once here rather than in every copy (usually there is nothing to do).
-        own = build_locked(ws.root, ws.build_dir, kernel_sources(ws), arch, toolchain, jobs or os.cpu_count() or 1,
-                           False, reuse=False, cache=cache)  # fmt: skip
-        if not own.ok:
-            report.failed = list(range(len(versions)))
-        else:
-            try:
-                copies = _copies(ws, versions, ahead_dir, arch, toolchain, cache, report)
-                _build_copies(ws, copies, arch, toolchain, jobs, cache, report)
-            finally:
-                shutil.rmtree(ahead_dir, ignore_errors=True)
-    report.seconds = round(time.perf_counter() - started, 3)
-    return report
+        try:
+            copies = _copies(ws, versions, ahead_dir, arch, toolchain, cache, report)
+            with ThreadPoolExecutor(max_workers=max(1, min(len(copies) + 1, cores))) as pool:
+                own = pool.submit(build_locked, ws.root, ws.build_dir, sources, arch, toolchain, cores, False,
+                                  cache=cache)  # fmt: skip
+                builds = list(pool.map(lambda copy: _build_copy(copy, arch, toolchain, cache), [c for _, c in copies]))
+                result = own.result()
+            _adopt_all(ws, copies, builds, report)
+        finally:
+            shutil.rmtree(ahead_dir, ignore_errors=True)
+    result.seconds = report.seconds = round(time.perf_counter() - started, 3)
+    result.ahead = report
+    return result
 
 
-def _build_copies(ws: Workspace, copies: list[tuple[int, Workspace]], arch: str, toolchain: Toolchain,
-                  jobs: int | None, cache: Cache, report: AheadBuilds) -> None:  # fmt: skip
-    """Build the copies, up to `jobs` at once, one job each; move each library into the workspace's versions."""
-    with ThreadPoolExecutor(max_workers=max(1, min(len(copies), jobs or os.cpu_count() or 1))) as pool:
-        builds = list(pool.map(lambda copy: _build_copy(copy, arch, toolchain, cache), [copy for _, copy in copies]))
+def _adopt_all(ws: Workspace, copies: list[tuple[int, Workspace]], builds: list[BuildResult],
+               report: AheadBuilds) -> None:  # fmt: skip
+    """Move each built copy's library into the workspace's versions; count what was built and what failed."""
     for (index, _), result in zip(copies, builds):
         report.compiled += result.compiled
         if result.ok and result.library:
@@ -112,10 +113,12 @@ def _build_copies(ws: Workspace, copies: list[tuple[int, Workspace]], arch: str,
 def _copies(ws: Workspace, versions: Sequence[Mapping[str, str]], ahead_dir: Path, arch: str, toolchain: Toolchain,
             cache: Cache, report: AheadBuilds) -> list[tuple[int, Workspace]]:  # fmt: skip
     """A copy of the workspace per version still to build, as (index, copy). A version that is already a kept
-    version, or the same as an earlier one, gets none and is counted in `report.kept_before`."""
+    version, the same as an earlier one, or the workspace's own sources gets none and is counted in
+    `report.kept_before`."""
     shutil.rmtree(ahead_dir, ignore_errors=True)
     copies: list[tuple[int, Workspace]] = []
-    keys: set[str] = set()
+    own = sources_key(ws.root, render_ninja(ws.root, kernel_sources(ws), toolchain, arch))
+    keys: set[str] = {own} if own is not None else set()  # the workspace's own build makes that one
     for index, version in enumerate(versions):
         copy = Workspace(ahead_dir / str(index))
         shutil.copytree(ws.kernels_dir, copy.kernels_dir, copy_function=shutil.copy2)

@@ -14,7 +14,7 @@ from build_testing import ARCH
 
 from kernelpilot.agent.observations import build_text
 from kernelpilot.build import build_workspace
-from kernelpilot.build_ahead import MAX_AHEAD, build_ahead, check_version
+from kernelpilot.build_ahead import MAX_AHEAD, build_with_ahead, check_version
 from kernelpilot.build_versions import SOURCES_RECORD
 from kernelpilot.errors import WorkspaceError
 from kernelpilot.results import AheadBuilds, BuildResult
@@ -42,19 +42,30 @@ def test_versions_built_ahead_compile_only_what_they_change_and_a_later_build_of
     root, _ = built
     cu = root / CU
     original = cu.read_text()
-    assert build_workspace(root, arch=ARCH).ok  # the workspace is up to date: the copies start from its objects
+    # Sources built by no earlier build, so ninja runs and brings every object up to date (a build that reused a
+    # kept version leaves the objects as they were).
+    cu.write_text(_version(original, 99)[CU])
+    assert build_workspace(root, arch=ARCH).compiled
+    # The workspace's own edit, built side by side with the versions: each copy starts from the objects as they
+    # were, overrides that edit and compiles its own .cu.
+    cu.write_text(_version(original, 0)[CU])
     before = _files(root)
-    versions = [_version(original, 1), _version(original, 2), {CU: original}, _version(original, 1)]
+    versions = [_version(original, 1), _version(original, 2), _version(original, 0), _version(original, 1)]
 
-    report = build_ahead(root, versions, arch=ARCH, jobs=2)
+    try:
+        own = build_with_ahead(root, versions, arch=ARCH, jobs=2)
+        assert _files(root) == before, "the workspace's own files are left as they were"
+    finally:
+        cu.write_text(original)
 
-    # The third is the workspace's own build, the fourth the same as the first: neither is compiled.
+    assert own.ok and own.compiled == [CU] and own.linked
+    report = own.ahead
+    # The third is the workspace's own sources, the fourth the same as the first: neither gets a build of its own.
     assert (report.asked, report.built, report.kept_before, report.failed) == (4, 2, 2, [])
     # Each copy compiled its .cu and reused the binding's object, which it took from the workspace's build folder.
     assert report.compiled == [CU, CU]
-    assert _files(root) == before, "the workspace's own files are left as they were"
     assert not (root / "build" / "ahead").exists()
-    assert "Built ahead: 4 version(s) in " in build_text(BuildResult(ok=True, workspace=str(root), extension_name="kp_kernels", arch=ARCH, ahead=report))
+    assert "Built ahead: 4 version(s) in " in build_text(own)
 
     cu.write_text(versions[1][CU])
     try:
@@ -63,21 +74,19 @@ def test_versions_built_ahead_compile_only_what_they_change_and_a_later_build_of
         cu.write_text(original)
     assert later.ok and later.reused and later.compiled == [] and not later.linked
     assert [kernel.source for kernel in later.resources] == [CU], "the version keeps its ptxas report"
-    assert build_workspace(root, arch=ARCH).reused, "and the workspace's own build is still kept"
+    assert build_workspace(root, arch=ARCH).ok
 
 
 @pytest.mark.cuda_build
 def test_a_version_that_does_not_compile_is_counted_and_leaves_the_workspace_built(built):
     root, _ = built
-    own = build_workspace(root, arch=ARCH)
     original = (root / CU).read_text()
     versions = [{CU: f"{original}\n#error not this one\n"}, _version(original, 3)]
 
-    report = build_ahead(root, versions, arch=ARCH, jobs=2)
+    own = build_with_ahead(root, versions, arch=ARCH, jobs=2)
 
-    assert (report.built, report.failed) == (1, [0])
-    assert "1 failed to compile (ahead[0]; writing one and building shows its errors)" in build_text(
-        BuildResult(ok=True, workspace=str(root), extension_name="kp_kernels", arch=ARCH, ahead=report))  # fmt: skip
+    assert own.ok and (own.ahead.built, own.ahead.failed) == (1, [0])
+    assert "1 failed to compile (ahead[0]; writing one and building shows its errors)" in build_text(own)
     again = build_workspace(root, arch=ARCH)
     assert again.ok and again.compiled == [] and _key(again) == _key(own)
 
@@ -113,13 +122,13 @@ def test_versions_that_are_not_kernel_files_are_refused_in_one_sentence(version,
     assert problem in check_version(version)
     (tmp_path / "kernels").mkdir()
     with pytest.raises(WorkspaceError, match="A version to build ahead is refused: .*" + problem):
-        build_ahead(tmp_path, [version], arch=ARCH)
+        build_with_ahead(tmp_path, [version], arch=ARCH)
     assert check_version({"kernels/a.cu": "x", "kernels/sub/b.cuh": "y"}) is None
 
 
 def test_more_versions_than_built_at_once_are_refused(tmp_path):
     with pytest.raises(WorkspaceError, match=f"at most {MAX_AHEAD} are built at once"):
-        build_ahead(tmp_path, [{CU: str(k)} for k in range(MAX_AHEAD + 1)], arch=ARCH)
+        build_with_ahead(tmp_path, [{CU: str(k)} for k in range(MAX_AHEAD + 1)], arch=ARCH)
 
 
 def test_the_report_names_what_was_built_before_and_what_failed():

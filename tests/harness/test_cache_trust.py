@@ -202,7 +202,7 @@ def test_a_spare_started_ahead_is_the_first_sandbox_handed_out(tmp_path, monkeyp
             launched.append(self)
 
     monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
-    pool = sandbox_client.SandboxPool("cpu", tmp_path, spares=True)
+    pool = sandbox_client.SandboxPool("cpu", tmp_path, spares=1)
     pool.prelaunch()
     pool.prelaunch()
     assert len(launched) == 1
@@ -224,4 +224,24 @@ def test_a_cpu_judge_starts_no_spare_that_would_run_beside_the_timed_candidate(t
     pool.prelaunch()
     assert launched == []
     assert pool.take() is launched[0] and len(launched) == 1, "started when needed, and no spare after it"
-    assert sandbox_client.SandboxPool("cuda", tmp_path).spares
+    assert sandbox_client.SandboxPool("cuda", tmp_path).spares == 2
+
+
+def test_a_gpu_judge_keeps_two_spares_and_hands_out_the_oldest(tmp_path, monkeypatch):
+    """A search's turns come every 2-3 s: one spare, started as the last was taken, was still importing torch."""
+    from kernelpilot.harness import sandbox_client
+
+    launched = []
+
+    class Recording(HelloOnly):
+        def launch(self) -> None:
+            launched.append(self)
+
+    monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
+    pool = sandbox_client.SandboxPool("cuda", tmp_path)
+    pool.prelaunch()
+    pool.prelaunch()
+    assert len(launched) == 2
+    assert pool.take() is launched[0] and len(launched) == 3
+    assert pool.reserve() is launched[1] and len(launched) == 4
+    pool.close()

@@ -27,7 +27,7 @@ def clean(tmp_path, monkeypatch):
     monkeypatch.setenv(SHARED_DIR_ENV, str(shared))
     path = tmp_path / "model.py"
     path.write_text(scale_problem(rows=4, features=8))
-    pool = SandboxPool("cpu", tmp_path, spares=True)  # as on a GPU: the spare is what can die with a thread
+    pool = SandboxPool("cpu", tmp_path, spares=1)  # as on a GPU: the spare is what can die with a thread
     taken, compiled = [], []
     for name in ("take", "reserve"):
         def recorded(method=getattr(pool, name), name=name):

@@ -97,8 +97,8 @@ class Judge:
             self.worker.call("prepare", args, timeout=self.timeouts.build)
 
     def build(self, ws_root: Path | str, ahead: Sequence[Mapping[str, str]] = ()) -> BuildResult:
-        """Build the workspace's extension incrementally, in the worker; then, when it built, the `ahead` versions of
-        its kernel files ({path: content} each) side by side, so that writing one of them later compiles nothing
+        """Build the workspace's extension incrementally, in the worker, and the `ahead` versions of its kernel files
+        ({path: content} each) side by side with it, so that writing one of them later compiles nothing
         (`build_ahead.py`; the result's `ahead` counts them)."""
         ws = _open(ws_root)
         args = {"workspace": str(ws.root), "arch": self.arch, "jobs": self.jobs, "cache_dir": _str_or_none(self.cache_dir)}

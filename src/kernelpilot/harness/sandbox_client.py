@@ -111,21 +111,25 @@ class Sandbox:
 
 
 class SandboxPool:
-    """Hands out fresh sandboxes, keeping one spare started ahead so a turn does not wait for torch's import.
+    """Hands out fresh sandboxes, keeping spares started ahead so a turn does not wait for torch's import.
 
-    On the CPU device no spare is kept (`spares`): the spare's start (torch's import, seconds of CPU) would run on
-    the cores the candidate is being verified and timed on, and disturb its timing.
+    A GPU judge keeps two (`spares`): a search's turns come every 2-3 s once nothing is compiled in them, and one
+    spare, started as the last one was taken, was still importing torch at the next turn (1-2 s of each turn's
+    Profile on an H200). On the CPU device no spare is kept: the spare's start (torch's import, seconds of CPU)
+    would run on the cores the candidate is being verified and timed on, and disturb its timing.
 
     `confined` stays True while every sandbox handed out said, before any candidate code ran in it, that Landlock
     confines its writes (and the kernel has Landlock at all): what the judge's cache trusts (`worker.py`).
     """
 
-    def __init__(self, device: str, log_dir: Path, *, spares: bool | None = None):
+    GPU_SPARES = 2
+
+    def __init__(self, device: str, log_dir: Path, *, spares: int | None = None):
         from kernelpilot.harness.confine import landlock_available
 
         self.device, self.log_dir = device, log_dir
-        self.spares = device != "cpu" if spares is None else spares
-        self._spare: Sandbox | None = None
+        self.spares = (0 if device == "cpu" else self.GPU_SPARES) if spares is None else spares
+        self._spares: list[Sandbox] = []  # oldest first: the one most likely ready
         self._handed_out: list[Sandbox] = []
         self.confined = landlock_available()
         # Held while a process is started and recorded, and by whoever lists them (the worker's orphan killer), as
@@ -133,15 +137,15 @@ class SandboxPool:
         self.lock = threading.RLock()
 
     def prelaunch(self) -> None:
-        """Start the spare now, without waiting for it, where none is starting yet: the first verification then
-        finds it ready (torch's import and CUDA's start, about 3 s on an H200, overlap the build instead)."""
-        self._launch_spare()
+        """Start the spares now, without waiting for them, where they are not starting yet: the first verification
+        then finds one ready (torch's import and CUDA's start, about 3 s on an H200, overlap the build instead)."""
+        self._launch_spares()
 
     def take(self) -> Sandbox:
-        """A started sandbox (the spare, if one is ready), and the next spare launched."""
+        """A started sandbox (the oldest spare, if there is one), and a spare launched in its place."""
         sandbox = self._handed(self._spare_or_new())
         self.started(sandbox)
-        self._launch_spare()
+        self._launch_spares()
         return sandbox
 
     def reserve(self) -> Sandbox:
@@ -149,7 +153,7 @@ class SandboxPool:
         load it. A sandbox dies with the thread that launched it (it arms PR_SET_PDEATHSIG, which fires when that
         thread ends), so a short-lived thread must launch none: the worker's main thread reserves them for it."""
         sandbox = self._handed(self._spare_or_new())
-        self._launch_spare()
+        self._launch_spares()
         return sandbox
 
     def started(self, sandbox: Sandbox) -> dict:
@@ -162,10 +166,10 @@ class SandboxPool:
 
     def _spare_or_new(self) -> Sandbox:
         with self.lock:
-            sandbox, self._spare = self._spare, None
-            if sandbox is None:
-                sandbox = Sandbox(self.device, log_dir=self.log_dir)
-                sandbox.launch()
+            if self._spares:
+                return self._spares.pop(0)
+            sandbox = Sandbox(self.device, log_dir=self.log_dir)
+            sandbox.launch()
             return sandbox
 
     def _handed(self, sandbox: Sandbox) -> Sandbox:
@@ -173,22 +177,22 @@ class SandboxPool:
             self._handed_out = [s for s in self._handed_out if s.pid is not None] + [sandbox]
         return sandbox
 
-    def _launch_spare(self) -> None:
+    def _launch_spares(self) -> None:
         with self.lock:
-            if self._spare is None and self.spares:
-                self._spare = Sandbox(self.device, log_dir=self.log_dir)
-                self._spare.launch()
+            while len(self._spares) < self.spares:
+                self._spares.append(Sandbox(self.device, log_dir=self.log_dir))
+                self._spares[-1].launch()
 
     def pids(self) -> list[int | None]:
-        """The processes of the sandboxes this pool started that are still running (the spare's included)."""
+        """The processes of the sandboxes this pool started that are still running (the spares' included)."""
         with self.lock:
-            return [s.pid for s in [*self._handed_out, *([self._spare] if self._spare else [])]]
+            return [s.pid for s in [*self._handed_out, *self._spares]]
 
     def close(self) -> None:
         with self.lock:
-            if self._spare is not None:
-                self._spare.close()
-                self._spare = None
+            for spare in self._spares:
+                spare.close()
+            self._spares = []
 
 
 class InProcessModel:

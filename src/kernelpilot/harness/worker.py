@@ -194,11 +194,11 @@ def op_ping(state: WorkerState, args: dict) -> dict:
 
 
 def op_build(state: WorkerState, args: dict) -> dict:
-    """Build the workspace's extension (ninja runs in this process group, so a timeout kills it too), then the
-    versions asked for `ahead`, if it built. On a GPU the first sandbox starts meanwhile: a build is followed by a
+    """Build the workspace's extension (ninja runs in this process group, so a timeout kills it too), with the
+    versions asked for `ahead` side by side. On a GPU the first sandbox starts meanwhile: a build is followed by a
     verification (on the CPU, where tests build without verifying, nothing is started ahead)."""
     from kernelpilot.build import build_workspace
-    from kernelpilot.build_ahead import build_ahead
+    from kernelpilot.build_ahead import build_with_ahead
     from kernelpilot.results import to_dict
 
     if state.device.startswith("cuda"):
@@ -206,10 +206,9 @@ def op_build(state: WorkerState, args: dict) -> dict:
     root = Path(args["workspace"])
     # The versions' records are signed where the measurements are: a candidate cannot write there (`cache_for`).
     cache = state.cache_for(Path(args["cache_dir"]) if args.get("cache_dir") else None)
-    result = build_workspace(root, arch=args.get("arch"), jobs=args.get("jobs"), cache=cache)
-    if result.ok and args.get("ahead"):
-        result.ahead = build_ahead(root, args["ahead"], arch=args.get("arch"), jobs=args.get("jobs"), cache=cache)
-    return to_dict(result)
+    if args.get("ahead"):
+        return to_dict(build_with_ahead(root, args["ahead"], arch=args.get("arch"), jobs=args.get("jobs"), cache=cache))
+    return to_dict(build_workspace(root, arch=args.get("arch"), jobs=args.get("jobs"), cache=cache))
 
 
 def op_prepare(state: WorkerState, args: dict) -> dict:
