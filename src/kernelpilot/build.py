@@ -350,7 +350,17 @@ def kernel_sources(ws: Workspace) -> list[Path]:
         raise WorkspaceError(
             f"{ws.kernels_dir} holds no .cu or .cpp file to build.", hint="add kernels/<name>.cu and its binding"
         )
+    _check_build_folder(ws)
     return sources
+
+
+def _check_build_folder(ws: Workspace) -> None:
+    """Refuse a build folder that is a link or leads out of the workspace: a builder (the judge's worker is not
+    confined) would write its objects and libraries wherever it leads, and whoever wrote the workspace chose where."""
+    for folder in (ws.build_dir, ws.build_dir / "versions"):
+        if folder.is_symlink() or (folder.exists() and not folder.resolve().is_relative_to(ws.root.resolve())):
+            raise WorkspaceError(f"{folder} is a link, so a build would write wherever it leads.",
+                                 hint=f"remove it (rm {folder}); the next build makes a folder there")  # fmt: skip
 
 
 def _from_build(root: Path, source: Path) -> str:

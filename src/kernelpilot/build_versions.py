@@ -29,14 +29,18 @@ _VERSION_NAME = re.compile(r"[0-9a-f]{16}")  # what publish_version names a vers
 
 
 def publish_version(build_dir: Path) -> Path:
-    """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built."""
+    """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built.
+
+    A file already there is replaced unless it holds these very bytes: anyone who can write the workspace could have
+    put other bytes under the name the next build's content will take (tests/adversarial/test_planted_builds.py)."""
     library = build_dir / f"{EXTENSION_NAME}.so"
-    digest = hashlib.sha256(library.read_bytes()).hexdigest()[:16]
-    versioned = build_dir / "versions" / digest / library.name
-    if not versioned.is_file():
+    content = library.read_bytes()
+    versioned = build_dir / "versions" / hashlib.sha256(content).hexdigest()[:16] / library.name
+    if not (versioned.is_file() and not versioned.is_symlink() and versioned.read_bytes() == content):
         versioned.parent.mkdir(parents=True, exist_ok=True)
         partial = versioned.with_name(versioned.name + ".partial")
-        shutil.copyfile(library, partial)
+        partial.unlink(missing_ok=True)
+        partial.write_bytes(content)
         os.replace(partial, versioned)  # atomic: a concurrent loader never sees half a library
     os.utime(versioned.parent)  # a build back to older content makes that version recent again for pruning
     return versioned

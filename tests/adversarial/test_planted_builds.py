@@ -24,31 +24,48 @@ ARCH = "9.0"
 def _planted(root: Path, library: Path, key: str) -> Path:
     """What an agent's Bash can write: a version folder holding `library` (any bytes) and a record naming `key`."""
     folder = root / "build" / "versions" / "0123456789abcdef"
+    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     shutil.copyfile(library, folder / library.name)
     (folder / SOURCES_RECORD).write_text(json.dumps({"key": key, "resources": []}))
     return folder
 
 
-@pytest.mark.cuda_build
-def test_a_version_planted_under_the_record_of_other_sources_is_not_what_the_judge_builds(tmp_path):
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """A scaffolded workspace, a CPU judge with a cache of its own, and the judge's build of the workspace. Each test
+    leaves the workspace's sources as they were."""
     from kernelpilot.workspace import init_workspace
 
-    ws, _ = init_workspace(write_problem(tmp_path, scale_problem(rows=8, features=16)), tmp_path / "ws")
-    cache = tmp_path / "judge-cache"
-    with Judge("cpu", arch=ARCH, cache_dir=cache) as judge:
+    folder = tmp_path_factory.mktemp("planted")
+    ws, _ = init_workspace(write_problem(folder, scale_problem(rows=8, features=16)), folder / "ws")
+    with Judge("cpu", arch=ARCH, cache_dir=folder / "judge-cache") as judge:
         honest = judge.build(ws.root)
         assert honest.ok and not honest.reused
-        # The agent writes other sources and plants the honest library under their record: a library that is not
-        # built from them. The record's key is one the agent can compute (build.ninja, torch's version, kernels/).
-        kernel = next(ws.root.glob("kernels/*.cu"))
-        kernel.write_text(kernel.read_text() + "\n// not what the planted library was built from\n")
-        from kernelpilot.build_versions import sources_key
+        yield judge, ws, honest
 
-        key = sources_key(ws.root, (ws.root / "build" / "build.ninja").read_text())
-        planted = _planted(ws.root, Path(honest.library), key)
 
-        build = judge.build(ws.root)
+@pytest.fixture
+def kernel(judged):
+    """The workspace's .cu, put back as it was after the test."""
+    path = next(judged[1].root.glob("kernels/*.cu"))
+    original = path.read_text()
+    yield path
+    path.write_text(original)
+
+
+@pytest.mark.cuda_build
+def test_a_version_planted_under_the_record_of_other_sources_is_not_what_the_judge_builds(judged, kernel):
+    from kernelpilot.build_versions import sources_key
+
+    judge, ws, honest = judged
+    # The agent writes other sources and plants the honest library under their record: a library that is not
+    # built from them. The record's key is one the agent can compute (build.ninja, torch's version, kernels/).
+    kernel.write_text(kernel.read_text() + "\n// not what the planted library was built from\n")
+    key = sources_key(ws.root, (ws.root / "build" / "build.ninja").read_text())
+    planted = _planted(ws.root, Path(honest.library), key)
+
+    build = judge.build(ws.root)
 
     assert build.ok and not build.reused, "the judge loaded a library it did not build from these sources"
     assert build.compiled == [kernel.relative_to(ws.root).as_posix()]
@@ -56,21 +73,56 @@ def test_a_version_planted_under_the_record_of_other_sources_is_not_what_the_jud
 
 
 @pytest.mark.cuda_build
-def test_a_library_swapped_into_a_version_the_judge_built_is_not_reused(tmp_path):
-    from kernelpilot.workspace import init_workspace
-
-    ws, _ = init_workspace(write_problem(tmp_path, scale_problem(rows=8, features=16)), tmp_path / "ws")
-    kernel = next(ws.root.glob("kernels/*.cu"))
+def test_a_library_swapped_into_a_version_the_judge_built_is_not_reused(judged, kernel):
+    judge, ws, honest = judged
     original = kernel.read_text()
-    with Judge("cpu", arch=ARCH, cache_dir=tmp_path / "judge-cache") as judge:
-        honest = judge.build(ws.root)
-        # Another build, then the agent swaps other bytes into the honest version's library and writes its sources
-        # back: the folder's record still names them.
-        kernel.write_text(original + "\n// another version\n")
-        assert judge.build(ws.root).ok
-        Path(honest.library).write_bytes(Path(honest.library).read_bytes() + b"\0planted")
-        kernel.write_text(original)
+    # Another build, then the agent swaps other bytes into the honest version's library and writes its sources
+    # back: the folder's record still names them.
+    kernel.write_text(original + "\n// another version\n")
+    assert judge.build(ws.root).ok
+    Path(honest.library).write_bytes(Path(honest.library).read_bytes() + b"\0swapped in by the agent")
+    kernel.write_text(original)
 
-        build = judge.build(ws.root)
+    build = judge.build(ws.root)
 
     assert build.ok and not build.reused and build.compiled == [kernel.relative_to(ws.root).as_posix()]
+    assert b"swapped in by the agent" not in Path(build.library).read_bytes()
+
+
+def test_a_library_planted_where_the_next_version_goes_is_replaced_by_the_build(tmp_path):
+    """Versions are named by their library's content: an agent that knows what a build will link (the same objects
+    link to the same bytes) can plant other bytes in that folder before the build publishes there."""
+    from kernelpilot.build_versions import publish_version
+
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    library = build_dir / "kp_kernels.so"
+    library.write_bytes(b"the library the build linked")
+    import hashlib
+
+    folder = build_dir / "versions" / hashlib.sha256(library.read_bytes()).hexdigest()[:16]
+    folder.mkdir(parents=True)
+    (folder / "kp_kernels.so").write_bytes(b"planted")
+
+    published = publish_version(build_dir)
+
+    assert published == folder / "kp_kernels.so" and published.read_bytes() == b"the library the build linked"
+
+
+@pytest.mark.parametrize("link", ["build", "build/versions"])
+def test_a_build_folder_linked_out_of_the_workspace_is_refused_in_one_sentence(tmp_path, link):
+    """The agent's processes may write only inside the workspace, but a link there may lead anywhere, and the
+    judge's worker, which builds, is not confined."""
+    from kernelpilot.errors import WorkspaceError
+
+    root = tmp_path / "ws"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "k.cpp").write_text("int k() { return 1; }\n")
+    elsewhere = tmp_path / "judge-cache"
+    elsewhere.mkdir()
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(elsewhere)
+
+    with pytest.raises(WorkspaceError, match="is a link, so a build would write wherever it leads"):
+        build_workspace(root, arch=ARCH)
+    assert list(elsewhere.iterdir()) == []
