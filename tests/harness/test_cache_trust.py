@@ -22,7 +22,7 @@ import pytest
 
 from confinement_testing import unconfine_sandboxes
 from kernelpilot.harness.confine import landlock_available
-from kernelpilot.harness.sandbox_client import CleanSandboxes
+from kernelpilot.harness.sandbox_client import CleanSandboxes, SandboxPool
 from kernelpilot.harness.shared import SHARED_DIR_ENV
 from kernelpilot.harness.worker import WorkerState, op_bench
 from kernelpilot.results import BenchResult, from_dict
@@ -190,19 +190,25 @@ def test_a_judge_that_does_not_trust_the_folder_ignores_a_signed_entry_there_and
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
-def test_a_spare_started_ahead_is_the_first_sandbox_handed_out(tmp_path, monkeypatch):
-    """On a GPU the worker starts the first sandbox while it builds (`op_build`): the verification after the build
-    takes that one, and a second prelaunch while it is starting starts nothing more."""
+@pytest.fixture
+def launched(monkeypatch) -> list:
+    """Every sandbox a pool launches, in order: sandboxes that only say hello (no process)."""
     from kernelpilot.harness import sandbox_client
 
-    launched = []
+    launched: list = []
 
     class Recording(HelloOnly):
         def launch(self) -> None:
             launched.append(self)
 
     monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
-    pool = sandbox_client.SandboxPool("cpu", tmp_path, spares=1)
+    return launched
+
+
+def test_a_spare_started_ahead_is_the_first_sandbox_handed_out(tmp_path, launched):
+    """On a GPU the worker starts the first sandbox while it builds (`op_build`): the verification after the build
+    takes that one, and a second prelaunch while it is starting starts nothing more."""
+    pool = SandboxPool("cpu", tmp_path, spares=1)
     pool.prelaunch()
     pool.prelaunch()
     assert len(launched) == 1
@@ -210,35 +216,17 @@ def test_a_spare_started_ahead_is_the_first_sandbox_handed_out(tmp_path, monkeyp
     pool.close()
 
 
-def test_a_cpu_judge_starts_no_spare_that_would_run_beside_the_timed_candidate(tmp_path, monkeypatch):
-    from kernelpilot.harness import sandbox_client
-
-    launched = []
-
-    class Recording(HelloOnly):
-        def launch(self) -> None:
-            launched.append(self)
-
-    monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
-    pool = sandbox_client.SandboxPool("cpu", tmp_path)
+def test_a_cpu_judge_starts_no_spare_that_would_run_beside_the_timed_candidate(tmp_path, launched):
+    pool = SandboxPool("cpu", tmp_path)
     pool.prelaunch()
     assert launched == []
     assert pool.take() is launched[0] and len(launched) == 1, "started when needed, and no spare after it"
-    assert sandbox_client.SandboxPool("cuda", tmp_path).spares == 2
+    assert SandboxPool("cuda", tmp_path).spares == 2
 
 
-def test_a_gpu_judge_keeps_two_spares_and_hands_out_the_oldest(tmp_path, monkeypatch):
+def test_a_gpu_judge_keeps_two_spares_and_hands_out_the_oldest(tmp_path, launched):
     """A search's turns come every 2-3 s: one spare, started as the last was taken, was still importing torch."""
-    from kernelpilot.harness import sandbox_client
-
-    launched = []
-
-    class Recording(HelloOnly):
-        def launch(self) -> None:
-            launched.append(self)
-
-    monkeypatch.setattr(sandbox_client, "Sandbox", Recording)
-    pool = sandbox_client.SandboxPool("cuda", tmp_path)
+    pool = SandboxPool("cuda", tmp_path)
     pool.prelaunch()
     pool.prelaunch()
     assert len(launched) == 2
