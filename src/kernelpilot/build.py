@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelpilot.build_objects import drop_unrecorded, object_name, record_compiled
 from kernelpilot.build_versions import (Cache, prune_versions, publish_version, record_sources, reused_version,
                                        sources_key)
 from kernelpilot.errors import BuildError, WorkspaceError
@@ -368,11 +369,6 @@ def _from_build(root: Path, source: Path) -> str:
     return f"{KERNELS_FROM_BUILD}/{source.relative_to(root / 'kernels').as_posix()}"
 
 
-def _object_name(source: Path) -> str:
-    """kernels/foo.cu -> foo.cu.o: one object per source, so a .cu and a .cpp of one stem never collide."""
-    return f"{source.name}.o"
-
-
 def _ninja_path(path: str) -> str:
     return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
@@ -419,7 +415,7 @@ def render_ninja(root: Path, sources: list[Path], toolchain: Toolchain, arch: st
     objects = []
     for source in sources:
         rule = "compile_cuda" if source.suffix == ".cu" else "compile_cxx"
-        objects.append(_ninja_path(_object_name(source)))
+        objects.append(_ninja_path(object_name(source)))
         lines.append(f"build {objects[-1]}: {rule} {_ninja_path(_from_build(root, source))}")
         lines.append(f"  source = {source.relative_to(root).as_posix().replace('$', '$$')}")
         includes = [str(found[lib].include_dir) for lib in found if source in callers[lib]]
@@ -473,7 +469,7 @@ def _drop_objects_without_resources(build_dir: Path, sources: list[Path]) -> Non
     """ptxas reports only on a compile, so a .cu whose report is missing is recompiled to get it back."""
     for source in sources:
         if source.suffix == ".cu" and not _resources_file(build_dir, source).is_file():
-            (build_dir / _object_name(source)).unlink(missing_ok=True)
+            (build_dir / object_name(source)).unlink(missing_ok=True)
 
 
 def _resources_file(build_dir: Path, source: Path) -> Path:
@@ -540,11 +536,14 @@ def build_locked(
     reused = reused_version(root, build_dir, key, arch, cache) if key is not None and reuse else None
     if reused is not None:
         return reused
+    drop_unrecorded(root, build_dir, sources, cache)  # what the workspace's writer put in the build folder
     _drop_objects_without_resources(build_dir, sources)
 
     returncode, log = _run_ninja(build_dir, toolchain.ninja, jobs, verbose)
     edges = edge_logs(log)
     _save_resources(root, build_dir, edges)
+    compiled = [e.subject for e in edges if e.action == "compile" and not e.failed and e.subject]
+    record_compiled(root, build_dir, toolchain.ninja, compiled, cache)
     diagnostics = [_relative_to(root, build_dir, d) for d in parse_diagnostics(log)]
     ok = returncode == 0
     library = publish_version(build_dir) if ok else None

