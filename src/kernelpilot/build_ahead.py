@@ -25,15 +25,14 @@ from pathlib import Path, PurePosixPath
 
 from kernelpilot.build import (Toolchain, build_lock, build_locked, find_toolchain, kernel_sources, render_ninja,
                                resolve_arch)
-from kernelpilot.build_versions import KEEP_VERSIONS, Cache, built_from, prune_versions, sources_key
+from kernelpilot.build_versions import (KEEP_VERSIONS, SOURCE_SUFFIXES, Cache, built_from, prune_versions,
+                                       sources_key)
 from kernelpilot.errors import WorkspaceError
 from kernelpilot.results import AheadBuilds, BuildResult
 from kernelpilot.workspace import PROTECTED_FILES, PROTECTED_REASON, Workspace
 
 # At most this many versions per request: with the workspace's own and the kept ones, they fit in KEEP_VERSIONS.
 MAX_AHEAD = 16
-# The files a version may give: kernel sources and headers under kernels/.
-SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h", ".hpp")
 AHEAD_DIR = "ahead"  # in the build folder
 # What a copy's build folder needs from the workspace's so that ninja recompiles only what the version changed.
 _BUILD_STATE = (".ninja_log", ".ninja_deps")

@@ -16,7 +16,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from kernelpilot.build_versions import Cache
+from kernelpilot.build_versions import Cache, file_digest
 from kernelpilot.harness.cache import load_entry, store_entry
 from kernelpilot.workspace import EXTENSION_NAME
 
@@ -54,10 +54,6 @@ def _workspace_headers(root: Path, build_dir: Path, ninja: str, obj: str) -> lis
     return headers
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def drop_unrecorded(root: Path, build_dir: Path, sources: list[Path], cache: Cache = None) -> list[str]:
     """Before ninja: delete each object of `sources` that this builder's records do not say was compiled from the
     source and headers as they are now, the linked library, and any link in `build_dir`; return the objects deleted
@@ -71,7 +67,7 @@ def drop_unrecorded(root: Path, build_dir: Path, sources: list[Path], cache: Cac
         obj = build_dir / object_name(source)
         if not obj.is_file():
             continue
-        record = load_entry(RECORD_KIND, {"object": _digest(obj)}, cache)
+        record = load_entry(RECORD_KIND, {"object": file_digest(obj)}, cache)
         headers = record.get("headers") if isinstance(record, dict) else None
         if not isinstance(headers, list) or record.get("key") != _object_key(root, source, headers):
             obj.unlink()
@@ -87,5 +83,5 @@ def record_compiled(root: Path, build_dir: Path, ninja: str, compiled: list[str]
         obj = build_dir / object_name(source)
         if source.is_file() and obj.is_file() and not obj.is_symlink():
             headers = _workspace_headers(root, build_dir, ninja, obj.name)
-            store_entry(RECORD_KIND, {"object": _digest(obj)},
+            store_entry(RECORD_KIND, {"object": file_digest(obj)},
                         {"key": _object_key(root, source, headers), "headers": headers}, cache)  # fmt: skip

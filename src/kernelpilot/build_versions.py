@@ -73,7 +73,7 @@ SOURCES_RECORD = "sources.json"  # in a version folder: the key of the sources i
 # agent's tools can write, only says which version folders to check; a version is reused only where the signed record
 # of its library's content names the same sources.
 RECORD_KIND = "build"
-_SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h", ".hpp")  # files whose #include lines are read
+SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h", ".hpp")  # kernel sources and headers: whose #include lines are read
 _OUTSIDE_INCLUDE = re.compile(r'#\s*include\s*"(?:/|[^"]*\.\.)')
 
 
@@ -88,7 +88,7 @@ def sources_key(root: Path, ninja_text: str) -> str | None:
     kernels = root / "kernels"
     for path in sorted(p for p in kernels.rglob("*") if p.is_file()):
         data = path.read_bytes()
-        if path.suffix in _SOURCE_SUFFIXES and _OUTSIDE_INCLUDE.search(data.decode(errors="replace")):
+        if path.suffix in SOURCE_SUFFIXES and _OUTSIDE_INCLUDE.search(data.decode(errors="replace")):
             return None
         name = path.relative_to(kernels).as_posix().encode()
         digest.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little") + data)
@@ -99,7 +99,7 @@ def record_sources(version: Path, key: str, resources: list[KernelResources], ca
     """Record that `version` was built from the sources of `key`: signed in `cache` (None: the default cache folder),
     and as a hint in the version folder."""
     resources_data = [to_dict(r) for r in resources]
-    store_entry(RECORD_KIND, {"library": _digest(version / f"{EXTENSION_NAME}.so")},
+    store_entry(RECORD_KIND, {"library": file_digest(version / f"{EXTENSION_NAME}.so")},
                 {"key": key, "resources": resources_data}, cache)  # fmt: skip
     record = version / SOURCES_RECORD
     partial = record.with_name(record.name + ".partial")
@@ -119,12 +119,13 @@ def built_from(version: Path, key: str, cache: Cache = None) -> dict | None:
             return None
     except (OSError, ValueError, AttributeError):
         return None
-    record = load_entry(RECORD_KIND, {"library": _digest(library)}, cache)
+    record = load_entry(RECORD_KIND, {"library": file_digest(library)}, cache)
     return record if isinstance(record, dict) and record.get("key") == key else None
 
 
-def _digest(library: Path) -> str:
-    return hashlib.sha256(library.read_bytes()).hexdigest()
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's content, by which the signed records of libraries and objects are kept."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def reused_version(root: Path, build_dir: Path, key: str, arch: str, cache: Cache = None) -> BuildResult | None:
