@@ -69,3 +69,68 @@ def test_the_judges_process_is_not_confined_by_a_bash_command(tmp_path):
     outside = tmp_path / "the-judge-writes-here.txt"
     outside.write_text("still writable")  # the confinement is the command's alone
     assert outside.read_text() == "still writable" and os.getpid() > 0
+
+
+# ---------------------------------------------------------------------------------- what outlives a command
+
+# Each leaves a process behind that writes its pid to leftover.pid before the command returns, then waits: such a
+# process could change the workspace while the judge builds or verifies it, or between the tamper check and the
+# reference's load, long after the Bash call that started it was over. Its output goes nowhere, so it does not keep
+# the call waiting.
+LEFTOVERS = {
+    "a_background_job": "(sh -c 'echo $$ > leftover.pid; exec sleep 300') > /dev/null 2>&1 &",
+    "a_setsid_daemon": "setsid sh -c 'echo $$ > leftover.pid; exec sleep 300' > /dev/null 2>&1 < /dev/null &",
+    "a_python_double_fork": (
+        "python3 -c \"import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        open('leftover.pid', 'w').write(str(os.getpid())); time.sleep(300)\n    os._exit(0)\n\" "
+        "> /dev/null 2>&1"
+    ),
+}
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that still runs (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("name", sorted(LEFTOVERS))
+def test_no_process_a_bash_command_starts_outlives_the_call(tmp_path, name):
+    ctx = _context(tmp_path / "mine")
+    pid_file = ctx.workspace.root / "leftover.pid"
+    # The command waits until its leftover has written its pid, so the pid is known before the call returns.
+    command = f"{LEFTOVERS[name]}\nwhile [ ! -s leftover.pid ]; do sleep 0.05; done"
+    output = BASH.run({"command": command, "timeout_s": 60}, ctx)
+
+    assert output.data["exit_code"] == 0 and not output.data["timed_out"], output.text
+    pid = int(pid_file.read_text())
+    try:
+        assert not _alive(pid), f"{name} left process {pid} running after the Bash call returned"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
+def test_a_daemon_left_by_a_command_that_times_out_is_killed_with_it(tmp_path):
+    ctx = _context(tmp_path / "mine")
+    command = f"{LEFTOVERS['a_setsid_daemon']}\nwhile [ ! -s leftover.pid ]; do sleep 0.05; done\nsleep 300"
+    output = BASH.run({"command": command, "timeout_s": 3}, ctx)
+
+    assert output.data["timed_out"], output.text
+    pid = int((ctx.workspace.root / "leftover.pid").read_text())
+    try:
+        assert not _alive(pid), f"the daemon {pid} outlived the command's timeout"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
+def test_a_background_job_that_holds_the_output_does_not_hold_the_call(tmp_path):
+    ctx = _context(tmp_path / "mine")
+    output = BASH.run({"command": "sleep 300 & echo started", "timeout_s": 20}, ctx)
+    assert output.data["exit_code"] == 0 and not output.data["timed_out"], output.text
+    assert output.text.strip().startswith("started"), output.text
+

@@ -8,8 +8,12 @@ file there would run code in every later Python process, the judge's included), 
 Landlock needs Linux 5.13; elsewhere the sandbox says it is unconfined and runs as before, and the judge, told so
 before any candidate code runs, no longer trusts its cache folder (`cache.py`).
 
-`python -m kernelpilot.harness.confine FOLDER... -- COMMAND...` runs a command under the same write confinement
-(the agent's Bash: its programs write only in the workspace and /dev).
+`python -m kernelpilot.harness.confine [FOLDER...] -- COMMAND...` runs a command under the same write confinement
+(the agent's Bash: its programs write only in the workspace and /dev; with no FOLDER, where Landlock is missing,
+unconfined) and outlives it by nothing: it runs the command as a child, is the child subreaper of everything the
+command starts (a daemon that leaves its session included), and when the command ends, or this process is told to
+stop, kills all of them (`orphans.py`). A process an agent's command left running could otherwise change the
+workspace while the judge builds or verifies it.
 """
 
 from __future__ import annotations
@@ -81,19 +85,59 @@ def restrict_writes(libc: ctypes.CDLL, writable: list[str]) -> bool:
 
 
 def run_confined(argv: list[str]) -> None:
-    """`FOLDER... -- COMMAND...`: exec COMMAND with no new privileges, able to write only under the FOLDERs and /dev;
-    where Landlock cannot confine it, it does not run (exit 126)."""
+    """`[FOLDER...] -- COMMAND...`: run COMMAND with no new privileges, able to write only under the FOLDERs and
+    /dev (where Landlock cannot confine it, it does not run: exit 126; with no FOLDER it is not confined), then kill
+    every process it left; exit with its status."""
+    from kernelpilot.harness.orphans import become_subreaper, kill_descendants
+
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        sys.stderr.write("usage: python -m kernelpilot.harness.confine FOLDER... -- COMMAND...\n")
+        sys.stderr.write("usage: python -m kernelpilot.harness.confine [FOLDER...] -- COMMAND...\n")
         os._exit(2)
     split = argv.index("--")
     writable, command = argv[:split], argv[split + 1 :]
+    stopped = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        kill_descendants()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)  # exec gives the command the default handlers back
+    become_subreaper()
+    child = os.fork()
+    if child == 0:
+        _exec_confined(writable, command)
+    status = 0
+    while True:
+        try:
+            status = os.waitpid(child, 0)[1]
+            break
+        except ChildProcessError:  # killed and reaped by `stop`
+            break
+        except InterruptedError:
+            continue
+    kill_descendants()
+    os._exit(128 + stopped[0] if stopped else _exit_code(status))
+
+
+def _exec_confined(writable: list[str], command: list[str]) -> None:
+    """In the forked child: no new privileges, Landlock's write rule when FOLDERs were given, then exec."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    if not restrict_writes(libc, [*writable, "/dev"]):
+    if writable and not restrict_writes(libc, [*writable, "/dev"]):
         sys.stderr.write("kernelpilot: Landlock could not confine this command's writes, so it did not run.\n")
         os._exit(126)
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as err:
+        sys.stderr.write(f"kernelpilot: cannot run {command[0]}: {err.strerror or err}\n")
+        os._exit(127)
+
+
+def _exit_code(status: int) -> int:
+    """A shell's exit code for a wait status: the code, or 128 + the signal that ended it."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
 
 
 if __name__ == "__main__":

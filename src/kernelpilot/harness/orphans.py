@@ -52,3 +52,25 @@ def kill_orphans(keep: set[int]) -> list[int]:
         except ChildProcessError:
             pass
     return killed
+
+
+def kill_descendants(rounds: int = 1000) -> int:
+    """As a child subreaper: SIGKILL and reap every child, then the orphans that come to this process as their
+    parents die, until none is left (or `rounds` is spent); returns how many were killed."""
+    killed = 0
+    for _ in range(rounds):
+        found = children()
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        for pid in found:
+            try:
+                os.waitpid(pid, 0)  # once reaped, its own children have been handed to this process
+            except ChildProcessError:
+                pass
+    return killed

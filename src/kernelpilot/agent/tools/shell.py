@@ -3,7 +3,9 @@ its output capped in the middle; writes and `cd` outside the workspace are refus
 (shell_guard.py) and protected files are restored after. Those are guard rails for an honest model that slips;
 the boundary is Landlock: where the kernel has it, the command's processes can write only inside the workspace
 and /dev (`harness/confine.py`), so a program it runs cannot change another trajectory's workspace, the judge's
-caches or kernelpilot's own files. Without Landlock a program can still write anywhere the user can."""
+caches or kernelpilot's own files. Without Landlock a program can still write anywhere the user can. Either way no
+process a command starts outlives it: a background job or a daemon that left the session is killed when the
+command ends (`harness/confine.py`), so nothing the agent started runs while the judge builds or verifies."""
 
 from __future__ import annotations
 
@@ -68,12 +70,12 @@ class BashTool(CheckedTool):
 
 
 def confined(argv: list[str], *, writable: list[Path]) -> list[str]:
-    """`argv` run so that it writes only under `writable` (and /dev), where the kernel has Landlock; as it is elsewhere."""
+    """`argv` run so that it writes only under `writable` (and /dev) where the kernel has Landlock (elsewhere it is
+    not confined), and so that no process it starts outlives it (`harness/confine.py`)."""
     from kernelpilot.harness.confine import landlock_available
 
-    if not landlock_available():
-        return argv
-    return [sys.executable, "-m", "kernelpilot.harness.confine", *map(str, writable), "--", *argv]
+    folders = [str(folder) for folder in writable] if landlock_available() else []
+    return [sys.executable, "-m", "kernelpilot.harness.confine", *folders, "--", *argv]
 
 
 @dataclass
@@ -87,7 +89,8 @@ class ProcessRun:
 
 
 def run_process(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> ProcessRun:
-    """Run `argv` with no stdin in its own process group; on timeout kill the whole group (children included)."""
+    """Run `argv` with no stdin in its own process group; on timeout stop it (SIGTERM, then SIGKILL to the whole
+    group, children included)."""
     started = time.monotonic()
     process = subprocess.Popen(
         argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -97,6 +100,12 @@ def run_process(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: flo
         raw, _ = process.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
+        # A confined command's reaper kills all it started on SIGTERM, those that left the group included; then
+        # the group is killed whole, whatever it runs.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         try:
