@@ -17,7 +17,7 @@ from kernelpilot.agent.shell_guard import SCRATCH_DIR
 from kernelpilot.agent.tool_results import NcuLaunch, NcuReport
 from kernelpilot.agent.tools.judge import build_candidate
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
-from kernelpilot.agent.tools.shell import ProcessRun, run_process
+from kernelpilot.agent.tools.shell import ProcessRun, confined, run_process
 from kernelpilot.results import BuildResult, to_dict
 
 if TYPE_CHECKING:
@@ -122,7 +122,9 @@ def run_ncu(ws: Workspace, build: BuildResult, device: str, kernel: str | None) 
         if kernel:
             command += ["--kernel-name", f"regex:{kernel}"]
         command += [sys.executable, "-c", NCU_DRIVER, str(ws.root), str(build_json), device]
-        run = run_process(command, cwd=ws.root, env=driver_environment(Path(folder) / "sandbox"), timeout=NCU_TIMEOUT_S)
+        # The profiled process confines its own writes (`harden`); the wrapper kills whatever it leaves running.
+        run = run_process(confined(command, writable=[]), cwd=ws.root, env=driver_environment(Path(folder) / "sandbox"),
+                          timeout=NCU_TIMEOUT_S)  # fmt: skip
         return run, report.read_text(errors="replace") if report.is_file() else ""
 
 
