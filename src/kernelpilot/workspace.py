@@ -157,13 +157,26 @@ def open_workspace(root: Path | str) -> Workspace:
 
 
 def tampered_files(ws: Workspace) -> list[str]:
-    """Protected files that are missing or whose SHA-256 differs from the manifest, in PROTECTED_FILES order."""
-    recorded = _read_manifest(ws)["files"]
-    return [
+    """Protected files that are missing or whose SHA-256 differs from what kernelpilot made the workspace with, in
+    PROTECTED_FILES order, then the manifest where it disagrees with that. What it was made with is the signed record
+    in kernelpilot's cache folder, which the agent cannot write (`workspace_record.py`), else the manifest."""
+    manifest = _read_manifest(ws)
+    trusted = _trusted(ws, manifest)
+    tampered = [
         name
         for name in PROTECTED_FILES
-        if not (ws.root / name).is_file() or recorded.get(name) != _sha256(ws.root / name)
+        if not (ws.root / name).is_file() or trusted["files"].get(name) != _sha256(ws.root / name)
     ]
+    if (manifest["problem_id"], manifest["files"]) != (trusted["problem_id"], trusted["files"]):
+        tampered.append(MANIFEST_PATH)
+    return tampered
+
+
+def _trusted(ws: Workspace, manifest: dict) -> dict:
+    """The workspace's signed record ({"problem_id", "files"}) where it has one, else its manifest."""
+    from kernelpilot.workspace_record import stored_record
+
+    return stored_record(ws.root) or manifest
 
 
 def check_protected(ws: Workspace) -> None:
@@ -212,12 +225,14 @@ def _prepare_root(ws: Workspace, problem_id: str) -> bool:
                 hint="Pass an empty or new folder with --dir.",
             )
         return True
-    if _read_manifest(ws)["problem_id"] != problem_id:
+    manifest = _read_manifest(ws)
+    if _trusted(ws, manifest)["problem_id"] != problem_id:
         raise WorkspaceError(
             f"{root} is the workspace of a different problem.",
             hint="Pass a new folder with --dir, or the problem file this workspace was made from.",
         )
-    changed = [name for name in tampered_files(ws) if (root / name).exists()]
+    # A manifest that disagrees with the signed record is written anew from the files, once they agree with it.
+    changed = [name for name in tampered_files(ws) if (root / name).exists() and name != MANIFEST_PATH]
     if changed:
         raise WorkspaceError(
             f"Protected files in {root} were changed: {', '.join(changed)}.",
@@ -280,6 +295,10 @@ def _write_manifest(ws: Workspace, problem_id: str, problem_path: Path) -> bool:
         "files": {name: _sha256(ws.root / name) for name in PROTECTED_FILES},
     }
     text = json.dumps(manifest, indent=2) + "\n"
+    from kernelpilot.workspace_record import store_record, stored_record
+
+    if stored_record(ws.root) != {"problem_id": problem_id, "files": manifest["files"]}:
+        store_record(ws.root, problem_id, manifest["files"])
     if ws.manifest_path.exists() and ws.manifest_path.read_text() == text:
         return False
     ws.manifest_path.parent.mkdir(parents=True, exist_ok=True)

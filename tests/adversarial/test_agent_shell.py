@@ -14,8 +14,8 @@ import pytest
 from kernelpilot.agent import ToolContext
 from kernelpilot.agent.tools import default_tools
 from kernelpilot.harness.confine import landlock_available
-from kernelpilot.workspace import init_workspace
-from kp_testing import scale_problem, write_problem
+from kernelpilot.workspace import EXAMPLE_KERNELS, init_workspace
+from kp_testing import run_cache_dir, scale_mul_binding, scale_mul_candidate, scale_problem, write_problem
 
 BASH = next(tool for tool in default_tools() if tool.name == "Bash")
 
@@ -134,3 +134,46 @@ def test_a_background_job_that_holds_the_output_does_not_hold_the_call(tmp_path)
     assert output.data["exit_code"] == 0 and not output.data["timed_out"], output.text
     assert output.text.strip().startswith("started"), output.text
 
+
+# ------------------------------------------------------------------------------ the reference and its record
+
+# A program run by Bash may write anywhere in its workspace, .kernelpilot/ included (the command-line guard that
+# refuses the name is a rail for honest slips: a script builds the name). This one makes the reference agree with a
+# wrong kernel (it adds 1 as the kernel does), and writes the manifest the tamper check compares against and the
+# pristine copy Bash restores protected files from to match.
+REWRITE_THE_REFERENCE = """cat > w.py <<'END'
+import hashlib, json, os
+record = '.kernel' + 'pilot/manifest.json'
+source = open('model.py').read().replace('return x * self.scale', 'return x * self.scale + 1.0')
+for path in ('model.py', '.kernel' + 'pilot/pristine/model.py'):
+    if os.path.exists(path):
+        os.chmod(path, 0o644)
+    open(path, 'w').write(source)
+manifest = json.load(open(record))
+manifest['files']['model.py'] = hashlib.sha256(source.encode()).hexdigest()
+manifest['problem_id'] = hashlib.sha256(source.encode()).hexdigest()[:16]
+json.dump(manifest, open(record, 'w'), indent=2)
+END
+python3 w.py && rm w.py"""
+
+
+@pytest.mark.cuda_build
+def test_a_reference_rewritten_with_its_manifest_is_not_what_the_judge_verifies_against(tmp_path):
+    from kernelpilot.harness.judge import Judge
+
+    ctx = _context(tmp_path / "mine")
+    root = ctx.workspace.root
+    for example in EXAMPLE_KERNELS:
+        (root / example).unlink()
+    (root / "kernels" / "scale_mul_binding.cpp").write_text(scale_mul_binding(offset=1.0))  # wrong by 1
+    (root / "model_new.py").write_text(scale_mul_candidate(features=16))
+
+    output = BASH.run({"command": REWRITE_THE_REFERENCE, "timeout_s": 60}, ctx)
+    assert output.data["exit_code"] == 0, output.text
+    assert "+ 1.0" in (root / "model.py").read_text(), "the cheat did not rewrite the reference"
+
+    with Judge("cpu", arch="9.0", cache_dir=run_cache_dir(tmp_path)) as judge:
+        result = judge.evaluate(root, trials=2, bench=False)
+
+    assert (result.error_kind, result.reward) == ("tampered", -1), result.message
+    assert "model.py" in result.message

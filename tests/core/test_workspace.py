@@ -350,6 +350,44 @@ def test_user_files_are_not_protected(workspace):
     assert tampered_files(workspace) == []
 
 
+def _manifest_agreeing_with_the_files(workspace) -> None:
+    """What a program the agent runs can do: rewrite the manifest so that its hashes agree with the files."""
+    manifest = json.loads(workspace.manifest_path.read_text())
+    manifest["files"] = {name: hashlib.sha256((workspace.root / name).read_bytes()).hexdigest()
+                         for name in PROTECTED_FILES}  # fmt: skip
+    manifest["problem_id"] = "0123456789abcdef"
+    workspace.manifest_path.write_text(json.dumps(manifest))
+
+
+def test_an_edited_reference_with_a_manifest_to_match_is_still_detected(workspace, problem_file: Path):
+    workspace.model_path.chmod(0o644)
+    workspace.model_path.write_text(workspace.model_path.read_text() + "\n# tweak\n")
+    _manifest_agreeing_with_the_files(workspace)
+
+    assert tampered_files(workspace) == ["model.py", MANIFEST_PATH]
+    with pytest.raises(WorkspaceError, match="model.py"):
+        init_workspace(problem_file, workspace.root)
+
+
+def test_a_manifest_alone_rewritten_is_written_anew_by_init(workspace, problem_file: Path):
+    original = workspace.manifest_path.read_text()
+    _manifest_agreeing_with_the_files(workspace)
+    assert tampered_files(workspace) == [MANIFEST_PATH]
+
+    init_workspace(problem_file, workspace.root)
+
+    assert tampered_files(workspace) == [] and workspace.manifest_path.read_text() == original
+
+
+def test_without_its_record_a_workspace_is_checked_against_its_manifest(workspace, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(tmp_path / "another-cache"))  # a clone, or an older workspace
+    workspace.model_path.chmod(0o644)
+    workspace.model_path.write_text(workspace.model_path.read_text() + "\n# tweak\n")
+    assert tampered_files(workspace) == ["model.py"]
+    _manifest_agreeing_with_the_files(workspace)
+    assert tampered_files(workspace) == []
+
+
 # ------------------------------------------------------------------------------------------ re-init
 
 
