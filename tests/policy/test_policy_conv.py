@@ -256,11 +256,14 @@ def test_an_nhwc_candidate_fuses_the_bias_and_relu_into_the_nchw_write_back(tmp_
     assert "cudnnConvolutionForward(" in source and "BiasActivation" not in source
     assert "IMPLICIT_PRECOMP_GEMM) return false" not in source and "constexpr int kAlgorithm = 1;" in source
     assert "cudnnSetFilterNdDescriptor(plan.w, kDataType, CUDNN_TENSOR_NHWC, kDims, kWeightDims)" in source
-    assert "using InputTranspose = Transpose<2, 8, 144>;" in source  # N of C x H*W
-    assert "using WeightTranspose = Transpose<16, 8, 9>;" in source  # K of C x R*S
-    assert "using OutputTranspose = Transpose<2, 144, 16>;" in source  # N of H*W x K
-    assert "OutputTranspose::run<true, true>(y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), stream);" in source
-    assert "kScratchBytes + plan_for_current_device(allow_tf32).workspace_bytes" in source
+    assert "using InputTranspose = Transpose<8, 144>;" in source  # N of C x H*W
+    assert "using WeightTranspose = Transpose<8, 9>;" in source and "constexpr int kFilters = 16;" in source  # K of C x R*S
+    assert "using OutputTranspose = Transpose<144, 16>;" in source  # N of H*W x K
+    assert ("OutputTranspose::run<true, true>(batch, y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), "
+            "stream);") in source  # fmt: skip
+    # N is a runtime size here (leading.py): the copies are sized by each call's.
+    assert "return scratch_bytes(batch) + plan_for_current_device(allow_tf32, batch).workspace_bytes;" in source
+    assert "const int batch = checked_batch(leading);" in source
 
 
 def test_a_graph_api_candidate_ranks_the_heuristics_engine_configs_over_the_same_nhwc_copies(tmp_path):
@@ -271,10 +274,10 @@ def test_a_graph_api_candidate_ranks_the_heuristics_engine_configs_over_the_same
     for call in ("cudnnConvolutionForward(", "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnSetFilterNdDescriptor"):
         assert call in legacy and call not in source
     assert "CUDNN_HEUR_MODE_A" in source and "cudnnBackendExecute(plan.handle, plan.execution, pack.get())" in source
-    assert "convolve(plan, x_nhwc, w_nhwc, y_nhwc, scratch + kScratchBytes);" in source
+    assert "convolve(plan, x_nhwc, w_nhwc, y_nhwc, copies + scratch);" in source
     # The same transposes and write-back as the legacy NHWC candidate.
-    for line in ("using InputTranspose = Transpose<2, 8, 144>;", "using OutputTranspose = Transpose<2, 144, 16>;",
-                 "OutputTranspose::run<true, true>(y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), stream);"):  # fmt: skip
+    for line in ("using InputTranspose = Transpose<8, 144>;", "using OutputTranspose = Transpose<144, 16>;",
+                 "OutputTranspose::run<true, true>(batch, y_nhwc, static_cast<Element*>(out), static_cast<const Element*>(bias), stream);"):  # fmt: skip
         assert line in legacy and line in source
     # As torch filters engines: none converting inputs down, none on tensor cores for float32 without TF32.
     assert "notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS" in source
@@ -291,19 +294,23 @@ def test_a_graph_api_candidate_needs_the_nhwc_layout(tmp_path):
 @pytest.mark.parametrize(
     ("name", "transposes", "epilogue"),
     [
-        ("conv1d", ("<2, 8, 20>", "<6, 8, 5>", "<2, 20, 6>"), "<true, false>"),  # a height of 1
-        ("groups", ("<2, 8, 144>", "<8, 2, 9>", "<2, 144, 8>"), "<true, true>"),  # C / groups per filter
-        ("stride_2_dilation_2", ("<2, 8, 144>", "<12, 8, 9>", "<2, 36, 12>"), "<true, false>"),
-        ("no_bias_relu", ("<2, 8, 144>", "<16, 8, 9>", "<2, 144, 16>"), "<false, false>"),  # the ReLU is handed on
-        ("bf16", ("<2, 8, 81>", "<16, 8, 9>", "<2, 49, 16>"), "<true, true>"),
+        ("conv1d", ((2, 8, 20), (6, 8, 5), (2, 20, 6)), "<true, false>"),  # a height of 1
+        ("groups", ((2, 8, 144), (8, 2, 9), (2, 144, 8)), "<true, true>"),  # C / groups per filter
+        ("stride_2_dilation_2", ((2, 8, 144), (12, 8, 9), (2, 36, 12)), "<true, false>"),
+        ("no_bias_relu", ((2, 8, 144), (16, 8, 9), (2, 144, 16)), "<false, false>"),  # the ReLU is handed on
+        ("bf16", ((2, 8, 81), (16, 8, 9), (2, 49, 16)), "<true, true>"),
     ],
 )  # fmt: skip
 def test_nhwc_transposes_have_the_shapes_of_the_convolution(tmp_path, name, transposes, epilogue):
     group = next(g for g in analysed(conv_problem(tmp_path, name)).groups if g.kind == "conv")
     source = render_kernel(group, ConvConfig(0, channels_last=True)).content
-    for role, shape in zip(("Input", "Weight", "Output"), transposes):
-        assert f"using {role}Transpose = Transpose{shape};" in source
-    assert f"OutputTranspose::run{epilogue}(" in source
+    for role, (_, rows, cols) in zip(("Input", "Weight", "Output"), transposes):
+        assert f"using {role}Transpose = Transpose<{rows}, {cols}>;" in source
+    # The filters are the weight's batch of matrices; the images' count is N, each call's (a runtime size here).
+    assert f"constexpr int kFilters = {transposes[1][0]};" in source
+    transposed = conv_context(group, ConvConfig(0, channels_last=True))["transposes"]
+    assert [tuple(transposed[role].values()) for role in ("input", "weight", "output")] == list(transposes)
+    assert f"OutputTranspose::run{epilogue}(batch, " in source
     if name == "bf16":
         assert "using Element = __nv_bfloat16;" in source and "CUDNN_DATA_BFLOAT16" in source
 
@@ -338,9 +345,11 @@ def test_nhwc_transposes_move_every_element_where_a_permute_puts_it(tmp_path, na
 def test_the_binding_allocates_the_workspace_the_algorithm_asks_for(tmp_path):
     files = {f.path: f.content for f in render_all(*_problem_and_analysis(EXAMPLES / "conv2d_relu_bias.py"))}
     binding = files["kernels/policy_g0_binding.cpp"]
-    assert "size_t kp_policy_g0_launch_workspace_bytes(bool allow_tf32);" in binding
-    assert "kp_policy_g0_launch_workspace_bytes(allow_tf32)" in binding
-    assert re.search(r"workspace\.data_ptr\(\), kWorkspaceBytes,\s+allow_tf32,\s+c10::cuda::getCurrentCUDAStream", binding)
+    # N is a runtime size: the workspace is asked for at each call's, which the launcher takes too.
+    assert "size_t kp_policy_g0_launch_workspace_bytes(int64_t leading, bool allow_tf32);" in binding
+    assert "kp_policy_g0_launch_workspace_bytes(x.size(0), allow_tf32)" in binding
+    assert re.search(r"workspace\.data_ptr\(\), kWorkspaceBytes,\s+x\.size\(0\),\s+allow_tf32,\s+c10::cuda::getCurrentCUDAStream",
+                     binding)  # fmt: skip
     assert "kp_ops.policy_g0(x, self.conv.weight, self.conv.bias)" in files["model_new.py"]
     assert "kp_ops.policy_g1(out_g0, self.bias)" in files["model_new.py"]
 
@@ -516,8 +525,9 @@ def test_the_graph_api_candidate_describes_the_nhwc_copies_and_cudnn_accepts_its
     and the convolution's settings) and reads the tensors' strides back. The graph, the heuristics and the run need
     a GPU."""
     group = next(g for g in analysed(conv_problem(tmp_path, name)).groups if g.kind == "conv")
-    described = _run_on_host(group, ConvConfig(0, channels_last=True, graph=True), DESCRIBE_MAIN, tmp_path)
     context = conv_context(group, ConvConfig(0, channels_last=True, graph=True))
+    main = DESCRIBE_MAIN.substitute(batch=context["input_dims"][0])  # N, as the launcher passes it
+    described = _run_on_host(group, ConvConfig(0, channels_last=True, graph=True), main, tmp_path)
     for role, dims in (("x", "input_dims"), ("w", "weight_dims"), ("y", "output_dims")):
         channels_last = torch.empty(context[dims], device="meta").contiguous(memory_format=torch.channels_last)
         # A dim of size 1 may have any stride (torch and cuDNN's descriptor give it different ones).
@@ -527,7 +537,7 @@ def test_the_graph_api_candidate_describes_the_nhwc_copies_and_cudnn_accepts_its
     assert described["operation"] == ["finalized"]
 
 
-DESCRIBE_MAIN = """
+DESCRIBE_MAIN = string.Template("""
 #include <cstdio>
 
 void print_strides(const char* role, const Descriptor& tensor) {
@@ -539,16 +549,19 @@ void print_strides(const char* role, const Descriptor& tensor) {
 }
 
 int main() {
-  Descriptor x = make_tensor(kInputDims, kInputId);
+  int input_dims[kDims], output_dims[kDims];
+  with_batch(kInputDims, $batch, input_dims);
+  with_batch(kOutputDims, $batch, output_dims);
+  Descriptor x = make_tensor(input_dims, kInputId);
   Descriptor w = make_tensor(kWeightDims, kWeightId);
-  Descriptor y = make_tensor(kOutputDims, kOutputId);
+  Descriptor y = make_tensor(output_dims, kOutputId);
   print_strides("x", x);
   print_strides("w", w);
   print_strides("y", y);
   Descriptor operation = make_operation(x, w, y, make_convolution());
   std::printf("operation finalized\\n");
 }
-"""
+""")
 
 
 WALK_MAIN = string.Template("""
@@ -571,9 +584,9 @@ void walk(const char* role, int64_t blocks) {
 }
 
 int main() {
-  walk<$input>("input", InputTranspose::kBlocks);
-  walk<$weight>("weight", WeightTranspose::kBlocks);
-  walk<$output>("output", OutputTranspose::kBlocks);
+  walk<$input>("input", InputTranspose::blocks($input_batch));
+  walk<$weight>("weight", WeightTranspose::blocks($weight_batch));
+  walk<$output>("output", OutputTranspose::blocks($output_batch));
 }
 """)
 
@@ -605,6 +618,7 @@ def _walk_transposes(group, folder) -> dict[str, tuple[list[int], list[int], lis
     """Run the NHWC candidate with WALK_MAIN on the host (linked against cuDNN, no GPU call made)."""
     transposes = conv_context(group, ConvConfig(0, channels_last=True))["transposes"]
     shapes = {role: f"{t['rows']}, {t['cols']}" for role, t in transposes.items()}
+    shapes |= {f"{role}_batch": t["batch"] for role, t in transposes.items()}
     program = render_kernel(group, ConvConfig(0, channels_last=True)).content + WALK_MAIN.substitute(shapes)
     ran = subprocess.run([_host_binary(program, folder)], capture_output=True, text=True, check=True, timeout=300)
     walked: dict[str, tuple[list[int], list[int], list[int]]] = {role: ([], [], []) for role in transposes}

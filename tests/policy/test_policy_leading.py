@@ -40,6 +40,17 @@ RUNTIME_BATCH = {
     "linear_relu": ("x", "torch.relu(self.fc(x))", "torch.randn({b}, 32)", "self.fc = nn.Linear(32, 16)"),
     "linear_over_tokens_plus_residual": ("x, r", "self.fc(x) + r", "torch.randn({b}, 6, 32), torch.randn({b}, 6, 16)",
                                          "self.fc = nn.Linear(32, 16)"),
+    # A strided batch of cuBLASLt matmuls: its batch count is the batch (times the heads of (batch, heads, ...)).
+    "batched_matmul": ("x, y", "torch.bmm(x, y)", "torch.randn({b}, 8, 16), torch.randn({b}, 16, 8)", ""),
+    "attention_scores": ("q, k", "q @ k.transpose(-2, -1) * 0.3", "torch.randn({b}, 2, 8, 16), torch.randn({b}, 2, 8, 16)", ""),
+    "scores_of_a_fused_projection": ("x", "torch.bmm(x[..., :16], x[..., 16:32].transpose(1, 2))", "torch.randn({b}, 8, 48)", ""),
+    "batched_matmul_by_a_shared_matrix": ("x", "torch.bmm(x, self.w.expand(x.shape[0], 16, 8))", "torch.randn({b}, 8, 16)",
+                                          "self.w = nn.Parameter(torch.randn(16, 8))"),
+    # cuDNN: N is each call's (descriptors, plans and workspace built per N), forward and transposed.
+    "conv2d_relu": ("x", "torch.relu(self.conv(x))", "torch.randn({b}, 8, 12, 12)", "self.conv = nn.Conv2d(8, 16, 3, padding=1)"),
+    "conv1d": ("x", "self.conv(x)", "torch.randn({b}, 8, 20)", "self.conv = nn.Conv1d(8, 6, 5, padding=2)"),
+    "conv3d": ("x", "self.conv(x)", "torch.randn({b}, 4, 6, 6, 6)", "self.conv = nn.Conv3d(4, 8, 3, padding=1)"),
+    "conv_transposed": ("x", "self.conv(x)", "torch.randn({b}, 8, 6, 6)", "self.conv = nn.ConvTranspose2d(8, 4, 3, stride=2)"),
 }  # fmt: skip
 # Problems where the batch must stay fixed, and why.
 FIXED_BATCH = {
@@ -53,7 +64,12 @@ FIXED_BATCH = {
     "view_reshaping_the_batch": ("x", "x.sum(-1).view(2, -1)", "torch.randn({b}, 4)"),
     "triangle_of_a_matrix": ("x", "torch.triu(x) * 2", "torch.randn({b}, {b})"),
     "gram_matrix": ("x", "x @ x.t()", "torch.randn({b}, 64)"),  # the batch is M and N
-    "batched_matmul": ("x, y", "torch.bmm(x, y)", "torch.randn({b}, 8, 16), torch.randn({b}, 16, 8)"),  # strided batch
+    # A bmm over a batch that is not its tensors' dim 0, or over part of it.
+    "bmm_of_a_transposed_batch": ("x, y", "torch.bmm(x.transpose(0, 1), y)", "torch.randn(8, {b}, 16), torch.randn({b}, 16, 8)"),
+    "bmm_of_part_of_the_batch": ("x, y", "torch.bmm(x[:2], y)", "torch.randn({b}, 8, 16), torch.randn(2, 16, 8)"),
+    "bmm_scaled_by_the_batch": ("x, y", "torch.bmm(x, y) * (1 / x.shape[0])", "torch.randn({b}, 8, 16), torch.randn({b}, 16, 8)"),
+    "conv_of_part_of_the_batch": ("x", "self.conv(x[:2])", "torch.randn({b}, 8, 12, 12)", "self.conv = nn.Conv2d(8, 16, 3)"),
+    "conv_of_one_image": ("x", "self.conv(x)", "torch.randn(1, 8, 12, 12)", "self.conv = nn.Conv2d(8, 16, 3)"),
     "matmul_of_a_transposed_input": ("x", "self.fc(x.t())", "torch.randn(32, {b})", "self.fc = nn.Linear(32, 16)"),
 }  # fmt: skip
 # (arguments, returned, inputs with the batch as {b} and the sequence as {t}, __init__ lines): problems whose every
@@ -196,6 +212,58 @@ def test_a_chain_through_a_flattened_intermediate_takes_batch_and_sequence(tmp_p
     assert "std::vector<c10::SymInt>{batch, sequence, c10::SymInt(32)}" in binding
 
 
+def test_batched_matmul_builds_a_plan_per_batch_count_and_the_binding_allocates_by_the_batch(tmp_path):
+    group, = analysed(_problem(tmp_path, "attention_scores", 4, RUNTIME_BATCH)).generated_groups
+    assert (group.kind, group.matmul.batch, group.free_dims, group.carrier_dims) == ("matmul", 8, 1, (1, 1))
+    kernel = render_kernel(group, launch_candidates(group)[0]).content
+    assert "constexpr int64_t kMatricesPerBatch = 2;" in kernel  # the heads of each batch index
+    assert "const int64_t batches = leading * kMatricesPerBatch;" in kernel and "plans[{device, batches}]" in kernel
+    assert "plan.d = make_layout(8, 8, 8, 64, batch);" in kernel and "std::call_once" not in kernel
+    binding = render_binding(group).content
+    assert 'check_batched(q, "q", torch::kFloat32, {2, 8, 16}, 1, device);' in binding
+    assert "TORCH_CHECK(k.sym_size(0) == batch" in binding
+    assert "std::vector<c10::SymInt>{batch, c10::SymInt(2), c10::SymInt(8), c10::SymInt(8)}" in binding
+    assert re.search(r"kWorkspaceBytes,\s+q\.size\(0\),", binding)
+    assert "Dim 0 (the batch, 4 when generated) is a runtime size; the others are fixed at 2x8x8." in binding
+
+
+def test_a_batched_matmul_by_a_shared_matrix_or_slices_of_one_tensor_carries_the_batch_where_it_moves(tmp_path):
+    group, = analysed(_problem(tmp_path, "batched_matmul_by_a_shared_matrix", 4, RUNTIME_BATCH)).generated_groups
+    assert group.matmul.b.strides[0] == 0 and group.carrier_dims == (1, 0)  # w is read for every batch index
+    assert 'check_tensor(w, "w", torch::kFloat32, {16, 8}, device);' in render_binding(group).content
+    group, = analysed(_problem(tmp_path, "scores_of_a_fused_projection", 4, RUNTIME_BATCH)).generated_groups
+    assert group.carrier_dims == (1,) and group.matmul.b.offset == 16  # k: x's columns 16-31, inside each slab
+
+
+def test_a_convolution_builds_its_plan_per_n_and_the_binding_asks_the_workspace_at_that_n(tmp_path):
+    group, = analysed(_problem(tmp_path, "conv2d_relu", 4, RUNTIME_BATCH)).generated_groups
+    assert (group.kind, group.free_dims, group.carrier_dims) == ("conv", 1, (1, 0, 0))
+    for config in launch_candidates(group):
+        kernel = render_kernel(group, config).content
+        assert "constexpr int kInputDims[kDims] = {0, 8, 12, 12};" in kernel  # N: each call's
+        assert "const int batch = checked_batch(leading);" in kernel and "plans[{device, allow_tf32, batch}]" in kernel
+        assert "size_t kp_policy_g0_launch_workspace_bytes(int64_t leading, bool allow_tf32) {" in kernel
+        if config.channels_last:
+            assert "InputTranspose::run<false, false>(batch, " in kernel
+    binding = render_binding(group).content
+    assert 'check_batched(x, "x", torch::kFloat32, {8, 12, 12}, 1, device);' in binding
+    assert 'check_tensor(conv_weight, "conv_weight", torch::kFloat32, {16, 8, 3, 3}, device);' in binding
+    assert "kp_policy_g0_launch_workspace_bytes(x.size(0), allow_tf32)" in binding
+    assert "std::vector<c10::SymInt>{batch, c10::SymInt(16), c10::SymInt(12), c10::SymInt(12)}" in binding
+    # A transposed convolution (cuDNN's backward data) likewise; its bias kernel after it takes the batch too.
+    conv, bias = analysed(_problem(tmp_path, "conv_transposed", 4, RUNTIME_BATCH)).generated_groups
+    assert (conv.carrier_dims, bias.kind, bias.free_dims) == ((1, 0), "elementwise", 1)
+    assert "cudnnConvolutionBackwardData(" in render_kernel(conv, launch_candidates(conv)[0]).content
+
+
+def test_a_fixed_convolution_passes_its_generated_n(tmp_path):
+    group, = analysed(_problem(tmp_path, "conv_of_one_image", 4, FIXED_BATCH)).generated_groups
+    kernel = render_kernel(group, launch_candidates(group)[0]).content
+    assert "constexpr int kInputDims[kDims] = {1, 8, 12, 12};" in kernel and "const int batch = kInputDims[0];" in kernel
+    assert "checked_batch" not in kernel
+    assert "kp_policy_g0_launch_workspace_bytes(allow_tf32)" in render_binding(group).content
+
+
 @pytest.mark.parametrize("name", sorted(RUNTIME_SEQUENCE))
 def test_runtime_sequence_kernels_and_bindings_are_the_same_code_at_any_batch_and_sequence(tmp_path, name):
     sizes = ((3, 5), (4, 6), (8, 7), (5, 11))
@@ -334,6 +402,40 @@ def test_built_model_traces_with_a_symbolic_batch(runtime_batch_workspace):
         for batch in (3, 7):
             outputs = compiled(torch.empty(batch, 6, 32, device="meta"), torch.empty(batch, 6, 32, device="meta"))
             assert [tuple(out.shape) for out in outputs] == [(batch, 6, 32)] * 2 + [(batch, 6, 16), (batch, 6, 32)]
+
+
+@pytest.fixture(scope="session")
+def library_batch_workspace(tmp_path_factory):
+    """A compile-only build of a cuDNN convolution and of attention scores (a strided batch of cuBLASLt matmuls
+    over (batch, heads)), both taking the batch at run time."""
+    folder = tmp_path_factory.mktemp("library_batch")
+    path = write_problem(folder, "conv_and_scores", "def forward(self, x, q, k):\n    return torch.relu(self.conv(x)), "
+                         "q @ k.transpose(-2, -1) * 0.3",
+                         "torch.randn(4, 8, 12, 12), torch.randn(4, 2, 8, 16), torch.randn(4, 2, 8, 16)",
+                         "self.conv = nn.Conv2d(8, 16, 3, padding=1)")  # fmt: skip
+    return built_workspace(path, folder)
+
+
+def _conv_and_scores_inputs(batch: int, channels: int = 8) -> list[torch.Tensor]:
+    return [torch.empty(batch, channels, 12, 12, device="meta"), *(torch.empty(batch, 2, 8, 16, device="meta"),) * 2]
+
+
+@pytest.mark.cuda_build
+def test_built_conv_and_bmm_bindings_follow_the_batch_and_trace_with_a_symbolic_one(library_batch_workspace):
+    ws, model = _meta_model(library_batch_workspace)
+    assert sorted(group.kind for group in analysed(ws.model_path).generated_groups) == ["conv", "matmul"]
+    for batch in (2, 9):
+        with torch.no_grad():
+            outputs = model(*_conv_and_scores_inputs(batch))
+        assert [tuple(out.shape) for out in outputs] == [(batch, 16, 12, 12), (batch, 2, 8, 8)]
+    # The other dims stay fixed: a wrong channel count is refused, in one sentence.
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"x must have the dims \[8, 12, 12\] after its batch"):
+        model(*_conv_and_scores_inputs(4, channels=7))
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    with torch.no_grad():
+        for batch in (3, 7):
+            outputs = compiled(*_conv_and_scores_inputs(batch))
+            assert [tuple(out.shape) for out in outputs] == [(batch, 16, 12, 12), (batch, 2, 8, 8)]
 
 
 def test_a_forward_argument_named_batch_does_not_shadow_the_bindings_batch(tmp_path):

@@ -5,7 +5,7 @@ them.
 Python decides the layout (dims merged where every access allows, 16-byte vectors where alignment allows, which
 row data stays in registers) and emits the expressions as C statements; the templates hold every loop,
 reduction, load and store. Shapes are known at generation time and become constants in the kernels, except a
-batch that leading.py shows may vary: the elementwise and row kernels then take it at run time.
+batch (and sequence) that leading.py shows may vary: the kernels and library calls then take it at run time.
 """
 
 from __future__ import annotations

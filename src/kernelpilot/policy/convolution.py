@@ -17,6 +17,9 @@ The NHWC convolution runs through the legacy API's ranked algorithms or, as furt
 graph API (cudnn_graph.h), whose heuristics are what torch's own convolutions use: on an H100 those reach a Hopper
 (sm90) kernel for this layout that the legacy candidates, as measured, do not appear to run (BENCHMARKS.md).
 
+N is a runtime size where leading.py proves it (the input a whole tensor whose dim 0 is N): the descriptors, the
+plan (legacy or graph API) and the workspace size are then built per N, and the NHWC copies sized by it.
+
 A transposed convolution is cuDNN's backward data of the convolution with its settings (NCHW, the legacy API's
 ranked algorithms), written as it is; its bias is added by the elementwise kernel that reads its output. Inputs
 and weights that are not contiguous (or whose offset is off 16 bytes) are copied by an elementwise group first,
@@ -33,6 +36,7 @@ from kernelpilot.policy.codegen import CONV_CANDIDATES, CTYPES, ITEM_SIZES, laun
 from kernelpilot.policy.ir import (
     MATMUL_DTYPES, Builder, Call, Conv, Leaf, Load, NotFusible, Value, contiguous_strides, dtype_name,
 )  # fmt: skip
+from kernelpilot.policy.leading import describe_leading
 
 if TYPE_CHECKING:
     from kernelpilot.policy.ir import Group
@@ -240,6 +244,9 @@ def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
         "tensor_count": len(group.tensors),
         "launcher": launcher_name(group),
         "workspace_query": workspace_query_name(group),
+        # N as a runtime size (leading.py): descriptors, plans and the workspace size are built per N.
+        "leading": group.leading_free,
+        "shapes": describe_leading(group),
         **_channels_last_context(conv, config),
     }
 
@@ -247,7 +254,8 @@ def conv_context(group: Group, config: ConvConfig) -> dict[str, Any]:
 def _channels_last_context(conv: Conv, config: ConvConfig) -> dict[str, Any]:
     """The NHWC candidate's transposes, each a batch of rows x cols matrices turned into cols x rows: the input
     (N of C x spatial), the weight (K of C/groups x kernel) and the NHWC output back (N of spatial x K), which
-    also adds the bias and applies the ReLU; common.cuh.j2's conversions for the conv's dtype."""
+    also adds the bias and applies the ReLU; common.cuh.j2's conversions for the conv's dtype. The images' count
+    is N as generated (where N is a runtime size, the transposes take each call's)."""
     if not config.channels_last:
         return {"channels_last": False}
     batch, channels, *spatial = conv.input.shape

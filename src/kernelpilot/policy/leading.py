@@ -14,7 +14,15 @@ A, the residual and the output holds the same count of rows in its first one or 
 rank), as a LoRA's down projection writes and its up projection reads. The launcher then builds cuBLASLt's plan
 for each M it meets, and the binding checks that the tensors agree on their row count.
 
-What keeps it fixed: a family other than elementwise, row, scan and matmul (column reductions, cuDNN); a leading dim
+A batched (strided) matmul takes the batch where the output's dim 0 is each carrier's dim 0 and the batch count
+is that batch times a constant (heads: (batch, heads, M, N) through one strided batch of batch x heads matrices):
+each of A, B and the residual either stays put along the batch (stride 0, a shared weight) or reads its matrices
+of batch index b inside its slab b, at a constant offset there. The launcher builds cuBLASLt's plan (layouts with
+the batch count) for each batch it meets. A cuDNN convolution (forward, NCHW or NHWC, legacy or graph API, and
+transposed) takes N where its input is a whole tensor whose dim 0 is N: the weight and bias do not move along it,
+and the launcher builds its descriptors, plan and workspace size for each N it meets.
+
+What keeps it fixed: a family other than elementwise, row, scan, matmul and conv (column reductions); a leading dim
 that a row kernel reduces; a carrier read at a fixed position along it (x[0] broadcast over the batch) or reaching
 outside its slab; a cat, pad or triangle whose window cuts the leading dim; stacked per-row values (merge.py),
 whose layout is [values, rows]; a returned view that reshapes dim 0; an elementwise vector width that a runtime
@@ -34,7 +42,7 @@ import math
 from kernelpilot.policy.codegen import elementwise_layout
 from kernelpilot.policy.ir import Access, Const, Group, Leaf, Stack, contiguous_strides, walk
 
-FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan", "matmul")
+FAMILIES_WITH_RUNTIME_LEADING = ("elementwise", "row", "scan", "matmul", "conv")
 
 
 def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
@@ -42,7 +50,11 @@ def mark_runtime_leading(groups: list[Group], returned: list[Leaf]) -> None:
     else 0) and `carrier_dims`, the free leading dims of each of its tensors (see the module docstring)."""
     for group in groups:
         if group.kind == "matmul":
-            group.free_dims, group.carrier_dims = _matmul_prefixes(group, returned)
+            prefixes = _batched_matmul_batch if group.matmul.batch > 1 else _matmul_prefixes
+            group.free_dims, group.carrier_dims = prefixes(group, returned)
+            continue
+        if group.kind == "conv":
+            group.free_dims, group.carrier_dims = _conv_batch(group, returned)
             continue
         free = 0
         if group.kind in FAMILIES_WITH_RUNTIME_LEADING and _leading_may_vary(group, returned):
@@ -112,6 +124,62 @@ def _matmul_prefixes(group: Group, returned: list[Leaf]) -> tuple[int, tuple[int
         if all(_keeps_dims(leaf, free) for leaf in returned if leaf.source == group.output):
             return free, tuple(prefixes.get(source, 0) for source in group.tensors)
     return fixed
+
+
+def _batched_matmul_batch(group: Group, returned: list[Leaf]) -> tuple[int, tuple[int, ...]]:
+    """(1, each tensor's free dims) for a strided-batch matmul whose batch count is the output's dim 0 times a
+    constant and whose moving operands read each batch index's matrices inside their own slab, else all 0."""
+    fixed = (0, (0,) * len(group.tensors))
+    matmul, out = group.matmul, tuple(group.output.shape)
+    m, n, _ = matmul.mnk
+    if len(out) < 2 or out[0] < 2 or matmul.batch % out[0] or math.prod(out) != matmul.batch * m * n:
+        return fixed
+    batch, per = out[0], matmul.batch // out[0]  # per: matrices per batch index (heads)
+    operands = [leaf for leaf in (matmul.a, matmul.b) if leaf is not None]
+    moving = [leaf for leaf in operands if leaf.strides[0] != 0]
+    carriers = {leaf.source for leaf in moving} | ({matmul.residual.source} if matmul.residual else set())
+    still = [leaf for leaf in operands if leaf.strides[0] == 0] + ([matmul.bias] if matmul.bias else [])
+    if not moving or any(leaf.source in carriers for leaf in still):
+        return fixed
+    if not all(_matrices_in_slabs(leaf, batch, per) for leaf in moving):
+        return fixed
+    residual = matmul.residual
+    if residual is not None and not (residual.offset == 0 and residual.source.shape[:1] == (batch,)
+                                     and math.prod(residual.source.shape) == math.prod(out)):  # fmt: skip
+        return fixed  # C is read as the output is written: a whole tensor, slab b for batch index b
+    if any(math.isclose(matmul.alpha, size) or math.isclose(matmul.alpha, 1 / size) for size in (batch, matmul.batch)):
+        return fixed  # a size traced to a number (`q @ k / q.shape[0]`)
+    if not all(_keeps_dims(leaf, 1) for leaf in returned if leaf.source == group.output):
+        return fixed
+    return 1, tuple(int(source in carriers) for source in group.tensors)
+
+
+def _matrices_in_slabs(leaf: Leaf, batch: int, per: int) -> bool:
+    """The `per` matrices of batch index b of a 3-d operand lie in slab b of its source: dim 0 of the source is the
+    batch, `per` matrices span one slab, and every element of one matrix lies within its stride from its start."""
+    source = leaf.source
+    if len(leaf.shape) != 3 or not source.shape or source.shape[0] != batch or any(s < 0 for s in leaf.strides):
+        return False
+    if leaf.strides[0] * per != math.prod(source.shape[1:]) or leaf.offset < 0:
+        return False
+    last = leaf.offset + sum((size - 1) * stride for size, stride in zip(leaf.shape[1:], leaf.strides[1:]))
+    return last < leaf.strides[0]
+
+
+def _conv_batch(group: Group, returned: list[Leaf]) -> tuple[int, tuple[int, ...]]:
+    """(1, each tensor's free dims) for a convolution whose input is a whole tensor with N as its dim 0 (the
+    output's), read by no other operand, else all 0. cuDNN reads image n of the input for image n of the output."""
+    fixed = (0, (0,) * len(group.tensors))
+    conv, out = group.conv, tuple(group.output.shape)
+    source = conv.input.source
+    whole = conv.input.offset == 0 and math.prod(source.shape) == math.prod(conv.input.shape)
+    if out[0] < 2 or conv.input.shape[0] != out[0] or source.shape[:1] != out[:1] or not whole:
+        return fixed
+    if any(leaf.source == source for leaf in (conv.weight, conv.bias) if leaf is not None):
+        return fixed
+    if not all(_keeps_dims(leaf, 1) for leaf in returned if leaf.source == group.output):
+        return fixed
+    return 1, tuple(int(tensor == source) for tensor in group.tensors)
 
 
 def _prefix_of(shape: tuple[int, ...], count: int, free: int, out: tuple[int, ...]) -> int | None:

@@ -63,6 +63,9 @@ def matmul_context(group: Group, config: MatmulConfig) -> dict[str, Any]:
         "leading": group.leading_free,
         "free_dims": group.free_dims,
         "rows_per_batch": m // math.prod(group.output.shape[: group.free_dims]) if group.leading_free else m,
+        # A strided batch whose count is the runtime batch times this many matrices: plans are built per count.
+        "batched_leading": group.leading_free and matmul.batch > 1,
+        "matrices_per_batch": matmul.batch // group.output.shape[0] if group.leading_free else matmul.batch,
         "shapes": describe_leading(group),
         "lt_a": _lt_operand(matmul.b, "B", index[matmul.b.source]),
         "lt_b": _lt_operand(matmul.a, "A", index[matmul.a.source]),
