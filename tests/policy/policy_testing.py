@@ -235,7 +235,7 @@ FUSED_EXAMPLES = [
 ]  # fmt: skip
 MATMUL_EXAMPLES = [
     "linear_bias_relu", "matmul_gelu", "small_mlp_block", "mlp_up_gelu_bf16", "out_proj_residual_bf16",
-    "coordinate_mlp_relu_fp16", "lora_residual_bf16",
+    "coordinate_mlp_relu_fp16", "lora_residual_bf16", "attention_bmm",
 ]  # fmt: skip
 CONV_EXAMPLES = ["conv2d_relu_bias"]
 SUPPORTED_EXAMPLES = FUSED_EXAMPLES + MATMUL_EXAMPLES + CONV_EXAMPLES
@@ -246,7 +246,7 @@ RUNTIME_BATCH_EXAMPLES = [
     "softmax_long_rows", "layernorm", "rmsnorm", "silu_scale_shift", "logsumexp", "l2_normalize", "row_mean",
     "frozen_batchnorm_residual_relu", "softmax_then_mask", "geglu_bf16", "group_norm", "group_norm_silu",
     "token_logprobs_bf16", "logits_entropy_bf16", "linear_bias_relu", "matmul_gelu", "small_mlp_block",
-    "mlp_up_gelu_bf16", "out_proj_residual_bf16", "coordinate_mlp_relu_fp16", "lora_residual_bf16",
+    "mlp_up_gelu_bf16", "out_proj_residual_bf16", "coordinate_mlp_relu_fp16", "lora_residual_bf16", "attention_bmm",
     "conv2d_relu_bias",
 ]  # fmt: skip
 # ...and those whose every kernel takes the sequence (dim 1 of (batch, tokens, features)) at run time as well.
