@@ -10,9 +10,12 @@ policy, accept them, swap them back into the model, and measure the whole model'
 3. swap: every RMSNorm of the model (two per block and the final one) and every block's MLP are replaced by the
    accepted ModelNew (`kernelpilot.swap`), sharing the model's own weights;
 4. measure: the forward of the original model in eager and under torch.compile, and of the swapped model in eager
-   and under torch.compile, and each output against the original eager one. torch.compile cannot trace the
-   kernels' pybind functions: it breaks the graph at each call (the count and reason are recorded) and runs them
-   eagerly between compiled graphs; where compiling fails outright, the row is reported as skipped with the reason.
+   and under torch.compile, and each output against the original eager one. The kernels are torch custom ops with
+   meta implementations, so torch.compile traces through them; any graph break is still counted and its reason
+   recorded, and where compiling fails outright, the row is reported as skipped with the reason;
+5. other shapes: the swapped model (eager) at half the batch, half the sequence and twice both, each output against
+   the original model's at that shape (the kernels take the batch and the sequence at run time where the policy
+   proved that right; a kernel fixed to the captured shape raises, and the row says so).
 
 It writes DIR/results.json (or --json) and prints a table. About 5 minutes on an H100, most of it the two
 optimize runs and torch.compile.
@@ -66,8 +69,11 @@ def main() -> int:
                      "sequence": SEQUENCE, "config": vars(GPTConfig()) | {"dtype": "bfloat16"}}  # fmt: skip
 
     model, x = make_model()
+    shapes = [(BATCH // 2, SEQUENCE), (BATCH, SEQUENCE // 2), (BATCH * 2, SEQUENCE * 2)]
+    others = [torch.randn(batch, sequence, GPTConfig().dim, dtype=x.dtype, device=x.device) for batch, sequence in shapes]
     with torch.inference_mode():
         reference = model(x)
+        other_references = [model(other) for other in others]
     problems = capture_layers(model, x, out)
     results["layers"] = {name: analysis_of(path) for name, path in problems.items()}
     unsupported = [name for name, layer in results["layers"].items() if not layer["supported"]]
@@ -82,15 +88,22 @@ def main() -> int:
         "eager": measure(model, x, args.runs),
         "compile": measure(compiled(model), x, args.runs, reference),
     }
+    other_eager = [measure(model, other, args.runs) for other in others]
     swapped = swap_layers(model, out)
     results["swapped_modules"] = swapped
     results["model"]["swapped_eager"] = measure(model, x, args.runs, reference)
     results["model"]["swapped_compile"] = measure(compiled(model), x, args.runs, reference)
+    results["other_shapes"] = [
+        {"batch": other.shape[0], "sequence": other.shape[1], "eager": eager,
+         "swapped_eager": measure(model, other, args.runs, expected)}
+        for other, expected, eager in zip(others, other_references, other_eager)
+    ]  # fmt: skip
     target = args.json or out / "results.json"
     target.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nwrote {target}")
-    return 0 if results["model"]["swapped_eager"].get("correct") else 1
+    every_shape = [results["model"]["swapped_eager"], *(row["swapped_eager"] for row in results["other_shapes"])]
+    return 0 if all(timing.get("correct") for timing in every_shape) else 1
 
 
 def make_model() -> tuple[TinyGPT, torch.Tensor]:
@@ -226,6 +239,16 @@ def print_table(results: dict) -> None:
         diff = f"{timing['max_abs_diff']:.3g}" if "max_abs_diff" in timing else "-"
         print(f"{name:<16} {timing['median_ms']:>9.3f} {eager_ms / timing['median_ms']:>8.2f}x {diff:>11} "
               f"{str(timing.get('correct', '-')):>8}")  # fmt: skip
+
+    print(f"\n{'other shapes':<16} {'eager ms':>9} {'swapped ms':>10} {'vs eager':>9} {'max |diff|':>11} {'correct':>8}")
+    for row in results["other_shapes"]:
+        timing, label = row["swapped_eager"], f"{row['batch']}x{row['sequence']}"
+        if "skipped" in timing:
+            print(f"{label:<16} skipped: {timing['skipped']}")
+            continue
+        eager_ms = row["eager"]["median_ms"]
+        print(f"{label:<16} {eager_ms:>9.3f} {timing['median_ms']:>10.3f} {eager_ms / timing['median_ms']:>8.2f}x "
+              f"{timing['max_abs_diff']:>11.3g} {str(timing['correct']):>8}")  # fmt: skip
 
 
 def _ms(value: float | None) -> str:
