@@ -28,6 +28,24 @@ LAYERS = ("slow", "cuda_build", "gpu")
 os.environ.setdefault("KERNELPILOT_PCH_DIR", str(Path(tempfile.gettempdir()) / f"kernelpilot-tests-pch-{os.getuid()}"))
 
 
+def _share_the_cores_between_xdist_workers() -> None:
+    """Under xdist every core already runs a worker, so torch's intra-op threads (OpenMP) in a worker and in the
+    processes it starts (the judge's sandboxes inherit OMP_ settings) get the worker's share of the cores.
+
+    With torch's default of one thread per core, each CPU op of a sandbox waited on a thread that another worker's
+    process held: on a 2-core machine under `-n auto` the eager time of a small problem went from 0.1 ms to 2-6 ms
+    while the candidate's single-threaded C++ kept its time, the spinning threads burned CPU time, and a cached
+    CPU baseline that such a measurement refuted (more than 10x off) was measured again, torch.compile included
+    (about 35 s of CPU each). Set only under xdist (`-n 0` keeps torch's default) and never over the user's own."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
+
+
+_share_the_cores_between_xdist_workers()
+
+
 def _has_gpu() -> bool:
     try:
         import torch
