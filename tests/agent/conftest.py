@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tools_testing import make_workspace
 
 from kernelpilot.agent import ToolContext
+from kp_testing import run_cache_dir
 
 # Seconds each (CLI subprocesses, litellm retries and time-outs, a command killed at its time-out).
 SLOW = {
@@ -30,3 +33,11 @@ def pytest_itemcollected(item):
 def ctx(tmp_path) -> ToolContext:
     """A fresh workspace for the tool tests, with no judge."""
     return make_workspace(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def double_problem_cpu_cache(tmp_path_factory) -> Path:
+    """The run's judge cache folder, for the tests that time DOUBLE_PROBLEM on a CPU judge: session-scoped, so
+    xdist runs them on one worker, one after the other, and only the first measures the problem's torch.compile
+    baseline (about 30 s of CPU); run side by side, each measured it, as neither found it cached yet."""
+    return run_cache_dir(tmp_path_factory.mktemp("double_problem"))

@@ -77,9 +77,9 @@ def model_flags(server: ScriptedOpenAIServer) -> list[str]:
 
 
 @pytest.mark.cuda_build
-def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path, monkeypatch):
+def test_optimize_writes_the_best_verified_candidate_beside_the_problem(tmp_path, monkeypatch, double_problem_cpu_cache):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(run_cache_dir(tmp_path)))
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(double_problem_cpu_cache))
     monkeypatch.setenv("COLUMNS", "200")
     problem = write_double_problem(tmp_path / "problems")
     with ScriptedOpenAIServer() as server:
@@ -126,9 +126,11 @@ def make_repo(path: Path, monkeypatch) -> git.Repo:
 
 
 @pytest.mark.cuda_build
-def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_output(tmp_path, monkeypatch):
+def test_optimize_commit_commits_the_workspace_and_a_late_refusal_keeps_the_output(
+    tmp_path, monkeypatch, double_problem_cpu_cache
+):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(run_cache_dir(tmp_path)))
+    monkeypatch.setenv("KERNELPILOT_CACHE_DIR", str(double_problem_cpu_cache))
     repo = make_repo(tmp_path / "project", monkeypatch)
     problem = write_double_problem(tmp_path / "project" / "problems")
     common = ["--workspace", tmp_path / "project" / "kp-double", "--device", "cpu", "--json", "--commit"]
