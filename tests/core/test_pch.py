@@ -11,10 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernelpilot import pch
-from kernelpilot.build import build_workspace
-from kernelpilot.workspace import init_workspace
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CPP = [Path("kernels/binding.cpp")]
 
 
@@ -26,19 +23,18 @@ def gcc() -> str:
 
 
 @pytest.mark.cuda_build
-def test_a_build_includes_the_shared_header_and_gcc_reads_its_precompiled_form(tmp_path, gcc):
-    ws, _ = init_workspace(REPO_ROOT / "examples" / "silu_scale_shift.py", tmp_path / "kp-ws")
-    result = build_workspace(ws.root, arch="9.0")
+def test_a_build_includes_the_shared_header_and_gcc_reads_its_precompiled_form(built, gcc):
+    root, result = built  # the build tests' workspace (conftest.py): a .cu and a C++ binding, built once
     assert result.ok, result.log
 
-    ninja = (ws.root / "build" / "build.ninja").read_text()
+    ninja = (root / "build" / "build.ninja").read_text()
     flags_line = next(line for line in ninja.splitlines() if line.startswith("cxx_flags = "))
     flags = shlex.split(flags_line.removeprefix("cxx_flags = "))
     header = Path(flags[flags.index("-include") + 1])
     assert header.parent.parent == pch.pch_root() and header.with_suffix(".h.gch").is_file()
     # g++ -H marks a precompiled header it used with "!" (and one it could not use with "x").
     shown = subprocess.run(
-        [gcc, *flags, "-H", "-Winvalid-pch", "-fsyntax-only", str(ws.root / "kernels" / "example_scale_shift_binding.cpp")],
+        [gcc, *flags, "-H", "-Winvalid-pch", "-fsyntax-only", str(root / "kernels" / "scale_binding.cpp")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-2000:]
