@@ -400,6 +400,24 @@ def test_the_sandbox_environment_keeps_the_toolchain_and_drops_credentials(tmp_p
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in sandbox_environment(env, tmp_path, cuda=False)
 
 
+def test_a_cpu_sandbox_takes_the_vector_isa_the_judge_checked(tmp_path):
+    """Inductor checks each vector ISA by compiling a test library in its cache, and a sandbox's cache starts empty:
+    the judge checks once and tells CPU sandboxes the answer, which is the answer they would have found."""
+    import platform
+
+    from torch._inductor import cpu_vec_isa
+
+    from kernelpilot.harness.process import VEC_ISA_OK_ENV, sandbox_environment
+
+    env = {"PATH": "/usr/bin"}
+    flagged = [isa for isa in cpu_vec_isa.supported_vec_isa_list
+               if all(flag in cpu_vec_isa.x86_isa_checker() for flag in str(isa).split())]  # fmt: skip
+    every_one_builds = platform.machine() == "x86_64" and bool(flagged) and cpu_vec_isa.valid_vec_isa_list() == flagged
+    assert sandbox_environment(env, tmp_path, cuda=False).get(VEC_ISA_OK_ENV) == ("1" if every_one_builds else None)
+    assert VEC_ISA_OK_ENV not in sandbox_environment(env, tmp_path), "a GPU sandbox is left to inductor as before"
+    assert sandbox_environment({**env, VEC_ISA_OK_ENV: "0"}, tmp_path, cuda=False)[VEC_ISA_OK_ENV] == "0"
+
+
 def test_verify_reports_where_the_candidates_load_went(worker, tmp_path):
     """The turn's cost breakdown: the wait for a spare sandbox and the candidate's load, with the sandbox's own
     split of the load (the problem file, the model), in the verification's phases."""

@@ -339,7 +339,47 @@ def sandbox_environment(env: dict[str, str], private_dir: Path, *, cuda: bool = 
     # CPU the workers need no device, and compiling C++ kernels in parallel is faster.
     if cuda:
         kept[COMPILE_THREADS_ENV] = "1"
+    else:
+        kept.update(checked_vector_isa(env))
     return kept
+
+
+VEC_ISA_OK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"  # inductor: take every vector ISA the CPU's flags name as usable
+
+
+def checked_vector_isa(env: dict[str, str]) -> dict[str, str]:
+    """For a CPU sandbox: VEC_ISA_OK_ENV=1 where this (trusted) process found every vector ISA the CPU's flags name
+    usable, as inductor checks them (compiling and loading a test library for each, in this process's inductor
+    cache, once per machine), so the sandbox's torch.compile picks the same one without checking again. A sandbox's
+    inductor cache is its own and starts empty: each one spent about 12 s of its first CPU compile on that check
+    (2 cores). The user's own setting is passed on; anything unexpected leaves the sandbox to check for itself."""
+    if env.get(VEC_ISA_OK_ENV) in ("0", "1"):
+        return {VEC_ISA_OK_ENV: env[VEC_ISA_OK_ENV]}
+    return {VEC_ISA_OK_ENV: "1"} if _every_flagged_isa_builds() else {}
+
+
+_isa_checked: list[bool] = []  # this process's answer, once
+
+
+def _every_flagged_isa_builds() -> bool:
+    if not _isa_checked:
+        _isa_checked.append(_check_flagged_isas())
+    return _isa_checked[0]
+
+
+def _check_flagged_isas() -> bool:
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False  # elsewhere inductor's list needs no compile check
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        flags = cpu_vec_isa.x86_isa_checker()
+        flagged = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+        return bool(flagged) and cpu_vec_isa.valid_vec_isa_list() == flagged
+    except Exception:  # noqa: BLE001 - inductor's internals moved: the sandbox checks for itself, as before
+        return False
 
 
 def _end(proc: subprocess.Popen, scratch: Path | None) -> None:
