@@ -247,7 +247,8 @@ def finish_run(run: AgentRun, summary: RunSummary) -> OptimizeResult:
     """Write out the best verified candidate (not after an interruption, which a resume continues) and report,
     with why nothing was verified when nothing was."""
     interrupted = summary.status == "interrupted"
-    written = [] if interrupted else write_outputs(run.workspace, run.problem_path, run.settings.output)
+    written = [] if interrupted else write_outputs(run.workspace, run.problem_path, run.settings.output,
+                                                   run.session.path)  # fmt: skip
     # The judge's own word covers every step it ran; the evaluations' cover a resumed session's earlier ones.
     confinement = least_confined(getattr(run.ctx.judge, "confinement", None),
                                  *(result.confinement for result in run.ctx.judged.evals))  # fmt: skip
@@ -297,12 +298,13 @@ def _new_session(problem: Any, ws: Workspace, settings: Settings, model_name: st
     return session, messages
 
 
-def write_outputs(ws: Workspace, problem_path: Path, output: Path | None) -> list[Path]:
-    """Put the best verified candidate back into the workspace and copy it to `output` (default: beside the problem).
+def write_outputs(ws: Workspace, problem_path: Path, output: Path | None, transcript: Path) -> list[Path]:
+    """Put the session's best verified candidate back into the workspace and copy it to `output` (default: beside
+    the problem).
 
     Returns the files written outside the workspace; none when nothing was verified.
     """
-    if not restore_best(ws):
+    if not restore_best(ws, transcript):
         return []
     target = Path(output) if output is not None else Path(problem_path).parent / "model_new.py"
     if target.parent.resolve() == ws.root:

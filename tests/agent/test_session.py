@@ -78,11 +78,12 @@ def test_best_files_survive_a_worse_edit_and_come_back(tmp_path):
     (tmp_path / "model_new.py").write_text("good")
     (tmp_path / "kernels" / "fast.cu").write_text("fast kernel")
     (tmp_path / "kernels" / "kp_module.cpp").write_text("protected")
-    save_best(ws)
+    transcript = tmp_path / ".kernelpilot" / "sessions" / "20261129-000000-abcd.jsonl"
+    save_best(ws, transcript, "0" * 64)
     (tmp_path / "model_new.py").write_text("worse")
     (tmp_path / "kernels" / "fast.cu").unlink()
     (tmp_path / "kernels" / "slow.cu").write_text("slow kernel")
-    assert restore_best(ws)
+    assert restore_best(ws, transcript)
     assert (tmp_path / "model_new.py").read_text() == "good"
     assert (tmp_path / "kernels" / "fast.cu").read_text() == "fast kernel"
     assert not (tmp_path / "kernels" / "slow.cu").exists()
@@ -91,7 +92,7 @@ def test_best_files_survive_a_worse_edit_and_come_back(tmp_path):
 
 def test_restore_without_a_best_changes_nothing(tmp_path):
     (tmp_path / "model_new.py").write_text("draft")
-    assert not restore_best(Workspace(tmp_path))
+    assert not restore_best(Workspace(tmp_path), tmp_path / ".kernelpilot" / "sessions" / "20261129-000000-abcd.jsonl")
     assert (tmp_path / "model_new.py").read_text() == "draft"
 
 
@@ -109,7 +110,7 @@ def record_turn(session: Session, turn: int, calls: list[str], answered: list[st
 
 def test_records_are_json_lines_with_type_and_time(tmp_path):
     session = Session.create(tmp_path, problem="p.py", model="m")
-    session.append("eval", turn=1, eval=judged(5.0), improved=True)
+    session.append_vouched("eval", turn=1, eval=judged(5.0), improved=True)
     lines = session.path.read_text().splitlines()
     assert session.path.parent == tmp_path / ".kernelpilot" / "sessions"
     assert [json.loads(line)["type"] for line in lines] == ["start", "eval"]
@@ -121,10 +122,10 @@ def test_resume_rebuilds_messages_and_state(tmp_path):
     session = Session.create(tmp_path, problem="p.py", model="m")
     session.append("message", turn=0, message={"role": "system", "content": "sys"})
     record_turn(session, 1, ["a"], ["a"])
-    session.append("eval", turn=1, eval=judged(8.0), improved=True)
+    session.append_vouched("eval", turn=1, eval=judged(8.0), improved=True)
     session.append("step", turn=1, elapsed_s=12.5, todos=[{"content": "x", "status": "pending"}])
     record_turn(session, 2, ["b"], ["b"], usage=Usage(100, 50, None))
-    session.append("eval", turn=2, eval=judged(9.0), improved=False)
+    session.append_vouched("eval", turn=2, eval=judged(9.0), improved=False)
 
     resumed = Session.resume(tmp_path)
     assert resumed.id == session.id
@@ -184,8 +185,8 @@ def test_resume_names_what_is_missing(tmp_path):
 
 def test_list_and_render_sessions(tmp_path):
     first = Session.create(tmp_path / "kp-a", problem="/x/a.py", model="openai/m")
-    first.append("eval", turn=3, eval=judged(5.0, compile_ms=10.0), improved=True)
-    first.append("end", status="target-met", summary={})
+    first.append_vouched("eval", turn=3, eval=judged(5.0, compile_ms=10.0), improved=True)
+    first.append_vouched("end", status="target-met", summary={})
     second = Session.create(tmp_path / "kp-b", problem="/x/b.py", model="builtin")
     (tmp_path / "kp-b" / ".kernelpilot" / "sessions" / "junk.jsonl").write_text("junk\n")
 
@@ -216,8 +217,8 @@ def test_replay_shows_turns_calls_results_and_evals(tmp_path):
     session.append("message", turn=1, message={"role": "assistant", "content": "I predict 2x [fewer bytes]", "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "Profile", "arguments": "{}"}}]})
     session.append("tool", turn=1, message={"role": "tool", "tool_call_id": "a", "content": "candidate 5 ms"}, name="Profile", seconds=2.0)
-    session.append("eval", turn=1, eval=judged(5.0), improved=True)
-    session.append("end", status="finished", summary={})
+    session.append_vouched("eval", turn=1, eval=judged(5.0), improved=True)
+    session.append_vouched("end", status="finished", summary={})
     console = Console(record=True, width=200)
     render_transcript(console, session.path)
     text = console.export_text()

@@ -101,7 +101,7 @@ def test_an_episode_the_judge_broke_off_is_run_again_by_the_next_rollouts(tmp_pa
     from kernelpilot.agent.session import Session
 
     for status in ("error", "finished"):  # "error": what run_agent writes when UnconfinedJudgeError ends the run
-        Session.create(tmp_path / status, problem="task.py", model="m").append("end", status=status, summary=None)
+        Session.create(tmp_path / status, problem="task.py", model="m").append_vouched("end", status=status, summary=None)
     assert rollout.finished_session(tmp_path / "error") is None
     assert rollout.finished_session(tmp_path / "finished").status == "finished"
 

@@ -4,6 +4,8 @@ randomly initialised Llama with a character-level tokenizer built locally (nothi
 import json
 from pathlib import Path
 
+from kernelpilot.agent.vouched import line_digest, vouch
+
 def _call(call_id, name, arguments):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
@@ -74,7 +76,11 @@ def write_transcript(
         }
     )
     records.append({"type": "end", "status": "finished"})
-    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    lines = [json.dumps(record) for record in records]
+    path.write_text("".join(line + "\n" for line in lines))
+    for record, line in zip(records, lines):
+        if record["type"] in ("eval", "end"):  # the loop vouches for its verdicts and end (agent/vouched.py)
+            vouch(path, line_digest(line))
     return path
 
 

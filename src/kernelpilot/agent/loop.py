@@ -87,7 +87,7 @@ def run_agent(
         status = ended.status
     finally:
         summary = _summary(status, session, state)
-        session.append("end", status=status, summary=summary)
+        session.append_vouched("end", status=status, summary=summary)
     return summary
 
 
@@ -140,11 +140,11 @@ def record_evals(ctx: ToolContext, session: Session, state: RunState) -> None:
     """Log the judge's new results; keep a copy of the candidate's files when one is the new best."""
     for result in ctx.judged.evals[len(state.evals):]:
         improved = is_improvement(result, state.best)
+        digest = session.append_vouched("eval", turn=state.turn, eval=result, improved=improved)
         if improved:
-            save_best(ctx.workspace)
+            save_best(ctx.workspace, session.path, digest)
             state.best, state.best_turn = result, state.turn
         state.evals.append(result)
-        session.append("eval", turn=state.turn, eval=result, improved=improved)
 
 
 def stop_reason(state: RunState, settings: Settings) -> str | None:

@@ -29,6 +29,7 @@ from kernelpilot.agent.tool_results import (
     ToolError,
     ToolResult,
 )
+from kernelpilot.agent.vouched import keep_best, kept_best, line_digest, vouch, vouched
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict, to_dict
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 SESSIONS_DIR = ".kernelpilot/sessions"
 BEST_DIR = ".kernelpilot/best"
+DIGEST = "_sha256"  # added to each record read: the digest of its line, which `vouched.py` entries name
 # A faster time counts as an improvement only beyond timing noise (medians on a warm GPU move by about 1%).
 MIN_IMPROVEMENT = 0.01
 # What the loop answered a refused call with before records named their result's type (now a ToolError's text).
@@ -106,18 +108,26 @@ class Session:
         """The session `session_id` (default: the newest) of a workspace, with its messages and state rebuilt."""
         path = find_session(Path(ws_root), session_id)
         records = read_records(path)
-        session = cls(path, rebuild_messages(records), rebuild_state(records))
+        session = cls(path, rebuild_messages(records), rebuild_state(records, path))
         session.append("resume", turn=session.state.turn)
         return session
 
-    def append(self, record_type: str, **fields: Any) -> None:
-        """Write one record and force it to disk before returning."""
+    def append(self, record_type: str, **fields: Any) -> str:
+        """Write one record and force it to disk before returning; returns the line's digest (`vouched.py`)."""
         record = {"type": record_type, "time": round(time.time(), 6), **to_dict(fields)}  # (µs: sessions started
         # in the same millisecond still list in the order they started)
+        line = json.dumps(record, default=str)
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, default=str) + "\n")
+            handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        return line_digest(line)
+
+    def append_vouched(self, record_type: str, **fields: Any) -> str:
+        """`append` a verdict or the end, vouched for where the agent cannot write (`vouched.py`)."""
+        digest = self.append(record_type, **fields)
+        vouch(self.path, digest)
+        return digest
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -132,7 +142,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     records = []
     for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            records.append({**json.loads(line), DIGEST: line_digest(line)})
         except ValueError:
             if number < len(lines):
                 raise SessionError(f"Line {number} of {path} is not JSON.", hint="The transcript was edited or corrupted.") from None
@@ -162,9 +172,9 @@ def _interrupted(call_id: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": INTERRUPTED_CALL}
 
 
-def rebuild_state(records: list[dict[str, Any]]) -> RunState:
+def rebuild_state(records: list[dict[str, Any]], transcript: Path) -> RunState:
     """Turns, tokens, cost, evals, the best candidate, todos, the judge tools' results and Finish's summary, from
-    the records."""
+    the records of `transcript`; a verdict counts only where kernelpilot vouched for its line (`vouched.py`)."""
     from kernelpilot.agent import Usage
 
     state = RunState()
@@ -172,7 +182,7 @@ def rebuild_state(records: list[dict[str, Any]]) -> RunState:
         state.turn = max(state.turn, record.get("turn") or 0)
         if record["type"] == "message" and record.get("usage"):
             state.add_usage(from_dict(Usage, record["usage"]))
-        elif record["type"] == "eval":
+        elif record["type"] == "eval" and vouched(transcript, record.get(DIGEST)):
             result = from_dict(EvalResult, record["eval"])
             state.evals.append(result)
             if record.get("improved"):
@@ -260,7 +270,8 @@ def list_sessions(root: Path) -> list[SessionInfo]:
 
 
 def _session_info(path: Path, records: list[dict[str, Any]]) -> SessionInfo:
-    start, state, last = records[0], rebuild_state(records), records[-1]
+    start, state, last = records[0], rebuild_state(records, path), records[-1]
+    ended = last["type"] == "end" and vouched(path, last.get(DIGEST))
     best = state.best
     return SessionInfo(
         id=path.stem,
@@ -268,7 +279,7 @@ def _session_info(path: Path, records: list[dict[str, Any]]) -> SessionInfo:
         problem=start.get("problem", ""),
         model=start.get("model") or "",
         started=start["time"],
-        status=last["status"] if last["type"] == "end" else "unfinished",
+        status=last["status"] if ended else "unfinished",
         turns=state.turn,
         best_speedup_vs_compile=best.bench.speedup_vs_compile if best and best.bench else None,
         reward=best.reward if best else None,
@@ -317,21 +328,32 @@ def candidate_files(root: Path) -> Iterator[Path]:
             yield relative
 
 
-def save_best(ws: Workspace) -> None:
-    """Copy the workspace's current candidate to .kernelpilot/best/, replacing the previous best."""
+def save_best(ws: Workspace, transcript: Path, digest: str) -> None:
+    """Keep the workspace's current candidate as the session's best, for the verdict line `digest`: where the agent
+    cannot write (`vouched.py`), and a copy under .kernelpilot/best/ to look at."""
+    files = {relative.as_posix(): (ws.root / relative).read_bytes() for relative in candidate_files(ws.root)}
+    keep_best(transcript, digest, files)
     best_dir = ws.root / BEST_DIR
     shutil.rmtree(best_dir, ignore_errors=True)
     copy_candidate(ws.root, best_dir)
 
 
-def restore_best(ws: Workspace) -> bool:
-    """Put the saved best candidate back into the workspace (its kernels/ replaced); False when none was saved."""
-    best_dir = ws.root / BEST_DIR
-    if not (best_dir / "model_new.py").is_file():
+def restore_best(ws: Workspace, transcript: Path) -> bool:
+    """Put the session's best candidate back into the workspace (its kernels/ replaced), as the judge saw it (not
+    the copy in the workspace, which the agent may have changed); False when none was kept."""
+    from kernelpilot.workspace import PROTECTED_FILES
+
+    kept = kept_best(transcript)
+    if kept is None:
         return False
     for stale in list(candidate_files(ws.root)):
         (ws.root / stale).unlink()
-    copy_candidate(best_dir, ws.root)
+    for name, data in kept[1].items():
+        target = ws.root / name
+        if not target.resolve().is_relative_to(ws.root.resolve()) or name in PROTECTED_FILES:
+            continue  # (names were written by kernelpilot; a damaged entry still writes nothing outside)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
     return True
 
 

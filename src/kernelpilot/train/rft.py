@@ -1,7 +1,8 @@
 """Rejection fine-tuning: keep the agent's good trajectories as chat-format SFT data, train with TRL's SFTTrainer.
 
 A trajectory is an agent session transcript (agent/session.py). It is kept only when the judge verified a candidate
-in it (an `eval` record with reward >= 1; what the model claimed in Finish counts for nothing), the verifier never
+in it (an `eval` record with reward >= 1 that kernelpilot vouched for, agent/vouched.py: what the model claimed in
+Finish, or wrote into its transcript, counts for nothing), the verifier never
 failed in it (the model then acted on an observation about kernelpilot, not its kernel), none of its tool calls was
 refused (answered with a ToolError), it never repeats one action in a loop, and its conversation fits the context
 budget.
@@ -46,10 +47,10 @@ class FilterLimits:
 
 def load_trajectory(path: Path) -> Trajectory:
     """A transcript as a trajectory; its reward is the best the judge gave any candidate in it (-1 if none)."""
-    from kernelpilot.agent.session import read_records, rebuild_messages
+    from kernelpilot.agent.session import read_records, rebuild_messages, rebuild_state
 
     records = read_records(Path(path))
-    rewards = [record["eval"].get("reward", -1) for record in records if record["type"] == "eval"]
+    rewards = [result.reward for result in rebuild_state(records, Path(path)).evals]
     tools = [record for record in records if record["type"] == "tool"]
     return Trajectory(Path(path), rebuild_messages(records), tools, max(rewards, default=-1))
 
