@@ -276,6 +276,16 @@ def test_runtime_sequence_kernels_and_bindings_are_the_same_code_at_any_batch_an
         assert len({_code(render_binding(at[bt][index]).content) for bt in at}) == 1
 
 
+def test_a_reductions_own_length_is_not_taken_for_a_size_traced_to_a_number(tmp_path):
+    """A mean over 64 features multiplies by 1/64. At 64 tokens, or a batch of 64, that constant equals a free dim's
+    size, yet it counts reduced dims, never free ones. (TinyGPT's RMSNorm over (8, 1024, 1024) kept its sequence
+    fixed for it, and the swapped model refused another sequence length.) A size that forward reads and divides by
+    stays fixed: divided_by_the_tokens and divided_by_the_batch above."""
+    for batch, sequence in ((4, 64), (64, 6)):
+        (group,) = analysed(_problem(tmp_path, "rmsnorm_over_tokens", batch, RUNTIME_SEQUENCE, sequence)).generated_groups
+        assert group.free_dims == 2, (batch, sequence, group.free_dims)
+
+
 @pytest.mark.parametrize("name", sorted(FIXED_SEQUENCE))
 def test_an_entangled_sequence_stays_fixed(tmp_path, name):
     groups = nonempty(analysed(_problem(tmp_path, name, 4, FIXED_SEQUENCE)).generated_groups, "generated groups")

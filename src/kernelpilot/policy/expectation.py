@@ -113,7 +113,7 @@ def _first_shifted_sum(group: Group, expr: Expr) -> tuple[dict[Expr, Expr], dict
         if any(levels[r] >= levels[reduce] - 1 for r in element_reads):
             continue  # the element part needs the same statistics: nothing to gain
         total = Reduce("sum", element, reduce.shape, reduce.dims, reduce.inner)
-        count = Const(float(math.prod(reduce.shape[len(reduce.shape) - reduce.dims :])))
+        count = Const(float(math.prod(reduce.shape[len(reduce.shape) - reduce.dims :])), reduction_length=True)
         return {Field(reduce, "sum"): Call("add", (Field(total, "sum"), Call("mul", (count, constant))))}, {}
     return None
 

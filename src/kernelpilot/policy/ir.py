@@ -132,6 +132,9 @@ class Load:
 @dataclass(frozen=True)
 class Const:
     value: float
+    # The length of a reduction the lowering divides by (a mean's, a variance's, a norm's or a pooling window's
+    # count), or its inverse: a fixed size, so leading.py never takes it for a batch or sequence traced to a number.
+    reduction_length: bool = False
 
 
 @hashed_once

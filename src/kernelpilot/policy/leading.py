@@ -26,7 +26,8 @@ What keeps it fixed: a family other than elementwise, row, scan, matmul and conv
 that a row kernel reduces; a carrier read at a fixed position along it (x[0] broadcast over the batch) or reaching
 outside its slab; a cat, pad or triangle whose window cuts the leading dim; stacked per-row values (merge.py),
 whose layout is [values, rows]; a returned view that reshapes dim 0; an elementwise vector width that a runtime
-numel could break; and a constant equal to B or 1/B in the expression (`x / x.shape[0]` is traced to a number).
+numel could break; and a constant equal to B or 1/B in the expression (`x / x.shape[0]` is traced to a number;
+a reduction's own length, which the lowering marks, is not one).
 
 Dim 1 (a sequence: tokens of (batch, tokens, features)) is a runtime size too where the same holds of the pair:
 the batch is free, a fixed dim follows dim 1 (it is not reduced, and a 2-d tensor's dim 1 is its features), and
@@ -216,8 +217,9 @@ def _output_in_slabs(group: Group, batch: int) -> bool:
 
 
 def _mentions(group: Group, sizes: tuple[int, ...]) -> bool:
-    """A constant of the expression equals one of `sizes` or its inverse: a size traced to a number."""
-    constants = {node.value for node in walk(group.expr) if isinstance(node, Const)}
+    """A constant of the expression equals one of `sizes` or its inverse: a size traced to a number. A reduction's
+    own length is not one (it counts reduced dims, never the free leading ones), however it compares."""
+    constants = {node.value for node in walk(group.expr) if isinstance(node, Const) and not node.reduction_length}
     return any(math.isclose(value, size) or math.isclose(value, 1 / size) for value in constants for size in sizes)
 
 

@@ -92,7 +92,7 @@ def _variance(o: OpLowering, root: bool) -> Value:
     keepdim = bool(o.kwargs.get("keepdim", False))
 
     def finish(m2: Field, length: int) -> Expr:
-        variance = Call("div", (m2, Const(max(length - correction, 0.0))))
+        variance = Call("div", (m2, Const(max(length - correction, 0.0), reduction_length=True)))
         return Call("sqrt", (variance,)) if root else variance
 
     return o.reduction("welford", "m2", dims, keepdim, finish)
@@ -260,7 +260,7 @@ def _flip(o: OpLowering) -> Value | Leaf:
 
 
 def _divide_by_length(total: Field, length: int) -> Expr:
-    return Call("mul", (total, Const(1.0 / length)))
+    return Call("mul", (total, Const(1.0 / length, reduction_length=True)))
 
 
 _REDUCTIONS = {

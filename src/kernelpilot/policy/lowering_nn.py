@@ -25,7 +25,7 @@ def layer_norm(o: OpLowering) -> tuple:
     stat = Reduce("welford", expr, shape, dims) if dims > 1 else Reduce("welford", expr, shape)
     length = math.prod(shape[len(shape) - dims :])
     mean = Field(stat, "mean")
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length), reduction_length=True))), Const(float(eps)))),))
     result = Call("mul", (Call("sub", (expr, mean)), rstd))
     for operand, op in ((weight, "mul"), (bias, "add")):
         if operand is not None:
@@ -52,7 +52,7 @@ def group_norm(o: OpLowering) -> tuple:
         raise NotFusible("normalises empty groups" if not length else "normalises groups of 2^31 elements or more")
     stat = Reduce("welford", expr, rows_shape, dims=len(rows_shape) - 2)
     mean = Field(stat, "mean")
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length)))), Const(float(eps)))),))
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(length), reduction_length=True))), Const(float(eps)))),))
     result = Call("mul", (Call("sub", (expr, mean)), rstd))
     for operand, op in ((weight, "mul"), (bias, "add")):
         if operand is not None:
@@ -96,7 +96,7 @@ def batch_statistics_norm(o: OpLowering, weight: Any, bias: Any, eps: float) -> 
     dims = len(reduced)
     stat = Reduce("welford", expr, shape, dims)
     count = math.prod(shape[1:])
-    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(count)))), Const(eps))),))
+    rstd = Call("rsqrt", (Call("add", (Call("div", (Field(stat, "m2"), Const(float(count), reduction_length=True))), Const(eps))),))
     result = Call("mul", (Call("sub", (expr, Field(stat, "mean"))), rstd))
     for operand, op in ((weight, "mul"), (bias, "add")):
         if operand is not None:  # one value per channel, the first dim of the permuted shape
@@ -153,7 +153,7 @@ def pool(o: OpLowering, maximum: bool) -> Value | tuple:
         expr, shape, ops = o.elementwise_input()
         expr = reindexed(expr, shape, windows, uses)
     stat = Field(Reduce("max" if maximum else "sum", expr, windows, spatial), "max" if maximum else "sum")
-    result = stat if maximum else Call("div", (stat, Const(float(divisor or math.prod(kernel)))))
+    result = stat if maximum else Call("div", (stat, Const(float(divisor or math.prod(kernel)), reduction_length=True)))
     value = o.row_value(result, windows, False, ops, spatial)
     return (value, None) if maximum else value
 
