@@ -186,16 +186,24 @@ def changed_files(ws: Workspace, lock: Lock) -> list[str]:
 
 def write_lock(ws: Workspace, lock: Lock) -> Path:
     """Write the lock file into the workspace: version first, then a fixed key order, so diffs stay small."""
+    from kernelpilot.workspace_record import store_lock
+
     path = lock_path(ws)
     fields = to_dict(lock)
-    path.write_text(json.dumps({"version": fields.pop("version"), **fields}, indent=2) + "\n")
+    text = json.dumps({"version": fields.pop("version"), **fields}, indent=2) + "\n"
+    path.write_text(text)
+    store_lock(ws.root, text)  # where the agent cannot write: a lock it rewrites is then no accepted one
     return path
 
 
 def read_lock(path: Path) -> Lock:
-    """The lock at `path`; LockFileError when it is missing, not JSON, or not a lock of this version."""
+    """The lock at `path`; LockFileError when it is missing, not JSON, not a lock of this version, or not one that
+    `accept` wrote into this workspace where it has recorded any (`workspace_record.py`)."""
+    from kernelpilot.workspace_record import lock_written_here
+
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        data = json.loads(text)
     except FileNotFoundError:
         raise LockFileError(
             f"There is no lock file at {path}.", hint="Run `kernelpilot accept DIR` to write one."
@@ -204,6 +212,13 @@ def read_lock(path: Path) -> Lock:
         raise LockFileError(f"The lock file {path} cannot be read ({err}).", hint=_REWRITE_HINT) from None
     if not isinstance(data, dict) or data.get("version") != LOCK_VERSION:
         raise LockFileError(f"{path} is not a version-{LOCK_VERSION} kernelpilot lock file.", hint=_REWRITE_HINT)
+    if lock_written_here(path.parent, text) is False:
+        raise LockFileError(
+            f"The lock file {path} is not one that `kernelpilot accept` wrote into this workspace: it was changed "
+            "since.",
+            hint=f"Bring back an accepted lock (git checkout -- {path}), or verify and accept again: "
+            f"kernelpilot accept {path.parent}",
+        )
     try:
         return from_dict(Lock, data)
     except (TypeError, AttributeError) as err:
