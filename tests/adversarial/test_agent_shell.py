@@ -97,6 +97,15 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _assert_ended(pid: int, failure: str) -> None:
+    """`pid` has ended; if not, fail with `failure` (and kill it, so no test leaves it behind)."""
+    try:
+        assert not _alive(pid), f"{failure} (pid {pid})"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
 @pytest.mark.parametrize("name", sorted(LEFTOVERS))
 def test_no_process_a_bash_command_starts_outlives_the_call(tmp_path, name):
     ctx = _context(tmp_path / "mine")
@@ -106,12 +115,7 @@ def test_no_process_a_bash_command_starts_outlives_the_call(tmp_path, name):
     output = BASH.run({"command": command, "timeout_s": 60}, ctx)
 
     assert output.data["exit_code"] == 0 and not output.data["timed_out"], output.text
-    pid = int(pid_file.read_text())
-    try:
-        assert not _alive(pid), f"{name} left process {pid} running after the Bash call returned"
-    finally:
-        if _alive(pid):
-            os.kill(pid, 9)
+    _assert_ended(int(pid_file.read_text()), f"{name} left a process running after the Bash call returned")
 
 
 def test_a_daemon_left_by_a_command_that_times_out_is_killed_with_it(tmp_path):
@@ -120,12 +124,7 @@ def test_a_daemon_left_by_a_command_that_times_out_is_killed_with_it(tmp_path):
     output = BASH.run({"command": command, "timeout_s": 3}, ctx)
 
     assert output.data["timed_out"], output.text
-    pid = int((ctx.workspace.root / "leftover.pid").read_text())
-    try:
-        assert not _alive(pid), f"the daemon {pid} outlived the command's timeout"
-    finally:
-        if _alive(pid):
-            os.kill(pid, 9)
+    _assert_ended(int((ctx.workspace.root / "leftover.pid").read_text()), "the daemon outlived the command's timeout")
 
 
 def test_a_background_job_that_holds_the_output_does_not_hold_the_call(tmp_path):
