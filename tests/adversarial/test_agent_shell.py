@@ -127,6 +127,18 @@ def test_a_daemon_left_by_a_command_that_times_out_is_killed_with_it(tmp_path):
     _assert_ended(int((ctx.workspace.root / "leftover.pid").read_text()), "the daemon outlived the command's timeout")
 
 
+def test_orphans_that_end_during_a_command_are_reaped_as_they_end(tmp_path):
+    """The wrapper is the subreaper of all a command starts: an orphan that ends while the command still runs is
+    reaped then, not left a zombie until the command ends."""
+    ctx = _context(tmp_path / "mine")
+    count_zombies = ("python3 -c \"import glob, sys; print(sum(1 for stat in glob.glob('/proc/[0-9]*/stat') "
+                     "if open(stat).read().rsplit(')', 1)[1].split()[:2] == ['Z', sys.argv[1]]))\" $PPID")  # fmt: skip
+    command = f"for i in $(seq 20); do (sleep 0.01 &); done; sleep 1; {count_zombies}"
+    output = BASH.run({"command": command, "timeout_s": 60}, ctx)
+    assert output.data["exit_code"] == 0, output.text
+    assert output.text.strip().splitlines()[-1] == "0", output.text
+
+
 def test_a_background_job_that_holds_the_output_does_not_hold_the_call(tmp_path):
     ctx = _context(tmp_path / "mine")
     output = BASH.run({"command": "sleep 300 & echo started", "timeout_s": 20}, ctx)

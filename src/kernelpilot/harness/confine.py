@@ -108,14 +108,16 @@ def run_confined(argv: list[str]) -> None:
     if child == 0:
         _exec_confined(writable, command)
     status = 0
-    while True:
+    while True:  # any child: orphans handed to this process are reaped as they end, not left as zombies
         try:
-            status = os.waitpid(child, 0)[1]
-            break
+            pid, code = os.wait()
         except ChildProcessError:  # killed and reaped by `stop`
             break
         except InterruptedError:
             continue
+        if pid == child:
+            status = code
+            break
     kill_descendants()
     os._exit(128 + stopped[0] if stopped else _exit_code(status))
 
