@@ -12,6 +12,7 @@ A sandboxed child (`sandboxed=True`) gets `sandbox_environment`: the toolchain's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import select
@@ -358,16 +359,8 @@ def checked_vector_isa(env: dict[str, str]) -> dict[str, str]:
     return {VEC_ISA_OK_ENV: "1"} if _every_flagged_isa_builds() else {}
 
 
-_isa_checked: list[bool] = []  # this process's answer, once
-
-
+@functools.cache  # once per process
 def _every_flagged_isa_builds() -> bool:
-    if not _isa_checked:
-        _isa_checked.append(_check_flagged_isas())
-    return _isa_checked[0]
-
-
-def _check_flagged_isas() -> bool:
     import platform
 
     if sys.platform != "linux" or platform.machine() != "x86_64":
