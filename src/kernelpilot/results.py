@@ -229,6 +229,9 @@ class Timing:
     # Median over the runs of (the trusted side's wall time of a run) - (the time the model's process reported):
     # the protocol's own cost for an honest model (inputs drawn, L2 flushed, outputs copied, the round trip).
     unaccounted_ms: float | None = None
+    # The same for the clean eager process timed between the model's runs (the candidate's timing only): what
+    # the unaccounted-time check compares `unaccounted_ms` with.
+    clean_unaccounted_ms: float | None = None
 
     @property
     def spread(self) -> float:

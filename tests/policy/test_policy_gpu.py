@@ -140,6 +140,11 @@ def test_online_softmax_over_rows_starting_with_minus_infinity_passes_verificati
 # above; `optimize` then takes the faithful form, whose product keeps its shape), whatever the batch.
 # test_a_lora_chain_verifies_at_every_variant runs the same chain in float32.
 ROUNDING_AT_ITS_OWN_SHAPES = {"lora_residual_bf16"}
+# Examples whose batch the judge cannot vary, so their kernels' runtime batch rests on the CPU tests (an H200 run
+# at 8e95aa1 found both variants not applicable): softmax_then_mask's two inputs differ in dim 0 (16 and 1024; its
+# sequence variants verify below), and matmul_gelu's reference multiplies its two inputs, whose dim 0 is also the
+# inner dimension, so halving both is refused by the reference.
+NO_BATCH_VARIANT = {"softmax_then_mask", "matmul_gelu"}
 
 
 @pytest.mark.gpu
@@ -150,7 +155,8 @@ def test_runtime_batch_kernels_verify_at_half_and_double_the_batch(tmp_path, jud
     assert all(status == "verified" or (status == NOT_APPLICABLE and ("disagree" in message or "rejects" in message))
                for status, message in checks.values()), checks  # fmt: skip
     # (a reference that rejects both shapes would leave nothing verified at another batch: that proves nothing)
-    assert any(status == "verified" for status, _ in checks.values()), checks
+    statuses = {status for status, _ in checks.values()}
+    assert statuses == {NOT_APPLICABLE} if name in NO_BATCH_VARIANT else "verified" in statuses, checks
 
 
 def _verified_at_variants(judge, path, folder, variants) -> dict[str, tuple[str, str]]:
