@@ -74,13 +74,46 @@ def compare_tensors(name: str, actual: Any, expected: torch.Tensor, *, atol: flo
     if expected.is_complex():
         actual, expected = torch.view_as_real(actual.resolve_conj()), torch.view_as_real(expected.resolve_conj())
     if not expected.is_floating_point():
-        atol = rtol = 0.0  # integers and booleans must match exactly
+        return _compare_exact(name, actual, expected)
     errors = _ElementErrors(expected.shape, atol=atol, rtol=rtol)
     flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
     for start in range(0, flat_expected.numel(), COMPARE_CHUNK):
         stop = start + COMPARE_CHUNK
         errors.add(flat_actual[start:stop], flat_expected[start:stop], start, atol=atol, rtol=rtol)
     return errors.verdict(name, flat_actual, flat_expected)
+
+
+def _compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor) -> LeafComparison:
+    """Integers and booleans must be equal, compared in their own dtype: through float32 an int64 near 2**50
+    equals its neighbours 2**27 away (through float64, those past 2**53). The errors reported are float64
+    differences, at least 1 where the values differ."""
+    comparison = LeafComparison(name, True, 0.0, 0.0)
+    flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
+    differing, worst_flat = 0, 0
+    for start in range(0, flat_expected.numel(), COMPARE_CHUNK):
+        a, b = flat_actual[start : start + COMPARE_CHUNK], flat_expected[start : start + COMPARE_CHUNK]
+        unequal = a != b
+        count = int(unequal.sum())
+        if not count:
+            continue
+        differing += count
+        error = torch.where(unequal, (a.double() - b.double()).abs().clamp_min(1.0), 0.0)
+        relative = torch.where(unequal & (b != 0), error / b.double().abs(), 0.0)
+        chunk_worst = int(error.argmax())
+        if float(error[chunk_worst]) > comparison.max_abs_error:
+            comparison.max_abs_error, worst_flat = float(error[chunk_worst]), start + chunk_worst
+        comparison.max_rel_error = max(comparison.max_rel_error, float(relative.max()))
+    if not differing:
+        return comparison
+    comparison.ok, comparison.worst_ratio = False, float("inf")
+    comparison.worst_index = unravel_index(worst_flat, expected.shape)
+    got, want = flat_actual[worst_flat].item(), flat_expected[worst_flat].item()
+    comparison.message = (
+        f"{name}: {differing} of {expected.numel()} elements differ from the reference's ({expected.dtype} values "
+        f"must match exactly); max abs error {comparison.max_abs_error:.6g}; worst at {comparison.worst_index}: "
+        f"got {got}, expected {want}"
+    )
+    return comparison
 
 
 class _ElementErrors:
@@ -207,7 +240,13 @@ def unravel_index(flat: int, shape: torch.Size) -> list[int]:
 
 
 def _compare_plain(name: str, actual: Any, expected: Any, *, atol: float, rtol: float) -> LeafComparison:
-    """Numbers within tolerance; anything else (None, strings) must be equal."""
+    """Numbers within tolerance, integers (and bools) exactly; anything else (None, strings) must be equal."""
+    if isinstance(expected, int) and isinstance(actual, int):  # never through a float, which rounds past 2**53
+        error = abs(int(actual) - int(expected))
+        relative = error / abs(int(expected)) if expected else 0.0
+        message = f"{name} is {actual!r}, the reference's is {expected!r}" if error else ""
+        return LeafComparison(name, not error, float(error), relative, worst_ratio=float("inf") if error else 0.0,
+                              message=message)  # fmt: skip
     numbers = (bool, int, float)
     if isinstance(expected, numbers) and isinstance(actual, numbers):
         error = abs(float(actual) - float(expected))
