@@ -101,6 +101,11 @@ TIMING_CASES = [
     case("torch_after_verify", "big_relu", GUARD, {TORCH_COMPUTE}, message="a timed call",
          why="the kernels of the checked timed runs are collected: torch's relu among them fails, though the op "
          "recorder was popped and the answers are right"),
+    case("reports_quarter", "big_relu", GUARD, {UNACCOUNTED_TIME}, message="longer on the judge's clock",
+         why="the sandbox's timer reports a quarter of each window: the judge's wall clock, with the inputs drawn and "
+         "the L2 flushed on its side before the clock starts, sees the rest"),
+    case("reports_thousandth", "big_relu", GUARD, {UNACCOUNTED_TIME}, message="longer on the judge's clock",
+         why="as reports_quarter, reporting 1/1000 of each window"),
     case("silences_the_trace", "big_relu", GUARD, {NO_CUSTOM_KERNEL}, message="traced timed runs launched 0 kernels",
          why="a process that hides its kernels from the trace hides all of them: traced runs that show no kernel "
          "fail (not yet run on a GPU when written)"),

@@ -470,7 +470,7 @@ def test_timing_hands_the_slots_back_and_the_companion_writes_the_candidates_slo
         process.request = lambda op, args, _name=name, _original=original, **kw: (
             binds.append((_name, args["slots"])) if op == "bind" else None) or _original(op, args, **kw)  # fmt: skip
     expected_like = problem.make_model("cpu")(*problem.make_inputs(torch.device("cpu"), 0))
-    timed = time_model(candidate, expected_like, device=torch.device("cpu"), seed=1, deadline=Deadline(60), checker=None,
+    timed = time_model(candidate, expected_like, problem=problem, device=torch.device("cpu"), seed=1, deadline=Deadline(60), checker=None,
                        runs=4, companion=companion)  # fmt: skip
     assert timed.timing is not None, timed.message
     assert candidate.local.timing_slots == [] and companion.local.timing_slots == []

@@ -109,7 +109,7 @@ def test_the_processes_the_warm_up_readied_outlive_its_thread(clean):
     clean.warm(lambda models: warm_clean_models(problem, models, device="cpu", cache_dir=MemoryCache()))
     clean.wait_for_warm_up()
     eager = clean.eager()
-    reply = eager.request("bind", {"slots": [], "flush_l2": False}, timeout=60.0)
+    reply = eager.request("bind", {"slots": [], "inputs": None}, timeout=60.0)
     assert reply.get("ok"), reply
     spare = clean.pool.take()  # the spare the pool holds now: started by whom?
     assert spare.start().get("ok") and spare.pid is not None

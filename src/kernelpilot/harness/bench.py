@@ -150,19 +150,21 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
 
     timing = {"device": dev, "deadline": deadline, "min_runs": min_runs}
     with phases("calibration"):
-        calibration = time_model(clean.eager(), expected_like, seed=seed, checker=None, runs=CALIBRATION_RUNS, **timing)
+        calibration = time_model(clean.eager(), expected_like, problem=problem, seed=seed, checker=None,
+                                 runs=CALIBRATION_RUNS, **timing)  # fmt: skip
     if calibration.timing is None:
         return failed("reference", f"the reference failed while timed: {calibration.message}")
     # (the calibration's median confirms or refutes the cached eager time; its protocol cost is re-measured
     # between the candidate's runs below, under the same load)
     with phases("baselines"):
-        baselines, cache_note = _baselines(key, clean, expected_like, seed, calibration.timing, cache_dir, timing)
+        baselines, cache_note = _baselines(key, problem, clean, expected_like, seed, calibration.timing, cache_dir, timing)
     if isinstance(baselines, TimedRuns):
         return failed("reference", f"the reference failed while timed: {baselines.message}")
     checker = Checker(problem, reference, dev, atol=atol, rtol=rtol)
 
     def time_candidate(offset: int) -> tuple[TimedRuns, GuardFinding | None]:
-        timed = time_model(candidate, expected_like, seed=seed + offset, checker=checker, companion=clean.eager(), **timing)
+        timed = time_model(candidate, expected_like, problem=problem, seed=seed + offset, checker=checker,
+                           companion=clean.eager(), **timing)  # fmt: skip
         if timed.timing is None:
             return timed, None
         protocol_ms = timed.companion_unaccounted_ms
@@ -229,7 +231,7 @@ class _Phases:
         return {name: round(seconds, 4) for name, seconds in self.seconds.items()}
 
 
-def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, timing) -> tuple[Baselines | TimedRuns, str]:
+def _baselines(key, problem, clean, expected_like, seed, fresh_eager: Timing, cache_dir, timing) -> tuple[Baselines | TimedRuns, str]:
     """Signed cached baselines a fresh eager measurement confirms; else eager and compile measured and stored."""
     cached = load_baselines(key, cache_dir)
     note = ""
@@ -238,7 +240,7 @@ def _baselines(key, clean, expected_like, seed, fresh_eager: Timing, cache_dir, 
     if cached is not None:
         note = (f"cached baselines disagreed with a fresh eager measurement ({cached.eager.median_ms:.4g} vs "
                 f"{fresh_eager.median_ms:.4g} ms): measured again")  # fmt: skip
-    eager, compiled, compile_note = _measure(clean, expected_like, seed, timing)
+    eager, compiled, compile_note = _measure(problem, clean, expected_like, seed, timing)
     if eager.timing is None:
         return eager, ""
     baselines = Baselines(eager=eager.timing, compiled=compiled, compile_note=compile_note)
@@ -272,7 +274,7 @@ def warm_clean_models(problem: Problem, clean: CleanModels, *, device: str, cach
     if load_baselines(key, cache_dir) is not None:
         clean.release_compiled()  # the bench will not measure it
         return
-    warmed = time_model(clean.compiled(), expected_like, device=dev, seed=3_000_000, deadline=Deadline(600.0),
+    warmed = time_model(clean.compiled(), expected_like, problem=problem, device=dev, seed=3_000_000, deadline=Deadline(600.0),
                         checker=None, runs=2)  # fmt: skip (its fewest)
     if warmed.timing is None:
         raise RuntimeError(f"the compiled reference failed its first call: {warmed.message}")
@@ -300,13 +302,13 @@ def _as_meta(tree: Any) -> Any:
     return tree
 
 
-def _measure(clean: CleanModels, expected_like: Any, seed: int, timing: dict) -> tuple[TimedRuns, Timing | None, str]:
+def _measure(problem: Problem, clean: CleanModels, expected_like: Any, seed: int, timing: dict) -> tuple[TimedRuns, Timing | None, str]:
     """Eager and torch.compile timed in their clean processes; a compiler failure is a note."""
-    eager = time_model(clean.eager(), expected_like, seed=seed + 1_000_000, checker=None, **timing)
+    eager = time_model(clean.eager(), expected_like, problem=problem, seed=seed + 1_000_000, checker=None, **timing)
     if eager.timing is None:
         return eager, None, ""
     try:
-        runs = time_model(clean.compiled(), expected_like, seed=seed + 2_000_000, checker=None, **timing)
+        runs = time_model(clean.compiled(), expected_like, problem=problem, seed=seed + 2_000_000, checker=None, **timing)
     except Exception as err:  # noqa: BLE001 - a compiler that cannot start is a note, not a failed bench
         if is_device_failure(err):
             raise
@@ -327,7 +329,7 @@ def measure_baselines(problem: Problem, clean: CleanModels, *, device: str, seed
     torch.manual_seed(seed)
     with torch.no_grad():
         expected_like = _as_meta(problem.make_model("cpu").to(dev)(*problem.make_inputs(dev, seed)))
-    eager, compiled, note = _measure(clean, expected_like, seed, {"device": dev, "deadline": Deadline(3600.0), **timing})
+    eager, compiled, note = _measure(problem, clean, expected_like, seed, {"device": dev, "deadline": Deadline(3600.0), **timing})
     if eager.timing is None:
         raise RuntimeError(f"the reference failed while timed: {eager.message}")
     return Baselines(eager=eager.timing, compiled=compiled, compile_note=note)

@@ -62,7 +62,7 @@ class LocalModel:
         self.trace = trace  # a candidate's on a GPU: every forward runs with a profiler on (tracing.py)
         self.previous: PreviousCall | None = None
         self.timing_slots: list[torch.Tensor] = []
-        self._flush = None
+        self.timing_inputs: list | None = None  # the judge's lent inputs (timed_inputs.py), rewritten per run
 
     # ---------------------------------------------------------------------------- checked calls
 
@@ -147,27 +147,32 @@ class LocalModel:
 
     # ---------------------------------------------------------------------------- timed runs
 
-    def bind(self, slots: list[torch.Tensor], *, flush_l2: bool) -> dict:
-        """The slots every timed run copies its outputs into, until the next bind."""
-        self.timing_slots, self.previous = slots, None
+    def bind(self, slots: list[torch.Tensor], inputs: list | None = None) -> dict:
+        """The slots every timed run copies its outputs into and the inputs it reads (the judge rewrites them
+        before each run), until the next bind."""
+        self.timing_slots, self.timing_inputs, self.previous = slots, inputs, None
         if self.cuda:
             torch.cuda.empty_cache()  # verification's cached blocks, before the timed runs allocate theirs
-        if self.cuda and flush_l2 and self._flush is None:
-            l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
-            self._flush = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=self.device)
         return {"ok": True}
 
-    def run(self, seed: int, *, trace: bool = False) -> dict:
-        """One timed call on fresh inputs drawn from `seed`: its time in ms, outputs copied into the bound slots.
+    def run(self, seed: int, *, trace: bool = False, inputs: list | None = None) -> dict:
+        """One timed call on the bound inputs (the judge drew them from `seed` and flushed the L2), or on
+        `inputs` when the judge lent new ones: its time in ms, outputs copied into the bound slots. With none
+        bound (a direct request, as tests make), the inputs are drawn here from `seed`.
 
-        On a GPU: L2 flushed, the GPU kept busy while the call is dispatched, then an event, the call, a
-        device-wide synchronisation (work on every stream counts) and an event. A traced run collects the call's
-        kernels (tracing.py): the judge leaves its time out of the figures, since collecting slows each launch.
+        On a GPU: the GPU kept busy while the call is dispatched, then an event, the call, a device-wide
+        synchronisation (work on every stream counts) and an event. A traced run collects the call's kernels
+        (tracing.py): the judge leaves its time out of the figures, since collecting slows each launch.
         """
-        try:
-            inputs = self.problem.make_inputs(self.device, seed)
-        except Exception as exc:  # noqa: BLE001
-            return {"ok": False, "error_kind": "reference", "message": f"get_inputs() raised {describe_exception(exc)}"}
+        if inputs is not None:
+            self.timing_inputs = inputs
+        if self.timing_inputs is not None:
+            inputs = self.timing_inputs
+        else:
+            try:
+                inputs = self.problem.make_inputs(self.device, seed)
+            except Exception as exc:  # noqa: BLE001
+                return {"ok": False, "error_kind": "reference", "message": f"get_inputs() raised {describe_exception(exc)}"}
         try:
             with torch.no_grad():
                 ms, actual = self._timed(inputs, trace=trace)
@@ -184,8 +189,6 @@ class LocalModel:
             actual = self.model(*inputs)
             return (_perf_counter() - start) * 1e3, actual
         _synchronize(self.device)
-        if self._flush is not None:
-            self._flush.zero_()
         torch.cuda._sleep(int(torch.cuda.get_device_properties(self.device).clock_rate * 1e3 * DISPATCH_COVER_S))
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         with self._collecting(trace):
@@ -407,9 +410,11 @@ def handle(local: LocalModel, request: dict) -> dict:
         elif op == "profiled_call":
             reply = local.profiled_call(open_tree(args["inputs"]), seed=args["seed"])
         elif op == "bind":
-            reply = local.bind([open_reference(ref) for ref in args["slots"]], flush_l2=args.get("flush_l2", True))
+            lent = args.get("inputs")
+            reply = local.bind([open_reference(ref) for ref in args["slots"]], open_tree(lent) if lent else None)
         elif op == "run":
-            reply = local.run(args["seed"], trace=bool(args.get("trace")))
+            lent = args.get("inputs")
+            reply = local.run(args["seed"], trace=bool(args.get("trace")), inputs=open_tree(lent) if lent else None)
         elif op == "traced_kernels":
             reply = local.traced_kernels()
         elif op == "kernels":

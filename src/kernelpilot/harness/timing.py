@@ -1,8 +1,9 @@
 """TRUSTED side: timing a model in its process, with every timed call a call that may be checked.
 
-Each timed run is one request: the model's process draws fresh inputs from a seed this side picks, flushes the
-L2, times one call between CUDA events around a device-wide synchronisation (work on every stream counts) and
-copies the outputs into slots this side owns. Three things keep the figure honest however the process lies:
+Each timed run is one request: this side draws fresh inputs from a seed it picks into tensors it lent the model's
+process, flushes the L2 (timed_inputs.py), then the model's process times one call on them between CUDA events
+around a device-wide synchronisation (work on every stream counts) and copies the outputs into slots this side
+owns. Four things keep the figure honest however the process lies:
 
 - **Fresh inputs per run**: nothing can be reused from one run to the next (memoising by input identity, data
   pointer or content gains nothing).
@@ -12,8 +13,10 @@ copies the outputs into slots this side owns. Three things keep the figure hones
   profiler is on in every run, so it cannot tell them apart by that): torch's own kernels among them fail as
   torch-compute. Their times, slowed by the collecting, are left out of the figures.
 - **A trusted clock**: this side measures each request's wall time; wall time minus the reported time is the
-  protocol's cost, which the baselines' clean process measures for the same problem. A model whose unaccounted
-  time is well above that did work outside its timed window (or reported less than it took): "unaccounted-time".
+  protocol's cost, which the baselines' clean process measures for the same problem (drawing the inputs and
+  flushing the L2 happen on this side before the clock starts, so that cost is small and steady). A model whose
+  unaccounted time is well above that did work outside its timed window (or reported less than it took):
+  "unaccounted-time".
   On a GPU the typical unaccounted time is the median; on a CPU, whose runs a busy machine holds up now and then
   (scheduling only ever adds time), the lower quartile: work done outside the window every run still shows there.
 """
@@ -31,6 +34,7 @@ import torch
 from kernelpilot.harness.guards import NO_CUSTOM_KERNEL, find_torch_kernels, tensor_leaves
 from kernelpilot.harness.process import Deadline
 from kernelpilot.harness.shared import SharedArena
+from kernelpilot.harness.timed_inputs import TimedInputs
 from kernelpilot.results import GuardFinding, Timing
 
 UNACCOUNTED_TIME = "unaccounted-time"
@@ -117,6 +121,7 @@ def time_model(
     model: Any,
     expected_like: Any,
     *,
+    problem: Any,
     device: torch.device,
     seed: int,
     deadline: Deadline,
@@ -127,36 +132,39 @@ def time_model(
     runs: int | None = None,
     companion: Any = None,
 ) -> TimedRuns:
-    """Time the model a ModelProcess serves; `expected_like` is one reference output (the slots' layout).
+    """Time the model a ModelProcess serves on `problem`'s inputs; `expected_like` is one reference output (the
+    slots' layout).
 
     A `companion` (the clean eager process) gets one run after every few of the model's, so that the protocol's
     cost it shows was measured under the same load as the model's runs.
     """
     with SharedArena(device) as arena:
         slots, refs = _slots(arena, expected_like)
+        inputs = TimedInputs(problem, arena, device, seed)
         bound = [process for process in (model, companion) if process is not None]
         try:
-            return _time_bound(model, companion, slots, refs, device=device, seed=seed, deadline=deadline,
+            return _time_bound(model, companion, slots, refs, inputs, device=device, seed=seed, deadline=deadline,
                                checker=checker, min_runs=min_runs, max_runs=max_runs, max_seconds=max_seconds,
                                runs=runs)  # fmt: skip
         finally:
-            for process in bound:  # the slots go back with the arena: no process keeps them mapped
-                process.request("bind", {"slots": [], "flush_l2": False}, timeout=min(deadline.left(), 30.0))
+            for process in bound:  # the slots and inputs go back with the arena: no process keeps them mapped
+                process.request("bind", {"slots": [], "inputs": None}, timeout=min(deadline.left(), 30.0))
 
 
-def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: list[dict], *, device: torch.device,
+def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: list[dict], inputs: TimedInputs, *,
+                device: torch.device,
                 seed: int, deadline: Deadline, checker: Checker | None, min_runs: int, max_runs: int,
                 max_seconds: float, runs: int | None) -> TimedRuns:  # fmt: skip
     """`time_model`'s runs, with the arena's slots made: the model and its companion write the same slots (a run
     that leaves the companion's output there fails its check, which draws the model's own seed)."""
-    bound = _bind(model, refs, deadline)
+    bound = _bind(model, refs, inputs, deadline)
     if bound is not None:
         return TimedRuns(error_kind=bound.get("error_kind") or "runtime", message=bound.get("message", ""))
-    if companion is not None and _bind(companion, refs, deadline) is not None:
+    if companion is not None and _bind(companion, refs, inputs, deadline) is not None:
         companion = None
     run_seed = iter(range(seed, seed + 10_000_000))
     started = _clock()
-    warm = [_run(model, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
+    warm = [_run(model, inputs, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
     failed = next((reply for reply, _ in warm if not reply.get("ok")), None)
     if failed is not None:
         return TimedRuns(error_kind=failed.get("error_kind") or "runtime", message=failed.get("message", ""))
@@ -175,13 +183,13 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
     every = max(runs // COMPANION_RUNS, 1)
     for index in range(runs):
         if companion is not None and index % every == 0:
-            reply, wall_ms = _run(companion, next(run_seed), deadline)
+            reply, wall_ms = _run(companion, inputs, next(run_seed), deadline)
             phases["companion"] += wall_ms / 1e3
             if reply.get("ok"):
                 companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
         run_seed_now = next(run_seed)
         traced = index in traced_runs
-        reply, wall_ms = _run(model, run_seed_now, deadline, trace=traced)
+        reply, wall_ms = _run(model, inputs, run_seed_now, deadline, trace=traced)
         phases["runs"] += wall_ms / 1e3
         if not reply.get("ok"):
             kind = reply.get("error_kind") or "runtime"
@@ -228,15 +236,19 @@ def _slots(arena: SharedArena, expected_like: Any) -> tuple[list[torch.Tensor], 
     return slots, refs
 
 
-def _bind(model: Any, refs: list[dict], deadline: Deadline) -> dict | None:
-    """Bind the slots as the model's timed runs' outputs; the failed reply, or None."""
-    bound = model.request("bind", {"slots": refs, "flush_l2": True}, timeout=deadline.left())
+def _bind(model: Any, refs: list[dict], inputs: TimedInputs, deadline: Deadline) -> dict | None:
+    """Bind the slots as the model's timed runs' outputs and the lent inputs as their inputs; the failed reply,
+    or None."""
+    bound = model.request("bind", {"slots": refs, "inputs": inputs.description}, timeout=deadline.left())
     return None if bound.get("ok") else bound
 
 
-def _run(model: Any, seed: int, deadline: Deadline, *, trace: bool = False) -> tuple[dict, float]:
+def _run(model: Any, inputs: TimedInputs, seed: int, deadline: Deadline, *, trace: bool = False) -> tuple[dict, float]:
+    """One timed run on the inputs drawn from `seed`; its reply and its wall time on this side's clock, which
+    starts once the inputs are in place."""
+    args = {"seed": seed, **inputs.feed(seed), **({"trace": True} if trace else {})}
     start = _clock()
-    reply = model.request("run", {"seed": seed, "trace": trace} if trace else {"seed": seed}, timeout=deadline.left())
+    reply = model.request("run", args, timeout=deadline.left())
     return reply, (_clock() - start) * 1e3
 
 
