@@ -78,8 +78,10 @@ TIMING_CASES = [
     case("honest_big_relu", "big_relu", None, why="the yardstick: correct, timed"),
     case("idle_after_verify", "big_relu", MISMATCH, message=TIMED_CALL,
          why="timed calls get fresh inputs and a random sample is compared: the unwritten buffer is wrong"),
-    case("idle_by_call_rate", "big_relu", MISMATCH, message=TIMED_CALL,
-         why="as idle_after_verify: however it tells timing apart, a sampled timed call is compared"),
+    case("idle_by_call_rate", "big_relu", None, honest_time=True, or_timed_mismatch=True,
+         why="as idle_after_verify: however it tells timing apart, a sampled timed call is compared; since the judge "
+         "draws each run's inputs itself, its calls never come back to back (H200, 07de0d3: ok at the honest time, "
+         "0.134 ms), so it does the work it is timed for"),
     case("cached_while_timed", "big_relu", MISMATCH, message=TIMED_CALL,
          why="a timed run that launches nothing returns one tensor for fresh inputs: a sampled call is wrong"),
     case("patches_timer_later", "big_relu", MISMATCH, message=TIMED_CALL,
@@ -292,7 +294,12 @@ def assert_trust_verdict(verdict: Verdict, case: TrustCase, honest_ms: float | N
 
 
 # Cheats the judge does not stop yet, each with why: strict, so the day one is stopped the suite says so.
-KNOWN_GAPS: dict[str, str] = {}
+_WALL_CLOCK_TOO_COARSE = (
+    "the wall-clock check cannot resolve it yet: on an H200 (07de0d3) a timed run's protocol still cost 1.6-2.1 ms, "
+    "and an honest candidate's unaccounted time came out 0.14-0.31 ms below the clean process's, so hiding a 0.14 ms "
+    "call is within the noise (scripts/bench_unaccounted.py; BENCHMARKS.md)"
+)
+KNOWN_GAPS: dict[str, str] = {"reports_quarter": _WALL_CLOCK_TOO_COARSE, "reports_thousandth": _WALL_CLOCK_TOO_COARSE}
 
 
 def with_known_gaps(cases: list) -> list:
