@@ -42,6 +42,7 @@ from kernelpilot.pch import include_flags
 from kernelpilot.results import BuildResult, Diagnostic, KernelResources, from_dict, to_dict
 from kernelpilot.toolkit import resolve_cuda_home
 from kernelpilot.workspace import EXTENSION_NAME, Workspace
+from kernelpilot.workspace_files import is_plain_file, open_to_append, write_file
 
 NINJA_STATUS = "[kp %f/%t] "  # a prefix no compiler prints, so each edge's log block can be found
 
@@ -357,8 +358,9 @@ def kernel_sources(ws: Workspace) -> list[Path]:
 
 def _check_build_folder(ws: Workspace) -> None:
     """Refuse a build folder that is a link or leads out of the workspace: a builder (the judge's worker is not
-    confined) would write its objects and libraries wherever it leads, and whoever wrote the workspace chose where."""
-    for folder in (ws.build_dir, ws.build_dir / "versions"):
+    confined) would write its objects and libraries wherever it leads, and whoever wrote the workspace chose where.
+    (Every write of a build refuses such a link too, `workspace_files.py`; this says so before anything is built.)"""
+    for folder in (ws.build_dir, ws.build_dir / "versions", ws.build_dir / "resources"):
         if folder.is_symlink() or (folder.exists() and not folder.resolve().is_relative_to(ws.root.resolve())):
             raise WorkspaceError(f"{folder} is a link, so a build would write wherever it leads.",
                                  hint=f"remove it (rm {folder}); the next build makes a folder there")  # fmt: skip
@@ -434,11 +436,12 @@ def render_ninja(root: Path, sources: list[Path], toolchain: Toolchain, arch: st
     return "\n".join(lines)
 
 
-def _write_if_changed(path: Path, text: str) -> bool:
-    """Write `text` unless the file already holds it (ninja rebuilds edges whose command changed)."""
-    if path.is_file() and path.read_text() == text:
+def _write_if_changed(path: Path, text: str, within: Path) -> bool:
+    """Write `text` unless the file already holds it (ninja rebuilds edges whose command changed); a link there is
+    replaced, never written through (`workspace_files.py`)."""
+    if is_plain_file(path) and path.read_text(errors="replace") == text:
         return False
-    path.write_text(text)
+    write_file(path, text, within)
     return True
 
 
@@ -482,15 +485,14 @@ def _save_resources(root: Path, build_dir: Path, edges: list[EdgeLog]) -> None:
         if edge.action != "compile" or edge.failed or not edge.subject.endswith(".cu"):
             continue
         path = _resources_file(build_dir, root / edge.subject)
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(to_dict(parse_ptxas(edge.text, source=edge.subject)), indent=1))
+        write_file(path, json.dumps(to_dict(parse_ptxas(edge.text, source=edge.subject)), indent=1), root)
 
 
 def _load_resources(build_dir: Path, sources: list[Path]) -> list[KernelResources]:
     resources = []
     for source in sources:
         path = _resources_file(build_dir, source)
-        if source.suffix == ".cu" and path.is_file():
+        if source.suffix == ".cu" and is_plain_file(path):
             resources += [from_dict(KernelResources, item) for item in json.loads(path.read_text())]
     return resources
 
@@ -531,7 +533,7 @@ def build_locked(
     Sources a kept version was built from are not compiled again: that version is the build (with `reuse`; without,
     ninja brings the build folder's objects up to date all the same)."""
     ninja_text = render_ninja(root, sources, toolchain, arch)
-    _write_if_changed(build_dir / "build.ninja", ninja_text)
+    _write_if_changed(build_dir / "build.ninja", ninja_text, root)
     key = sources_key(root, ninja_text)
     reused = reused_version(root, build_dir, key, arch, cache) if key is not None and reuse else None
     if reused is not None:
@@ -600,16 +602,17 @@ def build_lock(build_dir: Path, *, timeout_s: float = LOCK_TIMEOUT_S) -> Iterato
     Two ninjas in one folder would race on the same objects, .ninja_log and library. flock is advisory and
     per open file: it is released when its holder exits, however it exits, so a crashed build never leaves a
     stale lock. The lock file itself is never deleted: a builder that opened the old file and one that creates
-    a new one would both hold "the" lock.
+    a new one would both hold "the" lock. A link planted in its place is deleted all the same, and a file made: the
+    link is nobody's lock, and opening through it would create or open a file wherever it leads.
     """
-    build_dir.mkdir(parents=True, exist_ok=True)
     path = build_dir / BUILD_LOCK_NAME
-    with path.open("a") as handle:  # "a": opening never truncates or replaces the file someone may hold
-        _acquire(handle.fileno(), path, timeout_s)
+    # Opened to append: opening never truncates or replaces the file someone may hold.
+    with open_to_append(path, build_dir.parent) as descriptor:
+        _acquire(descriptor, path, timeout_s)
         try:
             yield
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
 
 
 def _acquire(descriptor: int, path: Path, timeout_s: float) -> None:

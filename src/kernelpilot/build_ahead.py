@@ -30,6 +30,7 @@ from kernelpilot.build_versions import (KEEP_VERSIONS, SOURCE_SUFFIXES, Cache, b
 from kernelpilot.errors import WorkspaceError
 from kernelpilot.results import AheadBuilds, BuildResult
 from kernelpilot.workspace import PROTECTED_FILES, PROTECTED_REASON, Workspace
+from kernelpilot.workspace_files import is_plain_file, make_folder, remove, write_file
 
 # At most this many versions per request: with the workspace's own and the kept ones, they fit in KEEP_VERSIONS.
 MAX_AHEAD = 16
@@ -90,7 +91,7 @@ def build_with_ahead(root: Path, versions: Sequence[Mapping[str, str]], *, arch:
                 result = own.result()
             _adopt_all(ws, copies, builds, report)
         finally:
-            shutil.rmtree(ahead_dir, ignore_errors=True)
+            remove(ahead_dir, ws.root)
     result.seconds = report.seconds = round(time.perf_counter() - started, 3)
     result.ahead = report
     return result
@@ -113,8 +114,10 @@ def _copies(ws: Workspace, versions: Sequence[Mapping[str, str]], ahead_dir: Pat
             cache: Cache, report: AheadBuilds) -> list[tuple[int, Workspace]]:  # fmt: skip
     """A copy of the workspace per version still to build, as (index, copy). A version that is already a kept
     version, the same as an earlier one, or the workspace's own sources gets none and is counted in
-    `report.kept_before`."""
-    shutil.rmtree(ahead_dir, ignore_errors=True)
+    `report.kept_before`. The folder of the copies is the builder's alone: whatever is there (a link the workspace's
+    writer made, say) is removed, and a folder made."""
+    remove(ahead_dir, ws.root)
+    make_folder(ahead_dir, ws.root)
     copies: list[tuple[int, Workspace]] = []
     own = sources_key(ws.root, render_ninja(ws.root, kernel_sources(ws), toolchain, arch))
     keys: set[str] = {own} if own is not None else set()  # the workspace's own build makes that one
@@ -123,10 +126,9 @@ def _copies(ws: Workspace, versions: Sequence[Mapping[str, str]], ahead_dir: Pat
         shutil.copytree(ws.kernels_dir, copy.kernels_dir, copy_function=shutil.copy2)
         for relative, content in version.items():
             target = copy.root / relative
-            if target.is_file() and target.read_text(errors="replace") == content:
+            if is_plain_file(target) and target.read_text(errors="replace") == content:
                 continue  # unchanged: it keeps its time, so its object is not compiled again
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
+            write_file(target, content, copy.root)
         key = sources_key(copy.root, render_ninja(copy.root, kernel_sources(copy), toolchain, arch))
         if key is not None and (key in keys or _kept(ws.build_dir / "versions", key, cache)):
             report.kept_before += 1
@@ -146,13 +148,17 @@ def _kept(versions_dir: Path, key: str, cache: Cache) -> bool:
 
 def _copy_build_state(build_dir: Path, target: Path) -> None:
     """The objects, ninja's logs and the ptxas reports of `build_dir`, times kept; not the linked library or the
-    versions."""
+    versions, nor a link (whatever it leads to is not the build's)."""
     target.mkdir(parents=True)
     for path in build_dir.iterdir():
-        if path.is_file() and (path.name.endswith(".o") or path.name in _BUILD_STATE):
+        if is_plain_file(path) and (path.name.endswith(".o") or path.name in _BUILD_STATE):
             shutil.copy2(path, target / path.name)
-    if (build_dir / "resources").is_dir():
-        shutil.copytree(build_dir / "resources", target / "resources", copy_function=shutil.copy2)
+    resources = build_dir / "resources"
+    if resources.is_dir() and not resources.is_symlink():
+        (target / "resources").mkdir()
+        for path in resources.iterdir():
+            if is_plain_file(path):
+                shutil.copy2(path, target / "resources" / path.name)
 
 
 def _build_copy(copy: Workspace, arch: str, toolchain: Toolchain, cache: Cache) -> BuildResult:
@@ -163,8 +169,9 @@ def _build_copy(copy: Workspace, arch: str, toolchain: Toolchain, cache: Cache) 
 def _adopt(version: Path, versions_dir: Path) -> None:
     """Move a copy's version folder into the workspace's versions (a folder of that name is the same library)."""
     target = versions_dir / version.name
-    if target.is_dir():
+    if target.is_dir() and not target.is_symlink():
         os.utime(target)
         return
-    versions_dir.mkdir(parents=True, exist_ok=True)
+    remove(target, versions_dir.parent.parent)  # a link (or a file) the workspace's writer put there
+    make_folder(versions_dir, versions_dir.parent.parent)
     os.replace(version, target)  # one rename on one file system: a loader never sees half a folder

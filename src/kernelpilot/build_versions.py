@@ -21,6 +21,7 @@ from pathlib import Path
 from kernelpilot.harness.cache import MemoryCache, load_entry, store_entry
 from kernelpilot.results import BuildResult, KernelResources, from_dict, to_dict
 from kernelpilot.workspace import EXTENSION_NAME
+from kernelpilot.workspace_files import is_plain_file, make_folder, write_file
 
 # The most recently built versions kept: room for a search's builds ahead (build_ahead.MAX_AHEAD) and a few more.
 KEEP_VERSIONS = 24
@@ -32,16 +33,14 @@ def publish_version(build_dir: Path) -> Path:
     """Copy the linked library to versions/<content hash>/, a path unique to this content, and mark it just built.
 
     A file already there is replaced unless it holds these very bytes: anyone who can write the workspace could have
-    put other bytes under the name the next build's content will take (tests/adversarial/test_planted_builds.py)."""
+    put other bytes under the name the next build's content will take (tests/adversarial/test_planted_builds.py), or
+    a link there, or in that folder's place (refused: `workspace_files.py`)."""
     library = build_dir / f"{EXTENSION_NAME}.so"
     content = library.read_bytes()
     versioned = build_dir / "versions" / hashlib.sha256(content).hexdigest()[:16] / library.name
-    if not (versioned.is_file() and not versioned.is_symlink() and versioned.read_bytes() == content):
-        versioned.parent.mkdir(parents=True, exist_ok=True)
-        partial = versioned.with_name(versioned.name + ".partial")
-        partial.unlink(missing_ok=True)
-        partial.write_bytes(content)
-        os.replace(partial, versioned)  # atomic: a concurrent loader never sees half a library
+    make_folder(versioned.parent, build_dir.parent)
+    if not (is_plain_file(versioned) and versioned.read_bytes() == content):
+        write_file(versioned, content, build_dir.parent)  # whole: a concurrent loader never sees half a library
     os.utime(versioned.parent)  # a build back to older content makes that version recent again for pruning
     return versioned
 
@@ -101,10 +100,8 @@ def record_sources(version: Path, key: str, resources: list[KernelResources], ca
     resources_data = [to_dict(r) for r in resources]
     store_entry(RECORD_KIND, {"library": file_digest(version / f"{EXTENSION_NAME}.so")},
                 {"key": key, "resources": resources_data}, cache)  # fmt: skip
-    record = version / SOURCES_RECORD
-    partial = record.with_name(record.name + ".partial")
-    partial.write_text(json.dumps({"key": key}))
-    os.replace(partial, record)
+    # The workspace is build/versions/<version>/ up: the folders on the way are checked from there.
+    write_file(version / SOURCES_RECORD, json.dumps({"key": key}), version.parents[2])
 
 
 def built_from(version: Path, key: str, cache: Cache = None) -> dict | None:
@@ -112,7 +109,7 @@ def built_from(version: Path, key: str, cache: Cache = None) -> dict | None:
     `key` (its "resources" are the kernels' ptxas reports); None otherwise: not a version folder, a hint naming
     other sources, or a library with no signed record (planted, changed, or recorded in another cache)."""
     library = version / f"{EXTENSION_NAME}.so"
-    if not (_VERSION_NAME.fullmatch(version.name) and library.is_file()):
+    if not (_VERSION_NAME.fullmatch(version.name) and not version.is_symlink() and library.is_file()):
         return None
     try:
         if json.loads((version / SOURCES_RECORD).read_text()).get("key") != key:

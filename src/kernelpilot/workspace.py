@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import secrets
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING
 from kernelpilot.errors import WorkspaceError
 from kernelpilot.problem_signatures import ModelSignatures, model_signatures
 from kernelpilot.resources import data_dir, template_environment
+from kernelpilot.workspace_files import is_plain_file, write_file
 
 if TYPE_CHECKING:
     from kernelpilot.problem import Problem
@@ -91,7 +91,9 @@ class Workspace:
         return f"kp_{_slug(self.root.name)}_{hashlib.sha256(str(self.root).encode()).hexdigest()[:6]}"
 
     def kernel_sources(self) -> list[Path]:
-        """The sources compiled into the extension: kernels/*.cu and kernels/*.cpp, sorted."""
+        """The sources compiled into the extension: kernels/*.cu and kernels/*.cpp, sorted. WorkspaceError for a
+        file under kernels/ whose name the build cannot carry (`check_kernel_names`)."""
+        check_kernel_names(self.kernels_dir)
         return sorted([*self.kernels_dir.glob("*.cu"), *self.kernels_dir.glob("*.cpp")])
 
     def problem(self) -> Problem:
@@ -99,6 +101,24 @@ class Workspace:
         from kernelpilot.problem import load_problem
 
         return load_problem(self.model_path)
+
+
+def check_kernel_names(kernels_dir: Path) -> None:
+    """Refuse, in one sentence, a file or folder under `kernels_dir` whose name holds a character that is not
+    printable (a newline, a tab, an escape, a line separator, ...) or `|`.
+
+    The names become lines and paths in text kernelpilot and ninja write (build.ninja, ninja's log and deps, the
+    build's log and records), all read line by line: a newline in a name would start a line of its writer's choosing
+    there (tests/adversarial/test_planted_links.py), and `|` ends a path in build.ninja, where nothing escapes it.
+    """
+    for path in sorted(kernels_dir.rglob("*")):
+        relative = path.relative_to(kernels_dir.parent).as_posix()
+        unsafe = next((char for char in relative if not char.isprintable() or char == "|"), None)
+        if unsafe is not None:
+            raise WorkspaceError(
+                f"The kernel file {relative!r} has {unsafe!r} in its name, which the build cannot carry in its files.",
+                hint="rename it to a plain name (letters, digits, '.', '-', '_'); only then is the workspace built",
+            )
 
 
 def init_workspace(
@@ -246,11 +266,11 @@ def _scaffold(ws: Workspace, problem_path: Path, problem_id: str, model_new_sour
     ws.root.mkdir(parents=True, exist_ok=True)
     created = _write_protected_files(ws, problem_path)
     if is_new or not ws.model_new_path.exists():
-        ws.model_new_path.write_text(model_new_source)
+        write_file(ws.model_new_path, model_new_source, ws.root)
         created.append("model_new.py")
     if is_new:
         created += _copy_templates(EXAMPLE_KERNELS, ws.root)
-        shutil.copyfile(data_dir("templates") / GITIGNORE_TEMPLATE, ws.root / GITIGNORE_PATH)
+        write_file(ws.root / GITIGNORE_PATH, (data_dir("templates") / GITIGNORE_TEMPLATE).read_bytes(), ws.root)
         created.append(GITIGNORE_PATH)
     if _write_manifest(ws, problem_id, problem_path):
         created.append(MANIFEST_PATH)
@@ -261,13 +281,12 @@ def _write_protected_files(ws: Workspace, problem_path: Path) -> list[str]:
     """Write the protected files that are missing; return their relative paths."""
     created = []
     if not ws.model_path.exists():
-        shutil.copyfile(problem_path, ws.model_path)
         # Read-only: a reminder to people and agents that the reference is not theirs to edit.
-        ws.model_path.chmod(0o444)
+        write_file(ws.model_path, problem_path.read_bytes(), ws.root, mode=0o444)
         created.append("model.py")
     skill = data_dir("skills") / "SKILL.md"
     if not (ws.root / "SKILL.md").exists():
-        shutil.copyfile(skill, ws.root / "SKILL.md")
+        write_file(ws.root / "SKILL.md", skill.read_bytes(), ws.root)
         created.append("SKILL.md")
     from_templates = [name for name in PROTECTED_FILES if name not in ("model.py", "SKILL.md")]
     created += _copy_templates([name for name in from_templates if not (ws.root / name).exists()], ws.root)
@@ -278,8 +297,7 @@ def _copy_templates(names: Sequence[str], root: Path) -> list[str]:
     """Copy templates/<name> to root/<name> for each relative path; return the names."""
     templates = data_dir("templates")
     for name in names:
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(templates / name, root / name)
+        write_file(root / name, (templates / name).read_bytes(), root)
     return list(names)
 
 
@@ -299,10 +317,9 @@ def _write_manifest(ws: Workspace, problem_id: str, problem_path: Path) -> bool:
 
     if stored_record(ws.root) != {"problem_id": problem_id, "files": manifest["files"]}:
         store_record(ws.root, problem_id, manifest["files"])
-    if ws.manifest_path.exists() and ws.manifest_path.read_text() == text:
+    if is_plain_file(ws.manifest_path) and ws.manifest_path.read_text() == text:
         return False
-    ws.manifest_path.parent.mkdir(parents=True, exist_ok=True)
-    ws.manifest_path.write_text(text)
+    write_file(ws.manifest_path, text, ws.root)
     return True
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelpilot.errors import KernelpilotError, NoGPUError, UnconfinedJudgeError
+from kernelpilot.errors import KernelpilotError, NoGPUError, UnconfinedJudgeError, WorkspaceError
 from kernelpilot.harness.process import Reply, Worker
 from kernelpilot.results import UNCONFINED, BenchResult, BuildResult, EvalResult, VerifyResult, from_dict, least_confined
 
@@ -189,7 +189,11 @@ class Judge:
         tampered = tampered_files(ws)
         if tampered:
             return _failed(result, "tampered", f"protected workspace files were changed or deleted: {', '.join(tampered)}.")
-        if ws.kernel_sources():
+        try:
+            has_sources = bool(ws.kernel_sources())
+        except WorkspaceError as err:  # a kernel file name no build can carry: the candidate's, like a compile error
+            return _failed(result, "build", f"{err.message} Hint: {err.hint}.")
+        if has_sources:
             result.build = self.build(ws.root)
             if not result.build.ok:
                 return _failed(result, "build", result.build.error or "the build failed.")

@@ -8,6 +8,7 @@ from typing import Any
 from kernelpilot.agent import RecoverableError, ToolContext, VerifyOutcome
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
 from kernelpilot.build_ahead import MAX_AHEAD, check_version
+from kernelpilot.errors import WorkspaceError
 from kernelpilot.results import BuildResult, EvalResult
 
 MAX_TRIALS = 20
@@ -28,7 +29,10 @@ def build_candidate(ctx: ToolContext, tool_name: str, ahead: list[dict[str, str]
     """Build the workspace (incremental: only changed sources recompile), and the `ahead` versions if it built;
     remember the result."""
     judge = require_judge(ctx, tool_name)
-    build = judge.build(ctx.workspace.root, ahead=ahead) if ahead else judge.build(ctx.workspace.root)
+    try:
+        build = judge.build(ctx.workspace.root, ahead=ahead) if ahead else judge.build(ctx.workspace.root)
+    except WorkspaceError as err:  # what the workspace holds stops the build (a file name, a link): the model's to fix
+        raise RecoverableError(f"{tool_name}: {err.message}" + (f" Hint: {err.hint}." if err.hint else "")) from None
     ctx.judged.note(build)
     return build
 
