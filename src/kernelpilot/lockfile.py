@@ -17,6 +17,7 @@ from pathlib import Path
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import NOT_APPLICABLE, BenchResult, EvalResult, Timing, VerifyResult, from_dict, to_dict
 from kernelpilot.workspace import PROTECTED_FILES, Workspace
+from kernelpilot.workspace_files import write_file
 
 LOCK_NAME = "kernelpilot.lock.json"
 LOCK_VERSION = 1
@@ -191,7 +192,7 @@ def write_lock(ws: Workspace, lock: Lock) -> Path:
     path = lock_path(ws)
     fields = to_dict(lock)
     text = json.dumps({"version": fields.pop("version"), **fields}, indent=2) + "\n"
-    path.write_text(text)
+    write_file(path, text, ws.root)  # a link there is replaced, not written through (`workspace_files.py`)
     store_lock(ws.root, text)  # where the agent cannot write: a lock it rewrites is then no accepted one
     return path
 

@@ -289,7 +289,60 @@ def test_a_build_folder_linked_out_is_refused_before_anything_is_built(tmp_path,
     assert _snapshot(outside) == before
 
 
-# ------------------------------------------------------------------------------------------------- init
+# --------------------------------------------------------------------- .kernelpilot/, the lock, init
+
+
+def test_the_accepted_lock_planted_as_a_link_is_replaced(tmp_path):
+    from kernelpilot.lockfile import Environment, Lock, Timings, Verification, file_hashes, lock_path, write_lock
+
+    ws = _workspace(tmp_path)
+    outside = _outside(tmp_path)
+    before = _snapshot(outside)
+    _plant(ws, _link_script({lock_path(ws).relative_to(ws.root).as_posix(): outside / "site" / "zz_kp.pth"}))
+    lock = Lock(problem_id=ws.problem_id, environment=Environment(gpu="cpu", torch="2", cuda=None),
+                verification=Verification(atol=1e-2, rtol=1e-2), timings=Timings(bench_seed=1), reward=1,
+                files=file_hashes(ws))  # fmt: skip
+
+    write_lock(ws, lock)
+
+    assert _snapshot(outside) == before
+    assert not lock_path(ws).is_symlink() and ws.problem_id in lock_path(ws).read_text()
+
+
+def test_the_transcript_and_the_best_copy_planted_as_links_are_not_written_through(tmp_path):
+    from kernelpilot.agent.session import BEST_DIR, Session, save_best
+    from kernelpilot.results import EvalResult, VerifyResult
+
+    ws = _workspace(tmp_path)
+    outside = _outside(tmp_path)
+    session = Session.create(ws.root, problem=str(ws.model_path), model="builtin")
+    transcript = session.path.read_text()
+    before = _snapshot(outside)
+    _plant(ws, _link_script({session.path.relative_to(ws.root).as_posix(): outside / "site" / "zz_kp.pth",
+                             BEST_DIR: outside / "empty"}))  # fmt: skip
+    verdict = EvalResult(problem_id=ws.problem_id, workspace=str(ws.root), verify=VerifyResult(ok=True), reward=1)
+
+    digest = session.append_vouched("eval", turn=1, eval=verdict, improved=True)
+    save_best(ws, session.path, digest)
+
+    assert _snapshot(outside) == before, "the agent's process wrote through a link out of the workspace"
+    assert not session.path.is_symlink() and '"eval"' in session.path.read_text() and transcript
+    assert (ws.root / BEST_DIR / "model_new.py").is_file() and not (ws.root / BEST_DIR).is_symlink()
+
+
+def test_pristine_copies_are_not_written_through_a_linked_folder(tmp_path):
+    from kernelpilot.agent.tools.shell import PRISTINE_DIR, keep_pristine_copies
+
+    ws = _workspace(tmp_path)
+    outside = _outside(tmp_path)
+    before = _snapshot(outside)
+    _plant(ws, _link_script({PRISTINE_DIR: outside / "empty"}))
+
+    keep_pristine_copies(ws)  # what the Bash tool does before each command
+
+    assert _snapshot(outside) == before
+    # The folder is kernelpilot's alone: the link is dropped (not what it leads to) and the copies made again.
+    assert not (ws.root / PRISTINE_DIR).is_symlink() and (ws.root / PRISTINE_DIR / "model.py").is_file()
 
 
 def test_init_again_replaces_links_where_it_writes_missing_files(tmp_path):

@@ -10,9 +10,7 @@ and `end` (status and summary). Resuming rebuilds the conversation and the run's
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from kernelpilot.agent.tool_results import (
 from kernelpilot.agent.vouched import keep_best, kept_best, line_digest, vouch, vouched
 from kernelpilot.errors import KernelpilotError
 from kernelpilot.results import EvalResult, from_dict, to_dict
+from kernelpilot.workspace_files import append_text, make_folder, remove, write_file
 
 if TYPE_CHECKING:
     from kernelpilot.agent import Usage
@@ -98,7 +97,7 @@ class Session:
         """A new transcript under `ws_root`/.kernelpilot/sessions/, opened with a `start` record."""
         session_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
         path = Path(ws_root) / SESSIONS_DIR / f"{session_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent, Path(ws_root))  # refusing a link on the way (`workspace_files.py`)
         session = cls(path)
         session.append("start", session=session_id, **start)
         return session
@@ -117,10 +116,10 @@ class Session:
         record = {"type": record_type, "time": round(time.time(), 6), **to_dict(fields)}  # (µs: sessions started
         # in the same millisecond still list in the order they started)
         line = json.dumps(record, default=str)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        # A link the agent puts in the transcript's place is replaced, not appended through (`workspace_files.py`);
+        # the folders on the way are checked from the workspace, .kernelpilot/sessions/ up.
+        folders = self.path.parents
+        append_text(self.path, line + "\n", folders[2] if len(folders) > 2 else folders[0])
         return line_digest(line)
 
     def append_vouched(self, record_type: str, **fields: Any) -> str:
@@ -334,8 +333,8 @@ def save_best(ws: Workspace, transcript: Path, digest: str) -> None:
     files = {relative.as_posix(): (ws.root / relative).read_bytes() for relative in candidate_files(ws.root)}
     keep_best(transcript, digest, files)
     best_dir = ws.root / BEST_DIR
-    shutil.rmtree(best_dir, ignore_errors=True)
-    copy_candidate(ws.root, best_dir)
+    remove(best_dir, ws.root)  # kernelpilot's alone: a link in its place goes, not what it leads to
+    copy_candidate(ws.root, best_dir, ws.root)
 
 
 def restore_best(ws: Workspace, transcript: Path) -> bool:
@@ -347,22 +346,21 @@ def restore_best(ws: Workspace, transcript: Path) -> bool:
     if kept is None:
         return False
     for stale in list(candidate_files(ws.root)):
-        (ws.root / stale).unlink()
+        remove(ws.root / stale, ws.root)
     for name, data in kept[1].items():
         target = ws.root / name
         if not target.resolve().is_relative_to(ws.root.resolve()) or name in PROTECTED_FILES:
             continue  # (names were written by kernelpilot; a damaged entry still writes nothing outside)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        write_file(target, data, ws.root)
     return True
 
 
-def copy_candidate(source_root: Path, dest_root: Path) -> list[Path]:
-    """Copy model_new.py and the kernel sources from one folder to another; returns the files written."""
+def copy_candidate(source_root: Path, dest_root: Path, within: Path) -> list[Path]:
+    """Copy model_new.py and the kernel sources from one folder to another (in `within`, the folder the writes trust:
+    `workspace_files.py`); returns the files written."""
     written = []
     for relative in candidate_files(source_root):
-        (dest_root / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source_root / relative, dest_root / relative)
+        write_file(dest_root / relative, (source_root / relative).read_bytes(), within)
         written.append(dest_root / relative)
     return written
 

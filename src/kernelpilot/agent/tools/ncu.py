@@ -19,6 +19,7 @@ from kernelpilot.agent.tools.judge import build_candidate
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
 from kernelpilot.agent.tools.shell import ProcessRun, confined, run_process
 from kernelpilot.results import BuildResult, to_dict
+from kernelpilot.workspace_files import own_folder
 
 if TYPE_CHECKING:
     from kernelpilot.workspace import Workspace
@@ -112,8 +113,7 @@ def ncu_unavailable_reason(ctx: ToolContext) -> str | None:
 
 def run_ncu(ws: Workspace, build: BuildResult, device: str, kernel: str | None) -> tuple[ProcessRun, str]:
     """Run the driver under ncu; return the run and ncu's CSV report."""
-    scratch = ws.root / SCRATCH_DIR
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = own_folder(ws.root / SCRATCH_DIR, ws.root)  # a link there is removed, not written through
     with tempfile.TemporaryDirectory(dir=scratch, prefix="ncu-") as folder:
         build_json, report = Path(folder) / "build.json", Path(folder) / "report.csv"
         build_json.write_text(json.dumps(to_dict(build)))

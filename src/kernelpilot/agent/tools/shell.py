@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,9 @@ from kernelpilot.agent import ToolContext
 from kernelpilot.agent.shell_guard import SCRATCH_DIR, WriteGuard
 from kernelpilot.agent.tool_results import CommandRun
 from kernelpilot.agent.tools.schema import CheckedTool, object_schema
+from kernelpilot.errors import WorkspaceError
 from kernelpilot.workspace import PROTECTED_FILES, tampered_files
+from kernelpilot.workspace_files import copy_file, is_plain_file, own_folder, remove
 
 if TYPE_CHECKING:
     from kernelpilot.workspace import Workspace
@@ -58,7 +59,7 @@ class BashTool(CheckedTool):
         ws, command = ctx.workspace, args["command"]
         root, scratch = ws.root.resolve(), ws.root.resolve() / SCRATCH_DIR
         WriteGuard(root, scratch).check(command)
-        scratch.mkdir(parents=True, exist_ok=True)
+        own_folder(scratch, root)
         keep_pristine_copies(ws)
         environment = dict(os.environ, HOME=str(scratch), TMPDIR=str(scratch), PWD=str(root))
         timeout = args.get("timeout_s", BASH_DEFAULT_TIMEOUT_S)
@@ -132,30 +133,31 @@ def cap_middle(text: str, limit: int) -> tuple[str, int]:
 
 
 def keep_pristine_copies(ws: Workspace) -> None:
-    """Keep a copy of every protected file that is intact under .kernelpilot/pristine/, to restore it from later."""
+    """Keep a copy of every protected file that is intact under .kernelpilot/pristine/, to restore it from later.
+
+    The folder is kernelpilot's alone, and its writes never follow a link (`workspace_files.py`): a link the agent's
+    commands put in place of it or of a folder in it is removed (not what it leads to), and the copies made again."""
     tampered = set(tampered_files(ws))
+    pristine = own_folder(ws.root / PRISTINE_DIR, ws.root)
     for name in PROTECTED_FILES:
-        copy, original = ws.root / PRISTINE_DIR / name, ws.root / name
-        if name in tampered or (copy.is_file() and copy.read_bytes() == original.read_bytes()):
+        copy, original = pristine / name, ws.root / name
+        if name in tampered or (is_plain_file(copy) and copy.read_bytes() == original.read_bytes()):
             continue
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.unlink(missing_ok=True)
-        shutil.copy2(original, copy)
+        own_folder(copy.parent, pristine)
+        copy_file(original, copy, pristine, keep_time=True)
 
 
 def restore_protected(ws: Workspace) -> tuple[list[str], list[str]]:
-    """Put back changed or deleted protected files from their pristine copies; return (restored, not restorable)."""
+    """Put back changed or deleted protected files from their pristine copies; return (restored, not restorable).
+    A file that cannot be put back without following a link (kernels/ made a link, say) is not restorable."""
     tampered = tampered_files(ws)
     for name in tampered:
         copy, target = ws.root / PRISTINE_DIR / name, ws.root / name
         if not copy.is_file():
             continue
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(copy, target)  # with its mode: model.py is read-only again
+        with contextlib.suppress(WorkspaceError):
+            remove(target, ws.root)
+            copy_file(copy, target, ws.root, keep_time=True)  # with its mode: model.py is read-only again
     still_tampered = set(tampered_files(ws)) if tampered else set()
     restored = [name for name in tampered if name not in still_tampered]
     return restored, [name for name in tampered if name in still_tampered]
