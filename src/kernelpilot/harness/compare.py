@@ -5,11 +5,17 @@ check where that band is wider than the outputs themselves (an answer that never
 Where the outputs are themselves rounding noise (a mean of a group norm's output: 0 up to rounding), no answer can
 be far below their spread, and noise that reads nothing is as close as an honest answer: `rounding_noise_reason`
 then says so, from the reference's own error against a float64 run of it, and the answer stays refused.
+Outputs too small or too uniform to have a spread of their own (a mean loss: one number, nearly the same on every
+draw) are checked across the trials instead (`AcrossTrials`): there the best constant answer is the mean of the
+trials' references, and the answer must be far closer than it, where the reference moves across trials by more
+than its dtype and its own rounding can resolve; where it does not, nothing can tell an answer from a constant,
+and a warning says so. Integers and booleans must be equal, compared in their own dtype.
 Tensors are compared in chunks, so the comparison's temporary memory stays bounded whatever the output's size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +30,10 @@ SCALE_CHECK_MIN_ELEMENTS = 16
 SCALE_CHECK_BAND = 0.25
 SCALE_CHECK_FRACTION = 0.1
 SCALE_CHECK_ULPS = 8
+# Outputs with fewer finite elements, or a spread no wider than SCALE_CHECK_ULPS units in the last place of their
+# typical value, are checked across the trials instead (AcrossTrials), with the same band, fraction and ulps; where
+# that check cannot tell an answer from a constant one, the verdict carries this warning (a GuardFinding's guard).
+SCALE_UNDECIDED = "scale-undecided"
 # Elements compared per step, bounding the comparison's temporary memory (a few times 64 MB).
 COMPARE_CHUNK = 1 << 24
 
@@ -41,6 +51,20 @@ class LeafComparison:
     message: str = ""
     spread: float | None = None  # the reference's standard deviation, when the scale check failed
     scale_only: bool = False  # failed by the scale check alone: every element is within atol/rtol
+    sample: TrialSample | None = None  # for the check across trials, where the output's own spread cannot be used
+
+
+@dataclass
+class TrialSample:
+    """What the check across trials keeps of one output in one trial: the reference's values (float64, on the CPU;
+    all of them for an output under SCALE_CHECK_MIN_ELEMENTS, else the mean of its finite ones), their variance
+    about that mean, and the answer's squared error summed over `count` finite elements."""
+
+    values: torch.Tensor
+    within_variance: float
+    squared_error: float
+    count: int
+    dtype: torch.dtype
 
 
 def compare_outputs(actual: Any, expected: Any, *, atol: float, rtol: float, name: str = "out") -> list[LeafComparison]:
@@ -159,7 +183,10 @@ class _ElementErrors:
         self.squared_error += float(difference.square().sum(dtype=torch.float64))
         finite_b = torch.where(finite, b, 0.0)
         self.sum_expected += float(finite_b.sum(dtype=torch.float64))
-        self.sum_expected_squared += float(finite_b.square().sum(dtype=torch.float64))
+        # Squared in float64: float32 squares' rounding alone would give an output of one value a spread of
+        # sqrt(eps) times it (0.004 at 12).
+        wide_b = finite_b.double()
+        self.sum_expected_squared += float(torch.dot(wide_b, wide_b))
         self.max_abs = max(self.max_abs, float(difference.max()))
         self.max_rel = max(self.max_rel, float(relative.max()))
         chunk_worst = int(ratio.argmax())
@@ -189,12 +216,33 @@ class _ElementErrors:
         if scale_failure:
             comparison.ok, comparison.worst_ratio, comparison.message = False, float("inf"), scale_failure
             comparison.spread, comparison.scale_only = self.spread(), True
+        elif self.finite and not self.own_spread_usable(expected.dtype):
+            comparison.sample = self.trial_sample(expected)
         return comparison
 
     def spread(self) -> float:
         """The standard deviation of the reference's finite elements."""
         mean = self.sum_expected / self.finite
         return max(self.sum_expected_squared / self.finite - mean * mean, 0.0) ** 0.5
+
+    def typical(self) -> float:
+        """The root-mean-square of the reference's finite elements."""
+        return (self.sum_expected_squared / self.finite) ** 0.5
+
+    def own_spread_usable(self, dtype: torch.dtype) -> bool:
+        """Whether the outputs have a spread of their own to measure an answer against: enough finite elements, and
+        a spread wider than SCALE_CHECK_ULPS units in the last place of a typical one (an output filled with one
+        value has none, and its float64 sums leave it a rounding error's)."""
+        resolution = SCALE_CHECK_ULPS * torch.finfo(dtype).eps * self.typical()
+        return self.finite >= SCALE_CHECK_MIN_ELEMENTS and self.spread() > resolution
+
+    def trial_sample(self, expected: torch.Tensor) -> TrialSample:
+        """What the check across trials needs of this output (see TrialSample)."""
+        if expected.numel() < SCALE_CHECK_MIN_ELEMENTS:
+            values, within = expected.detach().reshape(-1).to("cpu", torch.float64), 0.0
+        else:
+            values, within = torch.tensor([self.sum_expected / self.finite], dtype=torch.float64), self.spread() ** 2
+        return TrialSample(values, within, self.squared_error, self.finite, expected.dtype)
 
     def scale_failure(self, name: str, dtype: torch.dtype, *, atol: float, rtol: float) -> str:
         """Why the outputs are no better than a constant answer, when the tolerance is too wide to tell.
@@ -204,10 +252,10 @@ class _ElementErrors:
         error must also be far below the spread: under a tenth of the outputs' standard deviation (or a few units
         in the last place of their dtype, whichever is larger).
         """
-        if self.finite < SCALE_CHECK_MIN_ELEMENTS or not dtype.is_floating_point:
-            return ""
-        spread, typical = self.spread(), (self.sum_expected_squared / self.finite) ** 0.5
-        if spread == 0.0 or atol + rtol * typical < SCALE_CHECK_BAND * spread:
+        if not dtype.is_floating_point or not self.finite or not self.own_spread_usable(dtype):
+            return ""  # (then AcrossTrials checks it)
+        spread, typical = self.spread(), self.typical()
+        if atol + rtol * typical < SCALE_CHECK_BAND * spread:
             return ""
         rms_error = (self.squared_error / self.finite) ** 0.5
         allowed = max(SCALE_CHECK_FRACTION * spread, SCALE_CHECK_ULPS * torch.finfo(dtype).eps * typical)
@@ -272,21 +320,96 @@ def _show(value: Any) -> str:
     return str(tuple(value)) if isinstance(value, torch.Size) else str(value)
 
 
+class AcrossTrials:
+    """The check across trials, for outputs too small or too uniform to have a spread of their own.
+
+    A mean loss is one number, nearly the same on every draw (a cross-entropy of random logits: 12.09 give or take
+    0.04), and atol + rtol * 12 is wider than that: a constant answer passes every trial's element test, and an
+    output of one number has no spread for the scale check. Across the trials it has one: the best constant answer
+    is the mean of the trials' references, and its root-mean-square error over them is their spread about that
+    mean. Where the tolerance is as wide as that spread (atol + rtol * |typical| >= SCALE_CHECK_BAND * spread), the
+    answer's RMS error over the trials must stay under SCALE_CHECK_FRACTION of it, or under the honest error floor:
+    SCALE_CHECK_ULPS units in the last place of a typical output, and, when `own_error` is asked (only for an
+    answer the first floor alone would refuse), the reference's own RMS error against a float64 run over
+    SCALE_CHECK_FRACTION. Where the spread is not above that floor (a bf16 loss: its rounding is wider than its
+    spread; a single trial: no spread), no answer can be told from a constant: `check` says so instead of failing.
+    """
+
+    def __init__(self, *, atol: float, rtol: float):
+        self.atol, self.rtol = atol, rtol
+        self.samples: dict[str, list[TrialSample]] = {}
+        self.own_spread: set[str] = set()  # outputs the scale check measured in some trial, by their own spread
+
+    def add(self, leaves: list[LeafComparison]) -> None:
+        """One trial's comparisons."""
+        for leaf in leaves:
+            if leaf.sample is None:
+                self.own_spread.add(leaf.name)
+            else:
+                self.samples.setdefault(leaf.name, []).append(leaf.sample)
+
+    def names(self) -> list[str]:
+        """The outputs this check is for: those no trial could measure by their own spread."""
+        return [name for name in self.samples if name not in self.own_spread]
+
+    def check(self, name: str, own_error: Callable[[], float | None]) -> tuple[str, str]:
+        """(why the answers to output `name` are no better than a constant answer, or ""; why nothing can tell, or
+        ""). `own_error` gives the reference's RMS error against float64 for the floor (None where unknown)."""
+        samples = self.samples.get(name, [])
+        if name in self.own_spread or not samples or len({s.values.shape for s in samples}) > 1:
+            return "", ""
+        values = torch.stack([s.values for s in samples])
+        values = values[:, values.isfinite().all(dim=0)]
+        if values.numel() == 0:
+            return "", ""
+        trials, within = len(samples), sum(s.within_variance for s in samples) / len(samples)
+        spread = (float((values - values.mean(dim=0)).square().mean()) + within) ** 0.5
+        typical = (float(values.square().mean()) + within) ** 0.5
+        rms_error = (sum(s.squared_error for s in samples) / max(sum(s.count for s in samples), 1)) ** 0.5
+        width = self.atol + self.rtol * typical
+        if width < SCALE_CHECK_BAND * spread:
+            return "", ""  # the element test tells a constant answer apart
+        floor = SCALE_CHECK_ULPS * torch.finfo(samples[0].dtype).eps * typical
+        why_floor = f"what {_dtype_name(samples[0].dtype)} resolves at this size ({floor:.3g})"
+        if spread > floor and rms_error > max(SCALE_CHECK_FRACTION * spread, floor):
+            own = own_error()
+            if own is not None and own / SCALE_CHECK_FRACTION > floor:
+                floor = own / SCALE_CHECK_FRACTION
+                why_floor = (f"what the reference's own rounding allows ({own:.3g} against float64, over "
+                             f"{SCALE_CHECK_FRACTION:g})")  # fmt: skip
+        moves = (
+            f"the reference's RMS movement across the {trials} trials is {spread:.3g}" if trials > 1 else
+            "one trial shows no movement of the reference across trials"  # fmt: skip
+        )
+        if spread <= floor:
+            return "", (
+                f"{name} was not checked against a constant answer: it is too small or uniform for the scale check, "
+                f"and {moves}, not above {why_floor}; a constant answer would pass atol + rtol*|typical| = "
+                f"{width:.3g} as well"
+            )
+        allowed = max(SCALE_CHECK_FRACTION * spread, floor)
+        if rms_error <= allowed:
+            return "", ""
+        return (
+            f"{name}: within atol/rtol only because the tolerance ({width:.3g}) is wider than the reference's "
+            f"movement across the {trials} trials (RMS {spread:.3g} about their mean: the error of the best constant "
+            f"answer; the output is too small or uniform to have a spread of its own); the root-mean-square error "
+            f"{rms_error:.3g} over the trials is not far below it (at most {allowed:.3g}), as no better than a "
+            "constant answer"
+        ), ""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def rounding_noise_reason(leaf: LeafComparison, expected: torch.Tensor, exact: torch.Tensor) -> str:
     """When `leaf` failed the scale check alone and the reference cannot resolve its own outputs (its RMS error
     against `exact`, the float64 reference on the same inputs, is at least SCALE_CHECK_FRACTION of their spread),
     the leaf's message becomes why no answer can be accepted there, which is returned; else ""."""
     if not leaf.scale_only or not leaf.spread or exact.shape != expected.shape:
         return ""
-    squared, finite = 0.0, 0
-    flat_expected, flat_exact = expected.reshape(-1), exact.reshape(-1)
-    for start in range(0, flat_expected.numel(), COMPARE_CHUNK):
-        a = flat_expected[start:start + COMPARE_CHUNK].double()
-        b = flat_exact[start:start + COMPARE_CHUNK].to(device=a.device, dtype=torch.float64)
-        keep = a.isfinite() & b.isfinite()
-        squared += float((a - b)[keep].square().sum())
-        finite += int(keep.sum())
-    own_error = (squared / finite) ** 0.5 if finite else 0.0
+    own_error = rms_difference(expected, exact)
     if own_error < SCALE_CHECK_FRACTION * leaf.spread:
         return ""
     leaf.message = (
@@ -296,6 +419,22 @@ def rounding_noise_reason(leaf: LeafComparison, expected: torch.Tensor, exact: t
         "(e.g. those before a reduction that cancels them)"
     )
     return leaf.message
+
+
+def rms_difference(expected: torch.Tensor, exact: torch.Tensor) -> float:
+    """The root-mean-square difference of two tensors of one shape over the elements finite in both, in float64
+    (complex ones as pairs of reals); 0.0 where none is."""
+    if expected.is_complex():
+        expected, exact = torch.view_as_real(expected.resolve_conj()), torch.view_as_real(exact.resolve_conj())
+    squared, finite = 0.0, 0
+    flat_expected, flat_exact = expected.reshape(-1), exact.reshape(-1)
+    for start in range(0, flat_expected.numel(), COMPARE_CHUNK):
+        a = flat_expected[start:start + COMPARE_CHUNK].double()
+        b = flat_exact[start:start + COMPARE_CHUNK].to(device=a.device, dtype=torch.float64)
+        keep = a.isfinite() & b.isfinite()
+        squared += float((a - b)[keep].square().sum())
+        finite += int(keep.sum())
+    return (squared / finite) ** 0.5 if finite else 0.0
 
 
 def trial_from(seed: int, leaves: list[LeafComparison]) -> TrialResult:

@@ -4,7 +4,8 @@ Runs in the judge's worker, where no candidate code ever runs: the model under t
 (`sandbox.py`). Each trial draws new inputs here, runs the reference on clones of them, lends the sandbox a shared
 copy of the inputs and output slots poisoned with NaN (`shared.py`), and asks it for one call. What counts comes
 from this side: the comparison of the slots with the reference (`|actual - expected| <= atol + rtol * |expected|`,
-plus a scale check where that band is wider than the outputs themselves), the inputs left unchanged, outputs
+plus a scale check where that band is wider than the outputs themselves, and after the last trial one across the
+trials for outputs too small or uniform for it, such as a mean loss), the inputs left unchanged, outputs
 that follow their inputs, the protected files, the float64 precision check. What the sandbox reports about
 itself (torch ops it saw, kernels under its profiler, aliasing) is recorded too: it catches honest mistakes.
 The first failing trial ends the run.
@@ -28,7 +29,15 @@ from typing import Any
 import torch
 
 from kernelpilot.harness import guards
-from kernelpilot.harness.compare import COMPARE_CHUNK, compare_outputs, rounding_noise_reason, trial_from
+from kernelpilot.harness.compare import (
+    COMPARE_CHUNK,
+    SCALE_UNDECIDED,
+    AcrossTrials,
+    compare_outputs,
+    rms_difference,
+    rounding_noise_reason,
+    trial_from,
+)
 from kernelpilot.harness.failures import describe_exception, failure_kind, is_device_failure
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.harness.process import Deadline
@@ -178,6 +187,7 @@ class _Verification:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.deadline = Deadline(timeout)
         self.trials: list[TrialResult] = []
+        self.across_trials = AcrossTrials(atol=atol, rtol=rtol)  # outputs too small or uniform for the scale check
         self.findings: list[GuardFinding] = []
         self.notes: list[str] = []
         self.previous: list[tuple[str, int, int]] | None = None  # per output: name, fingerprints of slot and reference
@@ -264,6 +274,10 @@ class _Verification:
         if any(leaf.scale_only for leaf in leaves):
             with phase("reference noise"):
                 self._explain_rounding_noise(inputs_before, leaves, reference.output)
+        self.across_trials.add(leaves)
+        if last and all(leaf.ok for leaf in leaves):
+            with phase("across trials"):
+                self._check_across_trials(inputs_before, leaves, reference.output)
         trial = trial_from(seed, leaves)
         with phase("trusted guards"):
             self._check_trusted(shared_inputs, inputs_before, reference, slots, expected)
@@ -383,6 +397,37 @@ class _Verification:
         for leaf in leaves:
             if leaf.scale_only and leaf.name in expected_leaves and leaf.name in exact_leaves:
                 rounding_noise_reason(leaf, expected_leaves[leaf.name], exact_leaves[leaf.name])
+
+    def _check_across_trials(self, inputs: list, leaves: list, expected: Any) -> None:
+        """After the last trial: outputs too small or uniform for the scale check (a mean loss) must be far closer
+        to the references than a constant answer over the trials (`compare.AcrossTrials`); where nothing can tell,
+        a warning says so. The reference's own error against float64, on this trial's inputs, is computed only when
+        an answer would otherwise be refused."""
+        names = set(self.across_trials.names())
+        exact: list[Any] = []  # the float64 outputs, once computed ([None] where they cannot be)
+
+        def own_error(name: str) -> float | None:
+            if not exact:
+                exact.append(self._float64_reference(inputs, expected, "the check across trials' float64 run"))
+            reference = dict(tensor_leaves(expected, "out")).get(name)
+            exact_leaf = dict(tensor_leaves(exact[0], "out")).get(name) if exact[0] is not None else None
+            if reference is None or exact_leaf is None or exact_leaf.shape != reference.shape:
+                return None
+            if exact_leaf.dtype not in (torch.float64, torch.complex128):
+                return None  # no float64 path for this output: its own rounding is unknown
+            return rms_difference(reference, exact_leaf)
+
+        undecided = []
+        for leaf in leaves:
+            if leaf.name not in names:
+                continue
+            failure, cannot_tell = self.across_trials.check(leaf.name, lambda name=leaf.name: own_error(name))
+            if failure:
+                leaf.ok, leaf.worst_ratio, leaf.message = False, float("inf"), failure
+            elif cannot_tell:
+                undecided.append(cannot_tell)
+        if undecided:
+            self._record(GuardFinding(SCALE_UNDECIDED, "warn", "; ".join(undecided)))
 
     def _float64_reference(self, inputs: list, expected: Any, purpose: str) -> Any:
         """The reference's outputs computed in float64 on `inputs`, or None (with a note) when they are too large
