@@ -244,7 +244,7 @@ def _timings(bench: BenchResult | None) -> Timings:
     if bench is None:
         return Timings(bench_seed=0)
     return Timings(
-        bench_seed=bench.seed,  # drawn per run by the judge: timed run i drew its inputs from bench_seed + i
+        bench_seed=bench.seed,  # the bench's seed; each timed run drew its own at random
         candidate=_recorded(bench.candidate),
         eager=_recorded(bench.eager),
         compile=_recorded(bench.compiled),

@@ -279,7 +279,7 @@ class BenchResult:
     error_kind: str | None = None
     message: str = ""
     guards: list[GuardFinding] = field(default_factory=list)  # e.g. unaccounted-time
-    seed: int = 0  # timed run i drew its inputs from seed + i
+    seed: int = 0  # the bench's seed (its first inputs' layout); each timed run's seed is drawn apart, at random
     checked_calls: int = 0  # timed calls whose outputs were compared with the reference's
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step (calibration, candidate runs, ...)
     confinement: str | None = None  # LANDLOCK | UNCONFINED: the judge's sandboxes, as the worker saw them

@@ -5,8 +5,11 @@ process, flushes the L2 (timed_inputs.py), then the model's process times one ca
 around a device-wide synchronisation (work on every stream counts) and copies the outputs into slots this side
 owns. Four things keep the figure honest however the process lies:
 
-- **Fresh inputs per run**: nothing can be reused from one run to the next (memoising by input identity, data
-  pointer or content gains nothing).
+- **Fresh inputs per run, from seeds nobody can foretell**: nothing can be reused from one run to the next
+  (memoising by input identity, data pointer or content gains nothing), and nothing can be made ready for the next
+  one either: each run's seed is drawn here at random (a failing run's message names it), so the model's process,
+  which sees each seed, cannot draw the next run's inputs and compute its answer between runs, where no clock runs
+  (seeds that went up in steps let it: tests/adversarial/test_computed_ahead.py).
 - **Checked runs**: after some runs, chosen here at random and never announced, this side draws the same inputs,
   runs the reference and compares the slots; a model idle or wrong while timed fails as a mismatch.
 - **Traced runs**: the candidate's process collects the kernels of another random sample of runs (tracing.py; its
@@ -26,6 +29,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,7 +166,7 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
         return TimedRuns(error_kind=bound.get("error_kind") or "runtime", message=bound.get("message", ""))
     if companion is not None and _bind(companion, refs, inputs, deadline) is not None:
         companion = None
-    run_seed = iter(range(seed, seed + 10_000_000))
+    run_seed = _unforeseeable_seeds()
     started = _clock()
     warm = [_run(model, inputs, next(run_seed), deadline) for _ in range(3)]  # the first pays lazy initialisation
     failed = next((reply for reply, _ in warm if not reply.get("ok")), None)
@@ -217,6 +221,13 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
     companion_ms = typical_unaccounted(companion_unaccounted, device.type) if companion_unaccounted else None
     phases = {name: round(seconds, 4) for name, seconds in phases.items()}
     return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms, phases=phases)
+
+
+def _unforeseeable_seeds() -> Iterator[int]:
+    """Each timed run's seed, drawn from the operating system's randomness (63 bits: any of torch's seeds)."""
+    draw = random.SystemRandom()
+    while True:
+        yield draw.getrandbits(63)
 
 
 def typical_unaccounted(values: list[float], device_type: str) -> float:
