@@ -129,7 +129,7 @@ def test_where_the_tolerance_resolves_the_spread_the_element_test_decides_alone(
 def test_the_references_own_rounding_raises_the_floor_only_for_an_answer_the_dtype_floor_would_refuse():
     # Values near 1 moving by about 5e-6 between trials: above float32's 8 ulps (9.5e-7), so a constant fails.
     references = scalars([1 + 5e-6 * k for k in (-2, -1, 0, 1, 2)])
-    off = scalars([float(r) + 2e-6 for r in references])  # above a tenth of the spread and the ulps
+    off = scalars([float(r) + 5e-6 for r in references])  # above half the spread (RMS 7.1e-6) and the ulps
     failure, _ = across(off, references, own_error=lambda: 1e-8)  # a reference far more exact than the answer
     assert "no better than a constant" in failure
     failure, cannot_tell = across(off, references, own_error=lambda: 1e-6)  # its own rounding is the spread's size
