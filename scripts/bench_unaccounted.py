@@ -8,7 +8,8 @@ examples/ from an elementwise pass to a GEMM), this writes the built-in policy's
 `kernelpilot eval WS --json` on it as written (honest), then with model_new.py made to report its timed window
 times 0.8, 0.5 and 0.001. Each row: the reported median, the unaccounted time of the candidate's runs and of the
 clean process timed between them (the protocol's own cost), and the verdict. The honest rows show what the check
-must allow; the lying rows what it lets through.
+must allow; the lying rows what it lets through. "pipes": the part of the unaccounted time spent outside the two
+processes' handling of the run (the wall time less the time each process says the request spent in it).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def evaluate(root: Path) -> dict:
         "reported_ms": candidate.get("median_ms"),
         "unaccounted_ms": candidate.get("unaccounted_ms"),
         "clean_unaccounted_ms": candidate.get("clean_unaccounted_ms"),
+        "transport_ms": candidate.get("transport_ms"),
+        "clean_transport_ms": candidate.get("clean_transport_ms"),
         "eager_ms": eager.get("median_ms"),
         "reward": result.get("reward"),
         "verdict": result.get("error_kind") or "ok",
@@ -97,11 +100,13 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
-    print(f"\n{'example':<20} {'reports':<12} {'reported':>9} {'unacc.':>8} {'clean':>8} {'excess':>8}  verdict")
+    print(f"\n{'example':<20} {'reports':<12} {'reported':>9} {'unacc.':>9} {'clean':>9} {'excess':>9} {'pipes':>9} "
+          f"{'clean p.':>9}  verdict")
     for row in rows:
         cells = [row.get(k) for k in ("reported_ms", "unaccounted_ms", "clean_unaccounted_ms")]
         excess = cells[1] - cells[2] if None not in cells[1:] else None
-        text = [f"{v:9.4f}" if v is not None else f"{'-':>9}" for v in cells + [excess]]
+        pipes = [row.get("transport_ms"), row.get("clean_transport_ms")]
+        text = [f"{v:9.4f}" if v is not None else f"{'-':>9}" for v in cells + [excess] + pipes]
         print(f"{row['example']:<20} {row['reports']:<12} {' '.join(text)}  {row['verdict']} (reward {row.get('reward')})")
 
 

@@ -232,6 +232,11 @@ class Timing:
     # The same for the clean eager process timed between the model's runs (the candidate's timing only): what
     # the unaccounted-time check compares `unaccounted_ms` with.
     clean_unaccounted_ms: float | None = None
+    # Diagnostics, the processes' word: the median over the runs of (wall time) - (the time the model's process says
+    # each run's request spent in it), the pipes' and the scheduler's share of `unaccounted_ms`; and the same for the
+    # clean process (the candidate's timing only).
+    transport_ms: float | None = None
+    clean_transport_ms: float | None = None
 
     @property
     def spread(self) -> float:

@@ -171,6 +171,7 @@ def _bench(problem, candidate, clean, dev, seed, deadline, cache_dir, min_runs, 
         if protocol_ms is None:
             protocol_ms = calibration.timing.unaccounted_ms or 0.0
         timed.timing.clean_unaccounted_ms = protocol_ms
+        timed.timing.clean_transport_ms = timed.companion_transport_ms
         return timed, find_unaccounted_time(timed.timing, protocol_ms, device_type=dev.type)
 
     with phases("candidate"):

@@ -344,11 +344,15 @@ def serve(args: argparse.Namespace) -> None:
         _write(replies, {"ok": True, "ready": True, "pid": os.getpid(), "confinement": confinement})
         local = None
         for line in requests:
+            received = _perf_counter()
             request = json.loads(line)
             if local is None:
                 local, reply = _load(request, device)
             else:
                 reply = handle(local, request)
+                # How long the run took in here, from its request's arrival: this process's word, a diagnostic
+                # that splits the judge's unaccounted time into the pipes' share and this process's own.
+                reply["in_process_ms"] = round((_perf_counter() - received) * 1e3, 4)
             _write(replies, {"id": request.get("id"), "ok": True, "result": reply, "exiting": reply.get("exiting")})
             if reply.get("exiting"):
                 sys.stdout.flush()

@@ -69,6 +69,8 @@ class TimedRuns:
     findings: list[GuardFinding] = field(default_factory=list)
     # The companion's (a clean process timed between the model's runs) median unaccounted time, if one ran.
     companion_unaccounted_ms: float | None = None
+    # The companion's median of (wall time) - (the time its process says the run spent in it): `Timing.transport_ms`.
+    companion_transport_ms: float | None = None
     phases: dict[str, float] = field(default_factory=dict)  # seconds: warm-up, runs, checks, companion
 
 
@@ -184,6 +186,8 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
     # tracing adds, say) learns nothing about which runs are checked.
     traced_runs = set(chooser.sample(range(runs), sample_size)) if checker is not None else set()
     samples, unaccounted, companion_unaccounted, checked = [], [], [], 0
+    transport: list[float | None] = []
+    companion_transport: list[float | None] = []
     every = max(runs // COMPANION_RUNS, 1)
     for index in range(runs):
         if companion is not None and index % every == 0:
@@ -191,6 +195,7 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
             phases["companion"] += wall_ms / 1e3
             if reply.get("ok"):
                 companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
+                companion_transport.append(_transport(reply, wall_ms))
         run_seed_now = next(run_seed)
         traced = index in traced_runs
         reply, wall_ms = _run(model, inputs, run_seed_now, deadline, trace=traced)
@@ -202,6 +207,7 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
         if not traced or runs - len(traced_runs) < 2:  # a traced run's time is the tracing's as much as the model's
             samples.append(reported)
             unaccounted.append(wall_ms - reported)
+            transport.append(_transport(reply, wall_ms))
         if checker is not None and index in checked_runs:
             check_started = _clock()
             if device.type == "cuda":
@@ -220,7 +226,19 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
     timing.unaccounted_ms = typical_unaccounted(unaccounted, device.type)
     companion_ms = typical_unaccounted(companion_unaccounted, device.type) if companion_unaccounted else None
     phases = {name: round(seconds, 4) for name, seconds in phases.items()}
-    return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms, phases=phases)
+    timing.transport_ms = _median(transport)
+    return TimedRuns(timing=timing, checked=checked, companion_unaccounted_ms=companion_ms, phases=phases,
+                     companion_transport_ms=_median(companion_transport))
+
+
+def _transport(reply: dict, wall_ms: float) -> float | None:
+    in_process = reply.get("in_process_ms")
+    return wall_ms - float(in_process) if isinstance(in_process, (int, float)) else None
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def _unforeseeable_seeds() -> Iterator[int]:
