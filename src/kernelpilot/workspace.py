@@ -105,7 +105,8 @@ class Workspace:
 
 def check_kernel_names(kernels_dir: Path) -> None:
     """Refuse, in one sentence, a file or folder under `kernels_dir` whose name holds a character that is not
-    printable (a newline, a tab, an escape, a line separator, ...) or `|`.
+    printable (a newline, a tab, an escape, a line separator, ...) or `|`, or that is a link (what it leads to,
+    outside the workspace, would be built, kept with the best candidate and copied out as the candidate's own).
 
     The names become lines and paths in text kernelpilot and ninja write (build.ninja, ninja's log and deps, the
     build's log and records), all read line by line: a newline in a name would start a line of its writer's choosing
@@ -118,6 +119,12 @@ def check_kernel_names(kernels_dir: Path) -> None:
             raise WorkspaceError(
                 f"The kernel file {relative!r} has {unsafe!r} in its name, which the build cannot carry in its files.",
                 hint="rename it to a plain name (letters, digits, '.', '-', '_'); only then is the workspace built",
+            )
+        if path.is_symlink():
+            raise WorkspaceError(
+                f"The kernel file {relative!r} is a link: kernelpilot builds, keeps and copies out only plain files "
+                "of the workspace's own.",
+                hint="replace the link with a copy of the file it leads to",
             )
 
 

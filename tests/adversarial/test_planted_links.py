@@ -381,3 +381,29 @@ def test_the_agents_compile_answers_a_refused_name_as_an_observation(tmp_path):
 
     with pytest.raises(RecoverableError, match=r"Compile: The kernel file 'kernels/a\\nb.cu' has .* Hint: rename it"):
         compile_tool.run({}, ToolContext(workspace=ws, judge=CheckingJudge()))
+
+
+def test_a_kernel_file_planted_as_a_link_out_is_not_copied_into_the_users_folder(tmp_path):
+    """A link under kernels/ to a file outside (a key, a token) is not the candidate's file: its content is not kept
+    with the best candidate nor copied beside the user's problem (where `optimize --commit` would commit it)."""
+    from kernelpilot.agent.session import Session, save_best
+    from kernelpilot.optimize import write_outputs
+    from kernelpilot.results import EvalResult, VerifyResult
+
+    ws = _workspace(tmp_path)
+    secret = tmp_path / "outside" / "token.txt"
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text("SECRET-TOKEN-4242\n")
+    _plant(ws, _link_script({"kernels/notes.txt": secret}))
+    session = Session.create(ws.root, problem=str(ws.model_path), model="builtin")
+    verdict = EvalResult(problem_id=ws.problem_id, workspace=str(ws.root), verify=VerifyResult(ok=True), reward=1)
+    save_best(ws, session.path, session.append_vouched("eval", turn=1, eval=verdict, improved=True))
+
+    project = tmp_path / "project"
+    write_outputs(ws, ws.model_path, project / "model_new.py", session.path)
+
+    leaked = [p for p in project.rglob("*") if p.is_file() and "SECRET-TOKEN-4242" in p.read_text(errors="replace")]
+    assert not leaked, leaked
+    with pytest.raises(WorkspaceError) as raised:  # and the build names it
+        ws.kernel_sources()
+    assert "kernels/notes.txt" in raised.value.message and "link" in raised.value.message, raised.value.message

@@ -316,14 +316,18 @@ def target_met(best: EvalResult | None, target_speedup: float) -> bool:
 
 
 def candidate_files(root: Path) -> Iterator[Path]:
-    """The candidate's own files under `root`, relative: model_new.py and kernels/ minus the protected ones."""
+    """The candidate's own files under `root`, relative: model_new.py and kernels/ minus the protected ones. A link
+    is none of them: what it leads to (a key outside the workspace, say) is never kept or copied out as the
+    candidate's (tests/adversarial/test_planted_links.py); the build refuses one under kernels/ by name."""
     from kernelpilot.workspace import PROTECTED_FILES
 
-    if (root / "model_new.py").is_file():
+    model_new = root / "model_new.py"
+    if model_new.is_file() and not model_new.is_symlink():
         yield Path("model_new.py")
-    for path in sorted((root / "kernels").rglob("*")) if (root / "kernels").is_dir() else []:
+    kernels = root / "kernels"
+    for path in sorted(kernels.rglob("*")) if kernels.is_dir() and not kernels.is_symlink() else []:
         relative = path.relative_to(root)
-        if path.is_file() and relative.as_posix() not in PROTECTED_FILES:
+        if path.is_file() and not path.is_symlink() and relative.as_posix() not in PROTECTED_FILES:
             yield relative
 
 
