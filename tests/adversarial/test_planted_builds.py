@@ -45,15 +45,6 @@ def judged(tmp_path_factory):
         yield judge, ws, honest
 
 
-@pytest.fixture
-def kernel(judged):
-    """The workspace's .cu, put back as it was after the test."""
-    path = next(judged[1].root.glob("kernels/*.cu"))
-    original = path.read_text()
-    yield path
-    path.write_text(original)
-
-
 @pytest.mark.cuda_build
 def test_a_version_planted_under_the_record_of_other_sources_is_not_what_the_judge_builds(judged, kernel):
     from kernelpilot.build_versions import sources_key

@@ -95,15 +95,6 @@ def judged(tmp_path_factory):
         yield judge, ws
 
 
-@pytest.fixture
-def kernel(judged):
-    """The workspace's .cu, put back as it was after the test."""
-    path = next(judged[1].root.glob("kernels/*.cu"))
-    original = path.read_text()
-    yield path
-    path.write_text(original)
-
-
 @pytest.mark.cuda_build
 def test_a_link_planted_at_build_ninja_is_replaced_not_written_through(judged, tmp_path):
     judge, ws = judged

@@ -1,7 +1,7 @@
 """Cheat: computes honestly, but the sandbox's own timer (LocalModel._timed, in the candidate's process, which runs
-as __main__) reports a quarter of each timed window. Before the judge drew the timed runs' inputs itself, a run's
-protocol cost 2-3 ms on an H200 and wandered by about 0.5 ms, so a 0.3-0.6 ms call could report 1/1000 of itself
-and pass the judge's wall-clock check."""
+as __main__) reports a quarter of each timed window. A known gap: a timed run's protocol costs about 2 ms on an
+H200 and wanders by a few tenths of a millisecond from run to run, so the judge's wall clock cannot see the
+0.1 ms this hides (nor, on a 0.3 ms call, a report of 1/1000 of it)."""
 
 import sys
 
