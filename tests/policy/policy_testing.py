@@ -2,7 +2,8 @@
 them: SMALL_PROBLEMS, the zoos of layouts, cancelling bf16 sums), the policy's analysis of a problem, a CPU
 reference (the package's executable spec, policy/cpu_spec.py) that evaluates an analysis' groups with torch (so a
 partition is checked for meaning, not only shape),
-nvcc compiles of generated sources (`needs_nvcc`, `compile_cu`), compile-only workspace builds, and the GPU
+nvcc compiles of generated sources (`needs_nvcc`, `compile_cu`, `compile_each_cu`), compile-only workspace builds,
+and the GPU
 verification of every launch candidate (with the `judge` fixture of conftest.py)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,116 @@ def compile_cu(source: str, folder: Path, *, host_object: bool = False) -> str:
     return done.stderr
 
 
+# A source's namespace in a batch (ending in a letter, so ptxas' mangled names tell source 1 from source 12).
+_BATCH_NAMESPACE = "kp_source_{}_x"
+_BATCH_TAG = re.compile(r"kp_source_(\d+)_x")
+_DIRECTIVE = re.compile(r"\s*#\s*(\w+)\s*(\w*)")
+_NOT_CODE = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'", re.DOTALL)
+
+
+def compile_each_cu(sources: list[str], folder: Path) -> list[str]:
+    """Compile every source as `compile_cu` does (device code, sm_90, warning-free); return ptxas' report of each,
+    in order. Identical sources are compiled once.
+
+    Most of a small kernel's compile is nvcc parsing the CUDA headers (0.7 s of 1 s), so sources that include the
+    same headers and open with the same macros are compiled as one file: their opening lines once, then each
+    source's code in a namespace of its own (closed around a header it includes further down, outside any braces, as
+    the source does) and its macros undefined after it, so none sees another's names or macros. A source holding any
+    other preprocessor line than `#pragma`, `#define` and such an `#include` is compiled alone. Where the one file
+    fails or warns, each source is compiled alone, so a failure names its own source and a clash that only the batch
+    makes fails nothing."""
+    distinct = list(dict.fromkeys(sources))
+    reports: dict[str, str] = {}
+    batches: dict[tuple[str, ...], list[tuple[str, _Split]]] = {}
+    for source in distinct:
+        split = _split(source)
+        if split is None:
+            reports[source] = compile_cu(source, folder)
+        else:
+            batches.setdefault(split.key, []).append((source, split))
+    for members in batches.values():
+        batched = _compile_batch([split for _, split in members], folder) if len(members) > 1 else None
+        for index, (source, _) in enumerate(members):
+            reports[source] = compile_cu(source, folder) if batched is None else batched[index]
+    return [reports[source] for source in sources]
+
+
+@dataclass
+class _Split:
+    """A source as a batch takes it: its opening preprocessor lines, its code cut at the headers it includes
+    further down (`segments` = `includes` + 1), and the macros its code defines."""
+
+    opening: list[str]
+    segments: list[list[str]]
+    includes: list[str]
+    defined: list[str]
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """What the sources of one batch share: the opening lines, and the headers included further down."""
+        return (*self.opening, "", *self.includes)
+
+
+def _split(source: str) -> _Split | None:
+    lines = source.splitlines()
+    opening, start, continued = [], len(lines), False
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if continued or stripped.startswith("#"):
+            opening.append(line)
+            continued = line.endswith("\\")
+        elif stripped and not stripped.startswith("//"):
+            start = index
+            break
+    split = _Split(opening, [[]], [], [])
+    continued = False
+    for line in lines[start:]:
+        directive = None if continued else _DIRECTIVE.match(line)
+        continued = line.endswith("\\")
+        if directive and directive[1] == "include":
+            if _brace_depth("\n".join(line for segment in split.segments for line in segment)) != 0:
+                return None
+            split.includes.append(line.strip())
+            split.segments.append([])
+            continue
+        if directive and directive[1] not in ("pragma", "define"):
+            return None
+        if directive and directive[1] == "define":
+            split.defined.append(directive[2])
+        split.segments[-1].append(line)
+    return split
+
+
+def _brace_depth(code: str) -> int:
+    code = _NOT_CODE.sub("", code)
+    return code.count("{") - code.count("}")
+
+
+def _compile_batch(splits: list[_Split], folder: Path) -> list[str] | None:
+    """One compile of the sources' code after the opening lines they share; each source's share of ptxas' report
+    (the file-wide lines go to every share), or None where the compile failed or warned."""
+    parts = list(splits[0].opening)
+    for index, split in enumerate(splits):
+        namespace = _BATCH_NAMESPACE.format(index)
+        for segment, include in zip(split.segments, [*split.includes, None]):
+            parts += [f"namespace {namespace} {{", *segment, f"}}  // namespace {namespace}"]
+            parts += [include] if include else []
+        parts += [f"#undef {name}" for name in split.defined]
+    try:
+        report = compile_cu("\n".join(parts) + "\n", folder)
+    except AssertionError:
+        return None
+    shares: list[list[str]] = [[] for _ in splits]
+    owner = None
+    for line in report.splitlines():
+        if "Compiling entry function" in line or "Function properties for" in line:
+            tag = _BATCH_TAG.search(line)
+            owner = int(tag[1]) if tag else None
+        for share in shares if owner is None else [shares[owner]]:
+            share.append(line)
+    return ["\n".join(share) + "\n" for share in shares]
+
+
 def built_workspace(problem_path: Path, folder: Path):
     """The policy's workspace for a problem, built compile-only for sm_90; the build must succeed."""
     from kernelpilot.build import build_workspace
@@ -159,11 +271,13 @@ def assert_every_launch_candidate_compiles(
     """nvcc-compile every launch candidate of every generated group of a problem (compile-only, sm_90; `faithful`:
     of analyze's faithful form); with `without_spills`, ptxas must report no spill for any kernel (both vector
     widths)."""
-    for group in nonempty(analysed(problem_path, faithful=faithful).generated_groups, "generated groups"):
-        for config in nonempty(launch_candidates(group), "launch candidates"):
-            report = compile_cu(render_kernel(group, config).content, folder)
-            spills = re.findall(r"(\d+) bytes spill", report)
-            assert not without_spills or (spills and set(spills) == {"0"}), (group.name, config.label, report)
+    candidates = [(group, config)
+                  for group in nonempty(analysed(problem_path, faithful=faithful).generated_groups, "generated groups")
+                  for config in nonempty(launch_candidates(group), "launch candidates")]  # fmt: skip
+    reports = compile_each_cu([render_kernel(group, config).content for group, config in candidates], folder)
+    for (group, config), report in zip(candidates, reports):
+        spills = re.findall(r"(\d+) bytes spill", report)
+        assert not without_spills or (spills and set(spills) == {"0"}), (group.name, config.label, report)
 
 
 def policy_workspace(problem_path: Path, folder: Path, faithful: bool = False):

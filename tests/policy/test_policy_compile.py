@@ -20,6 +20,7 @@ from policy_testing import (
     assert_every_launch_candidate_compiles,
     built_workspace,
     compile_cu,
+    compile_each_cu,
     few_long_rows_problem,
     interleaved_rows_problem,
     forward_problem,
@@ -35,12 +36,44 @@ from policy_testing import (
 
 
 @needs_nvcc
+def test_sources_compiled_together_fail_as_each_would_alone_and_report_their_own_kernels(tmp_path):
+    # compile_each_cu compiles sources with the same leading preprocessor lines as one file: no source may see
+    # another's macro or function there, and each report holds its own kernels only.
+    head = "#include <cstdint>\n\n"
+    scale = head + "__device__ float twice(float v);\n#define SCALE 2.0f\n" \
+                   "__device__ float twice(float v) { return v * SCALE; }\n" \
+                   "__global__ void scale_kernel(float* x) { x[threadIdx.x] = twice(x[threadIdx.x]); }\n"
+    shift = head + "__global__ void shift_kernel(float* x) { x[threadIdx.x] += 1.0f; }\n"
+    reports = compile_each_cu([scale, shift, scale], tmp_path)
+    assert [r.count("Compiling entry function") for r in reports] == [1, 1, 1]
+    assert "scale_kernel" in reports[0] and "shift_kernel" not in reports[0] and "scale_kernel" not in reports[1]
+    assert "kp_source_" in reports[0], "compiled in one file (a source's kernels in its namespace), not one by one"
+    assert reports[2] == reports[0] and set(re.findall(r"(\d+) bytes spill", reports[1])) == {"0"}
+    # A header included below some code, outside any braces (as the cluster kernels include cooperative groups).
+    synced = head + "namespace {\n__device__ int one() { return 1; }\n}  // namespace\n\n" \
+                    "#include <cooperative_groups.h>\n\nnamespace cg = cooperative_groups;\n" \
+                    "__global__ void KERNEL(int* x) { cg::this_thread_block().sync(); x[0] = one(); }\n"
+    reports = compile_each_cu([synced.replace("KERNEL", "first"), synced.replace("KERNEL", "second")], tmp_path)
+    assert ["first" in r and "second" not in r for r in reports] == [True, False] and "kp_source_" in reports[1]
+    uses_the_macro = head + "__global__ void k(float* x) { x[0] = SCALE; }\n"
+    uses_the_function = head + "__global__ void k(float* x) { x[0] = twice(x[0]); }\n"
+    warns = head + "__global__ void k(float* x) { int unused = 1; x[0] = 0; }\n"
+    for alone_fails, match in ((uses_the_macro, "SCALE"), (uses_the_function, "twice"), (warns, "warning")):
+        with pytest.raises(AssertionError, match=match):
+            compile_each_cu([scale, alone_fails], tmp_path)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("name", FUSED_EXAMPLES)
 def test_example_kernels_compile_without_spills(tmp_path, name):
-    for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups"):
-        report = compile_cu(render_kernel(group, launch_candidates(group)[0]).content, tmp_path)
+    groups = nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups")
+    for group, report in zip(groups, compile_each_cu([first_source(group) for group in groups], tmp_path)):
         spills = re.findall(r"(\d+) bytes spill", report)
-        assert spills and set(spills) == {"0"}
+        assert spills and set(spills) == {"0"}, (group.name, report)
+
+
+def first_source(group) -> str:
+    return render_kernel(group, launch_candidates(group)[0]).content
 
 
 @needs_nvcc
@@ -65,17 +98,18 @@ def assert_compiles_without_spills(group, config, tmp_path) -> None:
 
 @needs_nvcc
 def test_every_launch_candidate_of_the_zoo_compiles(tmp_path):
-    for group in nonempty(analysed(zoo_problem(tmp_path)).generated_groups, "generated groups"):
-        for config in nonempty(launch_candidates(group), "launch candidates")[: 4 if group.kind == "row" else 1]:
-            compile_cu(render_kernel(group, config).content, tmp_path)
+    groups = nonempty(analysed(zoo_problem(tmp_path)).generated_groups, "generated groups")
+    compile_each_cu([render_kernel(group, config).content for group in groups
+                     for config in nonempty(launch_candidates(group), "candidates")[: 4 if group.kind == "row" else 1]],
+                    tmp_path)  # fmt: skip
 
 
 @needs_nvcc
 @pytest.mark.parametrize("name", MATMUL_EXAMPLES)
 def test_matmul_example_sources_compile(tmp_path, name):
-    for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups"):
-        source = render_kernel(group, launch_candidates(group)[0]).content
-        report = compile_cu(source, tmp_path)
+    groups = nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups")
+    sources = [first_source(group) for group in groups]
+    for group, source, report in zip(groups, sources, compile_each_cu(sources, tmp_path)):
         if group.kind == "matmul":
             assert "cublasLtMatmul(" in source and "__global__" not in source  # cuBLASLt's kernels, none of ours
         else:
@@ -84,8 +118,8 @@ def test_matmul_example_sources_compile(tmp_path, name):
 
 @needs_nvcc
 def test_every_matmul_zoo_source_compiles(tmp_path):
-    for group in nonempty(analysed(matmul_zoo_problem(tmp_path)).generated_groups, "generated groups"):
-        compile_cu(render_kernel(group, launch_candidates(group)[0]).content, tmp_path)
+    groups = nonempty(analysed(matmul_zoo_problem(tmp_path)).generated_groups, "generated groups")
+    compile_each_cu([first_source(group) for group in groups], tmp_path)
 
 
 @needs_nvcc

@@ -22,6 +22,7 @@ from policy_testing import (
     built_workspace,
     check_against_model,
     compile_cu,
+    compile_each_cu,
     linked_and_fused_flags,
     _nvcc,
     needs_nvcc,
@@ -416,16 +417,19 @@ def test_a_fused_cudnn_call_counts_as_the_candidates_own_work():
 @needs_nvcc
 @pytest.mark.parametrize("name", ["conv2d_relu_bias"])
 def test_conv_example_sources_compile(tmp_path, name):
-    for group in nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups"):
-        source = render_kernel(group, launch_candidates(group)[0]).content
-        compile_cu(source, tmp_path)
+    groups = nonempty(analysed(EXAMPLES / f"{name}.py").generated_groups, "generated groups")
+    sources = [render_kernel(group, launch_candidates(group)[0]).content for group in groups]
+    convs = [group for group in groups if group.kind == "conv"]
+    nhwc = [render_kernel(group, ConvConfig(0, channels_last=True)).content for group in convs]
+    reports = compile_each_cu(sources + nhwc, tmp_path)
+    for group, source in zip(groups, sources):
         if group.kind == "conv":
             assert "#include <cudnn.h>" in source and "__global__" not in source  # cuDNN's kernels, none of ours
-            nhwc = render_kernel(group, ConvConfig(0, channels_last=True)).content
-            report = compile_cu(nhwc, tmp_path)
-            # The transposes: one kernel per shape and epilogue, none spilling.
-            assert report.count("Compiling entry function") == 3 and "transpose_kernel" in report
-            assert "0 bytes spill stores" in report and not re.search(r"[1-9]\d* bytes spill stores", report)
+    assert convs
+    for report in reports[len(sources):]:
+        # The transposes: one kernel per shape and epilogue, none spilling.
+        assert report.count("Compiling entry function") == 3 and "transpose_kernel" in report
+        assert "0 bytes spill stores" in report and not re.search(r"[1-9]\d* bytes spill stores", report)
 
 
 # A cuDNN candidate's rank: the comment naming it and the one constant that picks it from the ranked list.
@@ -441,16 +445,15 @@ def _rank_free(source: str) -> str:
 def test_every_launch_candidate_of_the_conv_zoo_compiles(tmp_path):
     """Every candidate's code is compiled once: one per form, since candidates of a form differ only in the rank
     they pick at run time (checked here), and each compile of cuDNN's headers takes seconds."""
-    compiled: set[str] = set()
+    compiled: dict[str, str] = {}  # form -> the first source of that form
     for group in nonempty(analysed(conv_zoo_problem(tmp_path)).generated_groups, "generated groups"):
         for config in nonempty(launch_candidates(group), "launch candidates")[: None if group.kind == "conv" else 1]:
             source = render_kernel(group, config).content
             form = _rank_free(source)
             if form != source:
                 assert len(re.findall(r"constexpr int kAlgorithm = \d+;", source)) == 1, "one rank, in one constant"
-            if form not in compiled:
-                compile_cu(source, tmp_path)
-                compiled.add(form)
+            compiled.setdefault(form, source)
+    compile_each_cu(list(compiled.values()), tmp_path)
     assert len(compiled) >= 8, "the zoo's forms: NCHW, NHWC and graph API kernels of several groups"
 
 

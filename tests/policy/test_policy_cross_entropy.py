@@ -13,7 +13,7 @@ from policy_testing import (
     assert_generated_kernels_verify,
     built_workspace,
     check_against_model,
-    compile_cu,
+    compile_each_cu,
     needs_nvcc,
     only_group,
     write_problem,
@@ -122,9 +122,9 @@ def test_unsupported_cross_entropy_forms_name_the_op(tmp_path, call, op):
     "name", ["weighted_mean", "nll_of_log_probs", "loss_times_two"]
 )
 def test_cross_entropy_variants_compile(tmp_path, name):
-    for group in nonempty(analysed(cross_entropy_problem(tmp_path, name)).generated_groups, "generated groups"):
-        for config in nonempty(launch_candidates(group), "launch candidates"):
-            compile_cu(render_kernel(group, config).content, tmp_path)
+    compile_each_cu([render_kernel(group, config).content
+                     for group in nonempty(analysed(cross_entropy_problem(tmp_path, name)).generated_groups, "groups")
+                     for config in nonempty(launch_candidates(group), "launch candidates")], tmp_path)  # fmt: skip
 
 
 @pytest.mark.cuda_build

@@ -21,7 +21,7 @@ from policy_testing import (
     SUPPORTED_EXAMPLES,
     analysed,
     built_workspace,
-    compile_cu,
+    compile_each_cu,
     needs_nvcc,
     write_problem,
 )
@@ -327,10 +327,11 @@ def test_forward_views_a_runtime_batch_result_by_its_own_dim_0(tmp_path):
 def test_runtime_batch_kernels_compile(tmp_path):
     # (The kernels of RUNTIME_SEQUENCE are these templates' runtime path too, with other constants: the bindings,
     # which differ, are compiled in the built workspace below.)
-    for name in sorted(RUNTIME_BATCH):
-        for group in analysed(_problem(tmp_path, name, 4, RUNTIME_BATCH)).generated_groups:
-            for config in launch_candidates(group)[:2]:
-                compile_cu(render_kernel(group, config).content, tmp_path)
+    sources = [render_kernel(group, config).content
+               for name in sorted(RUNTIME_BATCH)
+               for group in nonempty(analysed(_problem(tmp_path, name, 4, RUNTIME_BATCH)).generated_groups, name)
+               for config in launch_candidates(group)[:2]]  # fmt: skip
+    compile_each_cu(sources, tmp_path)
 
 
 # ------------------------------------------------------------------ a built workspace, loaded on meta tensors

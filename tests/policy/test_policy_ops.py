@@ -14,6 +14,7 @@ from kernelpilot.problem import load_problem
 from kp_testing import nonempty
 from policy_testing import (
     analysed, assert_every_launch_candidate_verifies, assert_generated_kernels_verify, check_against_model, compile_cu,
+    compile_each_cu,
     needs_nvcc, write_problem,
 )  # fmt: skip
 
@@ -201,8 +202,8 @@ def test_every_launch_candidate_renders(tmp_path, name):
 @needs_nvcc
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_first_launch_candidates_compile(tmp_path, name):
-    for group in analysed(problem(tmp_path, name)).generated_groups:
-        compile_cu(render_kernel(group, launch_candidates(group)[0]).content, tmp_path)
+    groups = nonempty(analysed(problem(tmp_path, name)).generated_groups, "generated groups")
+    compile_each_cu([render_kernel(group, launch_candidates(group)[0]).content for group in groups], tmp_path)
 
 
 # c op -> (its arguments beyond x, what torch computes from x)

@@ -10,11 +10,12 @@ import pytest
 
 from kernelpilot.policy.families import launch_candidates, render_kernel
 
+from kp_testing import nonempty
 from policy_testing import (
     SCAN_PROBLEMS,
     analysed,
     check_against_model,
-    compile_cu,
+    compile_each_cu,
     needs_nvcc,
     scan_problem,
     write_problem,
@@ -105,9 +106,11 @@ def test_running_statistics_the_policy_does_not_generate_say_so(tmp_path, forwar
 def test_scan_kernels_compile_without_spills(tmp_path):
     # Every candidate of the long rows; the first of the product, the strided (scalar) loads, the 4-thread team and
     # the reverse scan.
+    candidates = []
     for name, count in (("cumsum_rows", 3), ("cumprod_rows", 1), ("cumsum_middle_dim", 1), ("cumsum_short_rows", 1),
                         ("reverse_cumsum", 1)):  # fmt: skip
         group = analysed(scan_problem(tmp_path, name)).groups[0]
-        for config in launch_candidates(group)[:count]:
-            report = compile_cu(render_kernel(group, config).content, tmp_path)
-            assert set(re.findall(r"(\d+) bytes spill", report)) == {"0"}, (name, config.label, report)
+        candidates += [(name, group, config) for config in nonempty(launch_candidates(group)[:count], name)]
+    reports = compile_each_cu([render_kernel(group, config).content for _, group, config in candidates], tmp_path)
+    for (name, _, config), report in zip(candidates, reports):
+        assert set(re.findall(r"(\d+) bytes spill", report)) == {"0"}, (name, config.label, report)
