@@ -9,6 +9,7 @@ import functools
 import time
 from typing import Any, Callable
 
+from kernelpilot.harness.timed_inputs import l2_flush_buffer
 from kernelpilot.harness.timing import plan_runs, summarize
 from kernelpilot.results import Timing
 
@@ -71,7 +72,7 @@ class _CudaClock:
     def __init__(self, flush_l2: bool):
         import torch
 
-        self.flush_buffer = _l2_flush_buffer(torch.cuda.current_device()) if flush_l2 else None
+        self.flush_buffer = l2_flush_buffer(torch.cuda.current_device()) if flush_l2 else None
 
     def measure(self, calls: list[Callable[[], Any]], runs: int) -> list[float]:
         import torch
@@ -99,15 +100,6 @@ class _CpuClock:
             calls[i % len(calls)]()
             samples.append((time.perf_counter() - start) * 1e3)
         return samples
-
-
-@functools.cache
-def _l2_flush_buffer(device_index: int):
-    """A buffer twice the GPU's L2: writing it evicts whatever the previous call left in the cache."""
-    import torch
-
-    l2_bytes = torch.cuda.get_device_properties(device_index).L2_cache_size
-    return torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=f"cuda:{device_index}")
 
 
 def _on_device(dev):

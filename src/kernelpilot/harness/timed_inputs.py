@@ -17,6 +17,7 @@ timed on them read the right ones).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ class TimedInputs:
     def __init__(self, problem: Any, arena: SharedArena, device: torch.device, seed: int):
         self.problem, self.arena, self.device = problem, arena, device
         self.shared, self.description = share_tree(arena, problem.make_inputs(device, seed))
-        self.flush = _l2_flush_buffer(device) if device.type == "cuda" else None
+        self.flush = l2_flush_buffer(_index(device)) if device.type == "cuda" else None
         self.varies = False  # the layout changed once: each run names its tensors
 
     def feed(self, seed: int) -> dict[str, Any]:
@@ -65,7 +66,13 @@ def _copy_into(shared: Any, fresh: Any) -> bool:
     return type(shared) is type(fresh) and shared == fresh
 
 
-def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
-    """A buffer twice the GPU's L2: writing it evicts whatever was cached, the inputs just written included."""
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-    return torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=device)
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def l2_flush_buffer(device_index: int) -> torch.Tensor:
+    """A buffer twice the GPU's L2, one per GPU and process: writing it evicts whatever was cached (the inputs just
+    written included). The judge's own timer (clock.py) flushes with it too."""
+    l2_bytes = torch.cuda.get_device_properties(device_index).L2_cache_size
+    return torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=f"cuda:{device_index}")
