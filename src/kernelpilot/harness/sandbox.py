@@ -42,6 +42,8 @@ _perf_counter = time.perf_counter
 # The GPU sleeps this long before each timed call, so the call's CPU dispatch overlaps it and is not timed.
 DISPATCH_COVER_S = 100e-6
 MODES = ("candidate", "eager", "compile")
+# A timed run's steps on a GPU, in order (a run's reply gives each one's milliseconds on this process's clock).
+RUN_STEPS = ("sync before", "to start", "dispatch", "to end", "copy out")
 # Above this many bytes of outputs the self-checks that copy them (unsynced writes, reuse) are skipped.
 SELF_CHECK_MAX_BYTES = 1 << 30
 _LEFT_MAPPED: list = []  # shared tensors never unmapped: the process exits right after a CUDA error
@@ -173,30 +175,42 @@ class LocalModel:
                 inputs = self.problem.make_inputs(self.device, seed)
             except Exception as exc:  # noqa: BLE001
                 return {"ok": False, "error_kind": "reference", "message": f"get_inputs() raised {describe_exception(exc)}"}
+        marks = [_perf_counter()]
         try:
             with torch.no_grad():
-                ms, actual = self._timed(inputs, trace=trace)
+                ms, actual = self._timed(inputs, trace=trace, marks=marks)
         except Exception as exc:  # noqa: BLE001
             return _failed(exc, f"{self.forward} while timed (seed {seed})")
         structure = copy_into_slots(actual, self.timing_slots)
         if self.cuda:
             _synchronize(self.device)
-        return {"ok": True, "ms": ms, "structure": structure}
+        marks.append(_perf_counter())
+        # Where the run's seconds went on this process's clock (its word, a diagnostic of the protocol's cost).
+        steps = [round((b - a) * 1e3, 4) for a, b in itertools.pairwise(marks)]
+        reply = {"ok": True, "ms": ms, "structure": structure}
+        if len(steps) == len(RUN_STEPS):  # (a CPU run has no steps but the call)
+            reply["steps_ms"] = dict(zip(RUN_STEPS, steps))
+        return reply
 
-    def _timed(self, inputs: list, *, trace: bool = False) -> tuple[float, Any]:
+    def _timed(self, inputs: list, *, trace: bool = False, marks: list[float] | None = None) -> tuple[float, Any]:
+        mark = marks.append if marks is not None else (lambda _: None)
         if not self.cuda:
             start = _perf_counter()
             actual = self.model(*inputs)
             return (_perf_counter() - start) * 1e3, actual
         _synchronize(self.device)
+        mark(_perf_counter())
         torch.cuda._sleep(int(torch.cuda.get_device_properties(self.device).clock_rate * 1e3 * DISPATCH_COVER_S))
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         with self._collecting(trace):
             start.record()
+            mark(_perf_counter())
             actual = self.model(*inputs)
+            mark(_perf_counter())
             _synchronize(self.device)
             end.record()
             end.synchronize()
+            mark(_perf_counter())
         return start.elapsed_time(end), actual
 
     def kernels(self, seed: int) -> dict:
