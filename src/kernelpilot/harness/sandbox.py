@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -200,7 +201,7 @@ class LocalModel:
             return (_perf_counter() - start) * 1e3, actual
         _synchronize(self.device)
         mark(_perf_counter())
-        torch.cuda._sleep(int(torch.cuda.get_device_properties(self.device).clock_rate * 1e3 * DISPATCH_COVER_S))
+        torch.cuda._sleep(_dispatch_cover_cycles(self.device))
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         with self._collecting(trace):
             start.record()
@@ -222,6 +223,12 @@ class LocalModel:
         with torch.no_grad(), self._paused():
             rows = profile_kernels(self.model, inputs, device=str(self.device))
         return {"ok": True, "kernels": [to_dict(row) for row in rows]}
+
+
+@functools.cache
+def _dispatch_cover_cycles(device: torch.device) -> int:
+    """DISPATCH_COVER_S in the GPU's clock cycles (asked once: the properties' clock rate is not a cheap read)."""
+    return int(torch.cuda.get_device_properties(device).clock_rate * 1e3 * DISPATCH_COVER_S)
 
 
 def copy_into_slots(actual: Any, slots: list[torch.Tensor]) -> Any:
