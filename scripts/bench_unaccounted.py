@@ -6,7 +6,7 @@ The candidate's timed window is timed inside its own process, so a candidate can
 judge bounds that with its own clock (timing.py's unaccounted-time check). For each example (default: four of
 examples/ from an elementwise pass to a GEMM), this writes the built-in policy's kernels into a workspace and runs
 `kernelpilot eval WS --json` on it as written (honest), then with model_new.py made to report its timed window
-times 0.8, 0.5 and 0.001. Each row: the reported median, the unaccounted time of the candidate's runs and of the
+times 0.9, 0.75, 0.5 and 0.001. Each row: the reported median, the unaccounted time of the candidate's runs and of the
 clean process timed between them (the protocol's own cost), and the verdict. The honest rows show what the check
 must allow; the lying rows what it lets through. "pipes": the part of the unaccounted time spent outside the two
 processes' handling of the run (the wall time less the time each process says the request spent in it).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = ["silu_scale_shift", "softmax_long_rows", "layernorm", "linear_bias_relu"]
-FACTORS = [None, 0.8, 0.5, 0.001]
+FACTORS = [None, 0.9, 0.75, 0.5, 0.001]
 
 # Appended to model_new.py: the sandbox runs as __main__; its timed window's figure is scaled before it is sent.
 LIE = """
@@ -34,8 +34,8 @@ def _report_scaled(factor):
         return
     timed = sandbox.LocalModel._timed
 
-    def scaled(self, inputs, *, trace=False):
-        ms, actual = timed(self, inputs, trace=trace)
+    def scaled(self, inputs, **how):
+        ms, actual = timed(self, inputs, **how)
         return ms * factor, actual
 
     scaled.scaled = True

@@ -50,11 +50,14 @@ LONG_CALL_MIN_RUNS = 5
 CHECKED_SHARE = 0.1
 CHECKED_MIN = 3
 # Unaccounted time above the clean process's by more than this floor and share of the reported median fails.
+# On an H200 a run's protocol costs 0.9-1.3 ms (most of it copying the outputs out), and the clean process's
+# figure differs from an honest candidate's by about a tenth of a millisecond either way.
 # CPU timings serve tests, on machines that may be busy: a fresh-clone test run on 2 busy cores saw 5.4 ms of
 # unaccounted time on an honest CPU candidate (its lower quartile, timed twice); the CPU cheats hold 30 ms.
-UNACCOUNTED_FLOOR_MS = {"cuda": 0.05, "cpu": 15.0}
-UNACCOUNTED_SHARE = 0.25
+UNACCOUNTED_FLOOR_MS = {"cuda": 0.1, "cpu": 15.0}
+UNACCOUNTED_SHARE = {"cuda": 0.1, "cpu": 0.25}
 COMPANION_RUNS = 12
+COMPANION_BURST = 2
 _clock = time.perf_counter
 
 
@@ -191,8 +194,11 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
     every = max(runs // COMPANION_RUNS, 1)
     for index in range(runs):
         if companion is not None and index % every == 0:
-            reply, wall_ms = _run(companion, inputs, next(run_seed), deadline)
-            phases["companion"] += wall_ms / 1e3
+            # Two runs back to back, the second counted: a process that waited through several of the model's runs
+            # pays more for its first (seen on an H200: 0.1-0.2 ms), and the model's runs come back to back.
+            for _ in range(COMPANION_BURST):
+                reply, wall_ms = _run(companion, inputs, next(run_seed), deadline)
+                phases["companion"] += wall_ms / 1e3
             if reply.get("ok"):
                 companion_unaccounted.append(wall_ms - float(reply.get("ms", 0.0)))
                 companion_transport.append(_transport(reply, wall_ms))
@@ -304,7 +310,7 @@ def find_unaccounted_time(candidate: Timing, clean_unaccounted_ms: float, *, dev
     if candidate.unaccounted_ms is None:
         return None
     excess = candidate.unaccounted_ms - clean_unaccounted_ms
-    allowed = max(UNACCOUNTED_FLOOR_MS.get(device_type, 0.05), UNACCOUNTED_SHARE * candidate.median_ms)
+    allowed = max(UNACCOUNTED_FLOOR_MS[device_type], UNACCOUNTED_SHARE[device_type] * candidate.median_ms)
     if excess <= allowed:
         return None
     return GuardFinding(
