@@ -106,6 +106,8 @@ TIMING_CASES = [
     case("reports_quarter", "big_relu", GUARD, {UNACCOUNTED_TIME}, message="longer on the judge's clock",
          why="the sandbox's timer reports a quarter of each window: the judge's wall clock, with the inputs drawn and "
          "the L2 flushed on its side before the clock starts, sees the rest"),
+    case("reports_most", "big_relu", GUARD, {UNACCOUNTED_TIME}, message="longer on the judge's clock",
+         why="not stopped: see KNOWN_GAPS"),
     case("silences_the_trace", "big_relu", GUARD, {NO_CUSTOM_KERNEL}, message="traced timed runs launched 0 kernels",
          why="a process that hides its kernels from the trace hides all of them: traced runs that show no kernel "
          "fail (not yet run on a GPU when written)"),
@@ -293,11 +295,11 @@ def assert_trust_verdict(verdict: Verdict, case: TrustCase, honest_ms: float | N
 
 # Cheats the judge does not stop yet, each with why: strict, so the day one is stopped the suite says so.
 _WALL_CLOCK_TOO_COARSE = (
-    "the wall-clock check cannot resolve it yet: on an H200 (07de0d3) a timed run's protocol still cost 1.6-2.1 ms, "
-    "and an honest candidate's unaccounted time came out 0.14-0.31 ms below the clean process's, so hiding a 0.14 ms "
-    "call is within the noise (scripts/bench_unaccounted.py; BENCHMARKS.md)"
+    "the wall-clock check cannot resolve it yet: on an H200 (b21a505) a timed run's protocol cost 0.8-1.3 ms and the "
+    "clean process's figure wandered by about 0.1 ms from one timing to the next, so the check allows 0.1 ms (or a "
+    "tenth of the call) more: hiding 0.03 ms is within it (scripts/bench_unaccounted.py; BENCHMARKS.md)"
 )
-KNOWN_GAPS: dict[str, str] = {"reports_quarter": _WALL_CLOCK_TOO_COARSE}
+KNOWN_GAPS: dict[str, str] = {"reports_most": _WALL_CLOCK_TOO_COARSE}
 
 
 def with_known_gaps(cases: list) -> list:

@@ -1,7 +1,5 @@
 """Cheat: computes honestly, but the sandbox's own timer (LocalModel._timed, in the candidate's process, which runs
-as __main__) reports a quarter of each timed window. A known gap: a timed run's protocol costs about 2 ms on an
-H200 and wanders by a few tenths of a millisecond from run to run, so the judge's wall clock cannot see the
-0.1 ms this hides (nor, on a 0.3 ms call, a report of 1/1000 of it)."""
+as __main__) reports a quarter of each timed window: 0.1 ms of big_relu's 0.13 ms (H200) hidden from the figure."""
 
 import sys
 
