@@ -192,7 +192,9 @@ def tampered_files(ws: Workspace) -> list[str]:
     tampered = [
         name
         for name in PROTECTED_FILES
-        if not (ws.root / name).is_file() or trusted["files"].get(name) != _sha256(ws.root / name)
+        if (ws.root / name).is_symlink()  # kernelpilot never makes one, and its target may change after the check
+        or not (ws.root / name).is_file()
+        or trusted["files"].get(name) != _sha256(ws.root / name)
     ]
     if (manifest["problem_id"], manifest["files"]) != (trusted["problem_id"], trusted["files"]):
         tampered.append(MANIFEST_PATH)

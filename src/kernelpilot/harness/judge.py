@@ -298,6 +298,8 @@ def evaluate_path(
             f"--candidate needs a problem file to judge against, and {target} is not a file.",
             hint="Pass the problem file first: kernelpilot eval model.py --candidate model_new.py",
         )
+    if candidate is not None:
+        candidate_files(candidate)  # a link among them is refused before any process starts
     with Judge(device) as judge:
         if candidate is None:
             return judge.evaluate(target, trials=trials, atol=atol, rtol=rtol, bench=bench, variants=variants)
@@ -310,21 +312,40 @@ def candidate_workspace(problem_path: Path, candidate_path: Path) -> Iterator[Pa
     """A temporary workspace for `problem_path` holding `candidate_path` as model_new.py and the kernels/ beside it."""
     from kernelpilot.workspace import EXAMPLE_KERNELS, PROTECTED_FILES, init_workspace
 
-    if not candidate_path.is_file():
-        raise KernelpilotError(f"Candidate file {candidate_path} does not exist.", hint="Check the path to model_new.py.")
+    kernels = candidate_files(candidate_path)
     with tempfile.TemporaryDirectory(prefix="kernelpilot-eval-") as tmp:
         ws, _ = init_workspace(problem_path, Path(tmp) / f"kp-{problem_path.stem}")
         for example in EXAMPLE_KERNELS:  # the candidate's own kernels replace the scaffold's example
             (ws.root / example).unlink(missing_ok=True)
         shutil.copyfile(candidate_path, ws.model_new_path)
-        candidate_kernels = candidate_path.parent / "kernels"
-        if candidate_kernels.is_dir():
-            for source in sorted(p for p in candidate_kernels.rglob("*") if p.is_file()):
-                relative = source.relative_to(candidate_path.parent)
-                if relative.as_posix() not in PROTECTED_FILES:
-                    (ws.root / relative).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(source, ws.root / relative)
+        for relative in kernels:
+            if relative.as_posix() not in PROTECTED_FILES:
+                (ws.root / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(candidate_path.parent / relative, ws.root / relative)
         yield ws.root
+
+
+def candidate_files(candidate_path: Path) -> list[Path]:
+    """The files of the kernels/ folder beside a candidate file, relative to its folder; refused where one of them
+    (or the folder) is a link: its target would be copied where the candidate's process reads, though that process
+    may not read it where it is (the user's home, say)."""
+    if not candidate_path.is_file():
+        raise KernelpilotError(f"Candidate file {candidate_path} does not exist.", hint="Check the path to model_new.py.")
+    folder = candidate_path.parent
+    kernels = folder / "kernels"
+    links = [kernels] if kernels.is_symlink() else []
+    if kernels.is_dir() and not links:
+        links = sorted(path for path in kernels.rglob("*") if path.is_symlink())
+    if links:
+        shown = ", ".join(path.relative_to(folder).as_posix() for path in links)
+        raise KernelpilotError(
+            f"{shown} {'is a link' if len(links) == 1 else 'are links'}, and kernelpilot copies a candidate's files "
+            "but never follows a link out of its folder.",
+            hint="Copy the file itself into kernels/ (cp -L) and judge it again.",
+        )
+    if not kernels.is_dir():
+        return []
+    return sorted(path.relative_to(folder) for path in kernels.rglob("*") if path.is_file())
 
 
 def _open(ws_root: Path | str) -> Any:
