@@ -8,6 +8,7 @@ of errors and reported in a sentence.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +71,9 @@ def accept(ws: Workspace | Path | str, eval_result: EvalResult, *, message: str 
     """
     ws = ws if isinstance(ws, Workspace) else open_workspace(ws)
     lock = lock_from_eval(ws, eval_result)
+    refuse_planted_repositories(ws)
     try:
-        repo = open_repository(ws.root)
+        repo = open_repository(ws.root.parent)  # (the workspace itself is refused above as a repository's root)
         ensure_committable(repo)
         write_lock(ws, lock)
         paths = workspace_paths(repo, ws)
@@ -80,6 +82,21 @@ def accept(ws: Workspace | Path | str, eval_result: EvalResult, *, message: str 
         raise VcsError(
             f"git could not commit the accepted candidate: {_git_reason(err)}.", hint=_NO_COMMIT_HINT
         ) from None
+
+
+def refuse_planted_repositories(ws: Workspace) -> None:
+    """VcsError where the workspace holds a `.git` (a folder, file or link) anywhere: kernelpilot never makes one, the
+    agent's tools may, and git run there would commit into it and run what its config names (core.fsmonitor, hooks)
+    as the user, outside any sandbox."""
+    planted = sorted(Path(folder) / name for folder, folders, files in os.walk(ws.root)
+                     for name in folders + files if name == ".git")  # fmt: skip (a link too, even one leading nowhere)
+    if planted:
+        shown = ", ".join(path.relative_to(ws.root).as_posix() for path in planted)
+        raise VcsError(
+            f"The workspace {ws.root} holds a .git of its own ({shown}), which kernelpilot never makes: git would "
+            "commit there and run the commands its configuration names, so nothing was committed.",
+            hint=f"Delete it (rm -rf {ws.root / planted[0].relative_to(ws.root)}) and accept again. {_NO_COMMIT_HINT}",
+        )
 
 
 def check_ready_to_commit(path: Path) -> None:
