@@ -1,10 +1,11 @@
 """Links the trusted side would read through (issue #14).
 
 Writes through links planted in a workspace are covered by test_planted_links.py. These are the reads: a file the
-trusted side copies or hashes on the candidate's behalf, planted as a link to a file the candidate's own process
-cannot read (its sandbox sees the workspace, not the user's home). Against kernelpilot as it was (a46f2cd) both
-cheats passed: `eval --candidate` copied a linked kernel file's target (a token outside) into the workspace its
-sandbox builds, and a protected file replaced by a link to an identical copy was not counted as tampered.
+trusted side copies or hashes on the candidate's behalf, planted as a link to some other file, which is then judged
+as the candidate's own though it is not part of it and may change once judged. (Reads are not a secret's boundary:
+the sandbox and the agent's Bash are confined in what they write, not in what they read.) Against kernelpilot as it
+was (a46f2cd) both passed: `eval --candidate` copied a linked kernel file's target (here a token) into the
+workspace it built and judged, and a protected file replaced by a link to an identical copy was not tampered.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 TOKEN = "kp-secret-token-0c1d"
 
 
-def test_eval_refuses_a_candidates_kernel_file_that_links_outside(tmp_path):
+def test_eval_refuses_a_candidates_kernel_file_that_is_a_link(tmp_path):
     problem = write_problem(tmp_path, scale_problem(rows=8, features=16))
     secret = tmp_path / "home" / ".netrc"
     secret.parent.mkdir()
@@ -43,7 +44,7 @@ def test_eval_refuses_a_candidates_kernel_file_that_links_outside(tmp_path):
     assert "kernels/leak.cu is a link" in shown, shown
     assert "Traceback" not in shown, shown
     leaked = [path for path in scratch.rglob("*") if path.is_file() and TOKEN in path.read_text(errors="replace")]
-    assert leaked == [], f"the secret was copied to {leaked}"
+    assert leaked == [], f"the linked file was copied to {leaked}"
 
 
 def test_a_protected_file_replaced_by_a_link_to_an_identical_copy_is_tampered(tmp_path):

@@ -327,8 +327,8 @@ def candidate_workspace(problem_path: Path, candidate_path: Path) -> Iterator[Pa
 
 def candidate_files(candidate_path: Path) -> list[Path]:
     """The files of the kernels/ folder beside a candidate file, relative to its folder; refused where one of them
-    (or the folder) is a link: its target would be copied where the candidate's process reads, though that process
-    may not read it where it is (the user's home, say)."""
+    (or the folder) is a link, as in a workspace's kernels/: a candidate is judged on its own files, and a link's
+    target is some other file, which may change once judged and does not travel with the candidate's folder."""
     if not candidate_path.is_file():
         raise KernelpilotError(f"Candidate file {candidate_path} does not exist.", hint="Check the path to model_new.py.")
     folder = candidate_path.parent
