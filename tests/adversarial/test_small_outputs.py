@@ -87,3 +87,40 @@ def test_int64_sums_off_by_one_are_refused(judged):
 def test_exact_int64_sums_pass(judged):
     result = verify(judged, "int64_row_sum", "honest_int_sum")
     assert result.ok and result.max_abs_error == 0, result.message
+
+
+@pytest.mark.cuda_build
+def test_an_answer_that_ignores_the_input_where_structure_gives_the_spread_is_refused(judged):
+    """weight + 1e-3 * x answered by the weight: every element within atol + rtol * |out|, and the output has a
+    spread of its own (the weight's), so only the elements' movement across the trials can tell."""
+    result = verify(judged, "weighted_shift", "weight_only")
+    assert not result.ok and result.error_kind == "mismatch", result.message
+    assert "across the" in result.message and "no better than" in result.message, result.message
+
+
+@pytest.mark.cuda_build
+def test_an_honest_weighted_shift_passes_without_warnings(judged):
+    result = verify(judged, "weighted_shift", "honest_weighted_shift")
+    assert result.ok, result.message
+    assert failing_and_warning_guards(result) == (set(), set()), result.guards
+
+
+def bench(judged, problem: str, candidate: str):
+    judge, build = judged
+    with candidate_workspace(PROBLEMS / f"{problem}.py", CANDIDATES / f"{candidate}.py") as root:
+        return judge.bench(root, build, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.cuda_build
+@pytest.mark.parametrize(("problem", "honest", "cheat"), [
+    ("weighted_shift", "honest_weighted_shift", "weight_only_when_timed"),
+    ("scalar_cross_entropy", "honest_cross_entropy", "constant_loss_when_timed"),
+])  # fmt: skip
+def test_answers_no_better_than_a_constant_only_while_timed_fail_across_the_checked_runs(judged, problem, honest, cheat):
+    """Honest in verification, then each timed run's answer within atol/rtol of the reference's, but no better
+    than a constant: the checked timed runs are checked across them as verification's trials are."""
+    result = bench(judged, problem, honest)
+    assert result.ok, result.message
+    result = bench(judged, problem, cheat)
+    assert not result.ok and result.error_kind == "mismatch", result.message
+    assert "checked timed calls, across them" in result.message and "no better than" in result.message, result.message

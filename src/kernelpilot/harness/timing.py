@@ -108,10 +108,17 @@ def summarize(samples_ms: list[float], *, note: str = "") -> Timing:
 
 
 class Checker:
-    """Compares a timed run's slots with the reference on the same inputs (trusted side)."""
+    """Compares a timed run's slots with the reference on the same inputs (trusted side), and, after the runs, the
+    checked runs' answers across them, as verification's trials are (element_trials.py): a model honest while
+    verified and answering with a constant while timed (a mean loss; a weight plus a small multiple of the input)
+    passes each run's element test."""
 
     def __init__(self, problem: Any, reference: torch.nn.Module, device: torch.device, *, atol: float, rtol: float):
+        from kernelpilot.harness.element_trials import ChecksAcrossTrials
+
         self.problem, self.reference, self.device, self.atol, self.rtol = problem, reference, device, atol, rtol
+        self.across = ChecksAcrossTrials(atol=atol, rtol=rtol)
+        self.last: tuple[int, list] | None = None  # the last checked run's seed and comparisons
 
     def mismatch(self, seed: int, structure: Any, slots: list[torch.Tensor]) -> str:
         """"" when the slots hold the reference's answer for inputs drawn from `seed`, else why not."""
@@ -122,7 +129,36 @@ class Checker:
         torch.manual_seed(seed)
         with torch.no_grad():
             expected = self.reference(*inputs)
-        trial = trial_from(seed, compare_outputs(actual_from(structure, slots), expected, atol=self.atol, rtol=self.rtol))
+        actual = actual_from(structure, slots)
+        leaves = compare_outputs(actual, expected, atol=self.atol, rtol=self.rtol)
+        trial = trial_from(seed, leaves)
+        if trial.ok:
+            self.across.add(leaves, actual, expected)
+            self.last = (seed, leaves)
+        return "" if trial.ok else trial.message
+
+    def across_runs(self) -> str:
+        """After the last checked run: "" unless the checked runs' answers were no better than a constant or than
+        ignoring the input (nothing is said where nothing can tell: verification warned of those)."""
+        from kernelpilot.harness.compare import trial_from
+        from kernelpilot.harness.verify import OwnError, float64_outputs
+
+        if self.last is None:
+            return ""
+        seed, leaves = self.last
+        owned: list[OwnError] = []  # made on first need: the last checked run's inputs and outputs drawn again
+
+        def own_error(name: str) -> float | None:
+            if not owned:
+                inputs = self.problem.make_inputs(self.device, seed)
+                torch.manual_seed(seed)
+                with torch.no_grad():
+                    expected = self.reference(*inputs)
+                owned.append(OwnError(lambda: float64_outputs(self.reference, inputs, expected)[0], expected))
+            return owned[0](name)
+
+        self.across.apply(leaves, own_error)
+        trial = trial_from(0, leaves)
         return "" if trial.ok else trial.message
 
 
@@ -225,6 +261,10 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
                 message = f"timed call {index + 1} of {runs} (seed {run_seed_now}) is wrong: {problem}"
                 return TimedRuns(error_kind="mismatch", message=message, checked=checked)
     if checker is not None:
+        across = checker.across_runs()
+        if across:
+            message = f"the {checked} checked timed calls, across them: {across}"
+            return TimedRuns(error_kind="mismatch", message=message, checked=checked)
         stopped = _traced_kernels_finding(model, deadline, traced=len(traced_runs))
         if stopped is not None:
             return TimedRuns(error_kind=stopped.error_kind, message=stopped.message, checked=checked, findings=stopped.findings)

@@ -32,12 +32,12 @@ from kernelpilot.harness import guards
 from kernelpilot.harness.compare import (
     COMPARE_CHUNK,
     SCALE_UNDECIDED,
-    AcrossTrials,
     compare_outputs,
     rms_difference,
     rounding_noise_reason,
     trial_from,
 )
+from kernelpilot.harness.element_trials import ChecksAcrossTrials
 from kernelpilot.harness.failures import describe_exception, failure_kind, is_device_failure
 from kernelpilot.harness.guards import clone_tree, tensor_leaves
 from kernelpilot.harness.process import Deadline
@@ -187,7 +187,7 @@ class _Verification:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.deadline = Deadline(timeout)
         self.trials: list[TrialResult] = []
-        self.across_trials = AcrossTrials(atol=atol, rtol=rtol)  # outputs too small or uniform for the scale check
+        self.across_trials = ChecksAcrossTrials(atol=atol, rtol=rtol)  # answers no better than a constant
         self.findings: list[GuardFinding] = []
         self.notes: list[str] = []
         self.previous: list[tuple[str, int, int]] | None = None  # per output: name, fingerprints of slot and reference
@@ -274,7 +274,7 @@ class _Verification:
         if any(leaf.scale_only for leaf in leaves):
             with phase("reference noise"):
                 self._explain_rounding_noise(inputs_before, leaves, reference.output)
-        self.across_trials.add(leaves)
+        self.across_trials.add(leaves, actual, reference.output)
         if last and all(leaf.ok for leaf in leaves):
             with phase("across trials"):
                 self._check_across_trials(inputs_before, leaves, reference.output)
@@ -400,52 +400,23 @@ class _Verification:
 
     def _check_across_trials(self, inputs: list, leaves: list, expected: Any) -> None:
         """After the last trial: outputs too small or uniform for the scale check (a mean loss) must be far closer
-        to the references than a constant answer over the trials (`compare.AcrossTrials`); where nothing can tell,
-        a warning says so. The reference's own error against float64, on this trial's inputs, is computed only when
-        an answer would otherwise be refused."""
-        names = set(self.across_trials.names())
-        exact: list[Any] = []  # the float64 outputs, once computed ([None] where they cannot be)
-
-        def own_error(name: str) -> float | None:
-            if not exact:
-                exact.append(self._float64_reference(inputs, expected, "the check across trials' float64 run"))
-            reference = dict(tensor_leaves(expected, "out")).get(name)
-            exact_leaf = dict(tensor_leaves(exact[0], "out")).get(name) if exact[0] is not None else None
-            if reference is None or exact_leaf is None or exact_leaf.shape != reference.shape:
-                return None
-            if exact_leaf.dtype not in (torch.float64, torch.complex128):
-                return None  # no float64 path for this output: its own rounding is unknown
-            return rms_difference(reference, exact_leaf)
-
-        undecided = []
-        for leaf in leaves:
-            if leaf.name not in names:
-                continue
-            failure, cannot_tell = self.across_trials.check(leaf.name, lambda name=leaf.name: own_error(name))
-            if failure:
-                leaf.ok, leaf.worst_ratio, leaf.message = False, float("inf"), failure
-            elif cannot_tell:
-                undecided.append(cannot_tell)
+        to the references than a constant answer over the trials (`compare.AcrossTrials`), where nothing can tell a
+        warning says so; the others, at elements sampled at random, far closer than an answer that ignores the
+        input (`element_trials.py`). The reference's own error against float64, on this trial's inputs, is computed
+        only when an answer would otherwise be refused."""
+        own_error = OwnError(lambda: self._float64_reference(inputs, expected, "the check across trials' float64 run"),
+                             expected)  # fmt: skip
+        undecided = self.across_trials.apply(leaves, own_error)
         if undecided:
             self._record(GuardFinding(SCALE_UNDECIDED, "warn", "; ".join(undecided)))
 
     def _float64_reference(self, inputs: list, expected: Any, purpose: str) -> Any:
         """The reference's outputs computed in float64 on `inputs`, or None (with a note) when they are too large
         or the reference has no float64 path."""
-        size = sum(t.nbytes for _, t in tensor_leaves(inputs, "in")) + sum(
-            t.nbytes for t in self.reference.state_dict().values()
-        )
-        size += 2 * sum(t.nbytes for _, t in tensor_leaves(expected, "out"))  # the float64 outputs
-        if size > PRECISION_CHECK_MAX_BYTES:
-            self.notes.append(f"{purpose} skipped: its float64 inputs, weights and outputs are {size / 1024**3:.1f} GB")
-            return None
-        try:
-            reference64 = copy.deepcopy(self.reference).double()
-            with torch.no_grad():
-                return reference64(*[_as_float64(item) for item in inputs])
-        except Exception as exc:  # noqa: BLE001 - some models have no float64 path; the check is optional
-            self.notes.append(f"{purpose} skipped: the reference does not run in float64 ({describe_exception(exc)})")
-            return None
+        exact, why_not = float64_outputs(self.reference, inputs, expected)
+        if why_not:
+            self.notes.append(f"{purpose} skipped: {why_not}")
+        return exact
 
     def _check_precision(self, inputs: list, actual: Any, expected: Any) -> None:
         """Warn when fp32 outputs look computed in half precision, judged against a float64 reference."""
@@ -517,6 +488,40 @@ class _Verification:
             f"max rel error {result.max_rel_error or 0.0:.3g}"
         )
         return text + (f"; warnings: {', '.join(warnings)}" if warnings else "")
+
+
+def float64_outputs(reference: torch.nn.Module, inputs: list, expected: Any) -> tuple[Any, str]:
+    """The reference's outputs computed in float64 on `inputs` (a copy of it), or None and why not: too large
+    (PRECISION_CHECK_MAX_BYTES), or the reference has no float64 path."""
+    size = sum(t.nbytes for _, t in tensor_leaves(inputs, "in")) + sum(t.nbytes for t in reference.state_dict().values())
+    size += 2 * sum(t.nbytes for _, t in tensor_leaves(expected, "out"))  # the float64 outputs
+    if size > PRECISION_CHECK_MAX_BYTES:
+        return None, f"its float64 inputs, weights and outputs are {size / 1024**3:.1f} GB"
+    try:
+        reference64 = copy.deepcopy(reference).double()
+        with torch.no_grad():
+            return reference64(*[_as_float64(item) for item in inputs]), ""
+    except Exception as exc:  # noqa: BLE001 - some models have no float64 path; the check is optional
+        return None, f"the reference does not run in float64 ({describe_exception(exc)})"
+
+
+class OwnError:
+    """The reference's RMS error against its float64 run, per output name, the float64 run made on first need
+    (`run()`: its outputs, or None)."""
+
+    def __init__(self, run: Any, expected: Any):
+        self.run, self.expected, self.exact = run, expected, []
+
+    def __call__(self, name: str) -> float | None:
+        if not self.exact:
+            self.exact.append(self.run())
+        reference = dict(tensor_leaves(self.expected, "out")).get(name)
+        exact = dict(tensor_leaves(self.exact[0], "out")).get(name) if self.exact[0] is not None else None
+        if reference is None or exact is None or exact.shape != reference.shape:
+            return None
+        if exact.dtype not in (torch.float64, torch.complex128):
+            return None  # no float64 path for this output: its own rounding is unknown
+        return rms_difference(reference, exact)
 
 
 def _as_float64(item: Any) -> Any:

@@ -58,9 +58,30 @@ torch::Tensor row_sum(const torch::Tensor& x) { return row_sum_plus(x, 0); }
 // The cheat: off by one in every row, far below float32's spacing at sums near 2**50.
 torch::Tensor row_sum_off_by_one(const torch::Tensor& x) { return row_sum_plus(x, 1); }
 
+torch::Tensor shift_by(const torch::Tensor& weight, const torch::Tensor& x, bool element_wise) {
+  TORCH_CHECK(weight.is_contiguous() && x.is_contiguous() && weight.numel() == x.numel(), "weighted_shift: same sizes");
+  torch::Tensor y = torch::empty_like(weight);
+  if (x.is_meta()) return y;
+  const float* ws = weight.data_ptr<float>();
+  const float* xs = x.data_ptr<float>();
+  float* ys = y.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) ys[i] = ws[i] + 1e-3f * xs[element_wise ? i : 0];
+  return y;
+}
+
+// Honest.
+torch::Tensor weighted_shift(const torch::Tensor& weight, const torch::Tensor& x) { return shift_by(weight, x, true); }
+
+// The cheat: the weight, with one element of x added everywhere.
+torch::Tensor weighted_shift_ignoring_x(const torch::Tensor& weight, const torch::Tensor& x) {
+  return shift_by(weight, x, false);
+}
+
 }  // namespace
 
 KP_OP("cross_entropy(Tensor logits, Tensor targets) -> Tensor", cross_entropy);
 KP_OP("cross_entropy_constant(Tensor logits, Tensor targets) -> Tensor", cross_entropy_constant);
 KP_OP("row_sum(Tensor x) -> Tensor", row_sum);
 KP_OP("row_sum_off_by_one(Tensor x) -> Tensor", row_sum_off_by_one);
+KP_OP("weighted_shift(Tensor weight, Tensor x) -> Tensor", weighted_shift);
+KP_OP("weighted_shift_ignoring_x(Tensor weight, Tensor x) -> Tensor", weighted_shift_ignoring_x);
