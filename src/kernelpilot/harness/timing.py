@@ -10,8 +10,11 @@ owns. Four things keep the figure honest however the process lies:
   one either: each run's seed is drawn here at random (a failing run's message names it), so the model's process,
   which sees each seed, cannot draw the next run's inputs and compute its answer between runs, where no clock runs
   (seeds that went up in steps let it: tests/adversarial/test_computed_ahead.py).
-- **Checked runs**: after some runs, chosen here at random and never announced, this side draws the same inputs,
-  runs the reference and compares the slots; a model idle or wrong while timed fails as a mismatch.
+- **Checked runs**: after some runs, chosen here at random and never announced, this side copies the slots as the
+  reply found them, draws the same inputs, runs the reference and compares; a model idle or wrong while timed
+  fails as a mismatch, and so does one that wrote its answer into the slots after its reply (on a GPU only an
+  answer that lands before the copy, within about the reply's own trip, 0.2-0.4 ms, would be missed). After the
+  runs, the checked ones are checked across them as verification's trials are (element_trials.py).
 - **Traced runs**: the candidate's process collects the kernels of another random sample of runs (tracing.py; its
   profiler is on in every run, so it cannot tell them apart by that): torch's own kernels among them fail as
   torch-compute. Their times, slowed by the collecting, are left out of the figures.
@@ -252,9 +255,14 @@ def _time_bound(model: Any, companion: Any, slots: list[torch.Tensor], refs: lis
             transport.append(_transport(reply, wall_ms))
         if checker is not None and index in checked_runs:
             check_started = _clock()
+            # The slots as the reply found them, copied before anything else: the model's process keeps them mapped,
+            # and an answer it wrote there after its reply, while this side drew the inputs again and ran the
+            # reference, would otherwise be what is checked (tests/adversarial/test_computed_ahead.py).
+            answered = [slot.clone() for slot in slots]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            problem = checker.mismatch(run_seed_now, reply.get("structure"), slots)
+            problem = checker.mismatch(run_seed_now, reply.get("structure"), answered)
+            del answered
             phases["checks"] += _clock() - check_started
             checked += 1
             if problem:
