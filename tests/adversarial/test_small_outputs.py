@@ -3,7 +3,12 @@
 - a mean cross-entropy is one number, about 12.09 on every draw, and atol + rtol * 12 = 0.13 is wider than its
   spread across draws (about 0.037): a constant passes every trial's element test, and a 0-dim output has no spread
   of its own for the scale check to compare with;
-- int64 row sums near 2**50 compared in float32 (spacing 2**27) cannot tell a sum off by one from the right one.
+- int64 row sums near 2**50 compared in float32 (spacing 2**27) cannot tell a sum off by one from the right one;
+- weight + 1e-3 * x answered by the weight: the output has a spread of its own (the weight's) for the scale check,
+  and each element moves by about 1e-3 across draws, under atol + rtol * |out|: only the elements' movement across
+  the trials tells (element_trials.py);
+- the constant loss and the weight answered only in timed runs, honest in verification: each checked timed run
+  passes the element test, so the checked runs are checked across them too.
 
 Each cheat stands beside an honest kernel for the same problem, which must still pass. The kernels are in
 candidates/small_outputs/kernels/, built once; each candidate is judged in its own workspace with that build.
@@ -63,15 +68,23 @@ def test_the_constant_loss_is_within_atol_rtol_of_every_trials_loss():
 
 
 @pytest.mark.cuda_build
-def test_a_constant_scalar_loss_is_refused_as_no_better_than_a_constant(judged):
-    result = verify(judged, "scalar_cross_entropy", "constant_cross_entropy")
+@pytest.mark.parametrize(("problem", "cheat"), [
+    ("scalar_cross_entropy", "constant_cross_entropy"),  # one number: no spread of its own
+    ("weighted_shift", "weight_only"),  # the weight's spread: only the elements' movement across trials tells
+])  # fmt: skip
+def test_answers_within_atol_rtol_but_no_better_than_a_constant_are_refused(judged, problem, cheat):
+    result = verify(judged, problem, cheat)
     assert not result.ok and result.error_kind == "mismatch", result.message
-    assert "across the" in result.message and "no better than a constant" in result.message, result.message
+    assert "across the" in result.message and "no better than" in result.message, result.message
 
 
 @pytest.mark.cuda_build
-def test_an_honest_scalar_loss_passes_without_warnings(judged):
-    result = verify(judged, "scalar_cross_entropy", "honest_cross_entropy")
+@pytest.mark.parametrize(("problem", "honest"), [
+    ("scalar_cross_entropy", "honest_cross_entropy"),
+    ("weighted_shift", "honest_weighted_shift"),
+])  # fmt: skip
+def test_honest_answers_to_the_same_problems_pass_without_warnings(judged, problem, honest):
+    result = verify(judged, problem, honest)
     assert result.ok, result.message
     assert failing_and_warning_guards(result) == (set(), set()), result.guards
 
@@ -87,22 +100,6 @@ def test_int64_sums_off_by_one_are_refused(judged):
 def test_exact_int64_sums_pass(judged):
     result = verify(judged, "int64_row_sum", "honest_int_sum")
     assert result.ok and result.max_abs_error == 0, result.message
-
-
-@pytest.mark.cuda_build
-def test_an_answer_that_ignores_the_input_where_structure_gives_the_spread_is_refused(judged):
-    """weight + 1e-3 * x answered by the weight: every element within atol + rtol * |out|, and the output has a
-    spread of its own (the weight's), so only the elements' movement across the trials can tell."""
-    result = verify(judged, "weighted_shift", "weight_only")
-    assert not result.ok and result.error_kind == "mismatch", result.message
-    assert "across the" in result.message and "no better than" in result.message, result.message
-
-
-@pytest.mark.cuda_build
-def test_an_honest_weighted_shift_passes_without_warnings(judged):
-    result = verify(judged, "weighted_shift", "honest_weighted_shift")
-    assert result.ok, result.message
-    assert failing_and_warning_guards(result) == (set(), set()), result.guards
 
 
 def bench(judged, problem: str, candidate: str):
